@@ -1,0 +1,1 @@
+"""Plain-PyTorch reference twins of every op: the semantics every backend must reproduce."""

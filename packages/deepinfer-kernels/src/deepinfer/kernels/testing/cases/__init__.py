@@ -1,0 +1,1 @@
+"""Conformance cases, one module per op family; each module calls ``register``."""

@@ -1,0 +1,5 @@
+"""deepinfer.parallel."""
+
+from deepinfer.parallel.version import __version__
+
+__all__ = ["__version__"]

@@ -1,0 +1,5 @@
+"""deepinfer.spec."""
+
+from deepinfer.spec.version import __version__
+
+__all__ = ["__version__"]
