@@ -1,0 +1,74 @@
+"""Measured step-cost curve: time of one target step as a function of the tokens in it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class StepCostCurve:
+    """Measured points ``(num_tokens[i], cost[i])`` of one forward step's cost.
+
+    num_tokens: strictly increasing positive token counts (e.g. the captured graph sizes).
+    cost: the measured cost at each (any positive unit, e.g. milliseconds).
+    staircase: ``False`` interpolates linearly between points; ``True`` charges the cost of the
+        smallest measured size at or above the count (padding to a captured graph is real work).
+
+    Below the first point the cost is ``cost[0]``. Above the last point it extends the last
+    segment's slope (never decreasing; a single point extends flat).
+    """
+
+    num_tokens: tuple[int, ...]
+    cost: tuple[float, ...]
+    staircase: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.num_tokens) == 0 or len(self.num_tokens) != len(self.cost):
+            raise ValueError(
+                f"num_tokens has {len(self.num_tokens)} points and cost {len(self.cost)}: "
+                "expected the same positive number of points"
+            )
+        if any(not isinstance(n, int) or n <= 0 for n in self.num_tokens):
+            raise ValueError(f"num_tokens={self.num_tokens}: expected positive ints")
+        if any(b <= a for a, b in zip(self.num_tokens, self.num_tokens[1:])):
+            raise ValueError(f"num_tokens={self.num_tokens}: expected strictly increasing")
+        if any(not math.isfinite(c) or c <= 0 for c in self.cost):
+            raise ValueError(f"cost={self.cost}: expected finite positive values")
+
+    @classmethod
+    def from_points(cls, points: Iterable[tuple[int, float]], staircase: bool = False):
+        """Build from ``(num_tokens, cost)`` pairs in any order."""
+        ordered = sorted((int(n), float(c)) for n, c in points)
+        return cls(tuple(n for n, _ in ordered), tuple(c for _, c in ordered), staircase)
+
+    def __call__(self, num_tokens: int) -> float:
+        """Cost of a step with ``num_tokens`` tokens."""
+        return float(self.costs(torch.tensor([num_tokens]))[0])
+
+    def costs(self, num_tokens: torch.Tensor) -> torch.Tensor:
+        """Vectorised cost, float64 tensor of ``num_tokens``' shape (a CPU integer tensor)."""
+        xs = torch.tensor(self.num_tokens, dtype=torch.float64)
+        ys = torch.tensor(self.cost, dtype=torch.float64)
+        query = num_tokens.to(torch.float64)
+        upper = torch.searchsorted(xs, query).clamp(max=len(xs) - 1)
+        if self.staircase:
+            return torch.where(query > xs[-1], self._extrapolate(xs, ys, query), ys[upper])
+        lower = (upper - 1).clamp(min=0)
+        span = (xs[upper] - xs[lower]).clamp(min=1.0)
+        weight = ((query - xs[lower]) / span).clamp(0.0, 1.0)
+        inside = ys[lower] + weight * (ys[upper] - ys[lower])
+        return torch.where(query > xs[-1], self._extrapolate(xs, ys, query), inside)
+
+    @staticmethod
+    def _extrapolate(xs: torch.Tensor, ys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        if len(xs) == 1:
+            return ys[-1].expand_as(query)
+        slope = ((ys[-1] - ys[-2]) / (xs[-1] - xs[-2])).clamp(min=0.0)
+        return ys[-1] + slope * (query - xs[-1])
+
+
+__all__ = ["StepCostCurve"]

@@ -1,0 +1,87 @@
+"""Draft layouts: padded ``[B, K]`` batches and flat varlen rows with ``cu_*`` offsets.
+
+The acceptance functions work on padded batches: request ``b`` has ``num_draft_tokens[b] <= K``
+drafts in ``draft_tokens[b, :num_draft_tokens[b]]``; entries past that count are ignored (by
+convention filled with :data:`PAD_TOKEN_ID`). The target verifies ``num_draft_tokens[b] + 1``
+rows per request: row ``j`` is the target's prediction for the position of draft ``j`` (row 0 is
+computed from the last committed token), and row ``num_draft_tokens[b]`` gives the bonus token.
+
+The engine's verify batch is flat ("one row per query token", no padding): requests are
+concatenated and ``cu_num_draft_tokens[B + 1]`` (int64, ``cu[0] = 0``) marks where each request's
+drafts start. The verify rows of request ``b`` are then
+``cu_num_verify_tokens[b] : cu_num_verify_tokens[b + 1]`` with
+``cu_num_verify_tokens = cu_num_draft_tokens + arange(B + 1)``. The helpers here move values
+between the two layouts with gathers only (no host synchronisation).
+"""
+
+from __future__ import annotations
+
+import torch
+
+PAD_TOKEN_ID = -1
+"""Token id marking an unused draft slot or output slot; never accepted."""
+
+
+def cu_from_counts(counts: torch.Tensor) -> torch.Tensor:
+    """Exclusive prefix sums ``[B + 1]`` int64 (``out[0] = 0``) of per-request counts ``[B]``."""
+    zero = torch.zeros(1, dtype=torch.int64, device=counts.device)
+    return torch.cat([zero, torch.cumsum(counts.to(torch.int64), dim=0)])
+
+
+def counts_from_cu(cu: torch.Tensor) -> torch.Tensor:
+    """Per-request counts ``[B]`` int64 from offsets ``[B + 1]``."""
+    return (cu[1:] - cu[:-1]).to(torch.int64)
+
+
+def cu_num_verify_tokens(cu_num_draft_tokens: torch.Tensor) -> torch.Tensor:
+    """Offsets ``[B + 1]`` int64 of the verify rows: each request verifies its drafts plus one."""
+    steps = torch.arange(cu_num_draft_tokens.numel(), device=cu_num_draft_tokens.device)
+    return cu_num_draft_tokens.to(torch.int64) + steps
+
+
+def varlen_to_padded(
+    flat: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int, fill: float | int
+) -> torch.Tensor:
+    """Scatter flat rows into a padded batch.
+
+    flat: ``[T, *rest]`` rows of all requests, concatenated; cu_seqlens: ``[B + 1]`` int64
+    offsets into ``flat``; max_len: ``K``, at least the longest request (checked only when the
+    offsets are on the CPU, to avoid a device sync). Returns ``[B, K, *rest]`` of ``flat``'s
+    dtype, with ``fill`` past each request's length.
+    """
+    if max_len < 0:
+        raise ValueError(f"max_len={max_len}: expected a non-negative int")
+    lengths = counts_from_cu(cu_seqlens)
+    if lengths.device.type == "cpu" and lengths.numel() and int(lengths.max()) > max_len:
+        raise ValueError(
+            f"max_len={max_len}: expected at least the longest request ({int(lengths.max())})"
+        )
+    shape = (lengths.numel(), max_len, *flat.shape[1:])
+    if flat.shape[0] == 0:
+        return torch.full(shape, fill, dtype=flat.dtype, device=flat.device)
+    slots = torch.arange(max_len, device=flat.device)
+    is_valid = slots[None, :] < lengths[:, None]
+    index = (cu_seqlens[:-1, None] + slots[None, :]).clamp(max=flat.shape[0] - 1)
+    gathered = flat[index]
+    mask = is_valid.reshape(*is_valid.shape, *([1] * (flat.dim() - 1)))
+    return torch.where(mask, gathered, torch.full_like(gathered, fill))
+
+
+def padded_to_varlen(padded: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Concatenate the first ``lengths[b]`` rows of each request: ``[B, K, *rest]`` -> ``[T, *rest]``.
+
+    ``T = lengths.sum()``, so this one synchronises when ``lengths`` lives on a device.
+    """
+    slots = torch.arange(padded.shape[1], device=padded.device)
+    is_valid = slots[None, :] < lengths.to(padded.device)[:, None]
+    return padded[is_valid]
+
+
+__all__ = [
+    "PAD_TOKEN_ID",
+    "counts_from_cu",
+    "cu_from_counts",
+    "cu_num_verify_tokens",
+    "padded_to_varlen",
+    "varlen_to_padded",
+]
