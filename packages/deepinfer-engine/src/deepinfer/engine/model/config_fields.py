@@ -1,0 +1,199 @@
+"""Field-by-field normalisation of a text config dict (flat V4, V4.1 ``text_config``, or the
+form ``transformers`` writes) into :class:`~deepinfer.engine.model.config.ModelConfig` kwargs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from deepinfer.engine.model.config import (
+    DEFAULT_COMPRESS_RATES,
+    LAYER_TYPE_TO_RATIO_KEY,
+    V41_ARCH,
+    ConfigError,
+    QuantConfig,
+    RopeScaling,
+)
+
+# (our field, config.json key, default); a default of ... means required.
+_SCALARS: tuple[tuple[str, str, Any], ...] = (
+    ("vocab_size", "vocab_size", ...),
+    ("hidden_size", "hidden_size", ...),
+    ("num_layers", "num_hidden_layers", ...),
+    ("num_heads", "num_attention_heads", ...),
+    ("head_dim", "head_dim", ...),
+    ("q_lora_rank", "q_lora_rank", ...),
+    ("o_groups", "o_groups", 8),
+    ("o_lora_rank", "o_lora_rank", ...),
+    ("sliding_window", "sliding_window", 128),
+    ("rope_theta", "rope_theta", 10000.0),
+    ("compress_rope_theta", "compress_rope_theta", 160000.0),
+    ("max_position_embeddings", "max_position_embeddings", 1048576),
+    ("index_n_heads", "index_n_heads", 64),
+    ("index_head_dim", "index_head_dim", 128),
+    ("index_topk", "index_topk", 512),
+    ("n_routed_experts", "n_routed_experts", ...),
+    ("n_shared_experts", "n_shared_experts", 1),
+    ("num_experts_per_tok", "num_experts_per_tok", ...),
+    ("moe_intermediate_size", "moe_intermediate_size", ...),
+    ("scoring_func", "scoring_func", "sqrtsoftplus"),
+    ("norm_topk_prob", "norm_topk_prob", True),
+    ("routed_scaling_factor", "routed_scaling_factor", 1.5),
+    ("swiglu_limit", "swiglu_limit", 10.0),
+    ("hc_mult", "hc_mult", 4),
+    ("hc_sinkhorn_iters", "hc_sinkhorn_iters", 20),
+    ("hc_eps", "hc_eps", 1e-6),
+    ("rms_norm_eps", "rms_norm_eps", 1e-6),
+    ("num_nextn_predict_layers", "num_nextn_predict_layers", 0),
+    ("tie_word_embeddings", "tie_word_embeddings", False),
+    ("bos_token_id", "bos_token_id", 0),
+    ("eos_token_id", "eos_token_id", 1),
+    ("pad_token_id", "pad_token_id", None),
+    ("candidate_source_layer_id", "candidate_source_layer_id", None),
+    ("candidate_topk_blocks", "candidate_topk_blocks", 0),
+    ("candidate_block_size", "candidate_block_size", 0),
+    ("gate_temp", "gate_temp", 1.0),
+    ("engram_max_ngram_size", "engram_max_ngram_size", 0),
+    ("engram_vocab_size", "engram_vocab_size", 0),
+    ("engram_n_heads", "engram_n_heads", 0),
+    ("engram_head_dim", "engram_head_dim", 0),
+    ("engram_pad_token_id", "engram_pad_token_id", None),
+    ("engram_compressed_vocab_size", "engram_compressed_vocab_size", 0),
+    ("dspark_block_size", "dspark_block_size", 0),
+    ("dspark_noise_token_id", "dspark_noise_token_id", None),
+    ("dspark_markov_rank", "dspark_markov_rank", 0),
+    ("dspark_n_routed_experts", "dspark_n_routed_experts", None),
+    ("dspark_num_experts_per_tok", "dspark_num_experts_per_tok", None),
+)
+_INT_LISTS = (
+    "kv_source_layer_ids",
+    "index_source_layer_ids",
+    "engram_layer_ids",
+    "engram_num_embeddings",
+    "dspark_target_layer_ids",
+)
+
+
+def _fail(name: str, value: Any, expected: str) -> None:
+    raise ConfigError(f"config field {name!r} = {value!r}: expected {expected}")
+
+
+def text_fields(text: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for ours, key, default in _SCALARS:
+        if key in text and text[key] is not None:
+            out[ours] = text[key]
+        elif default is ...:
+            _fail(key, None, "a value (required field missing)")
+        else:
+            out[ours] = default
+    if isinstance(out["eos_token_id"], list):
+        out["eos_token_id"] = out["eos_token_id"][0] if out["eos_token_id"] else None
+    for key in _INT_LISTS:
+        out[key] = tuple(int(v) for v in (text.get(key) or ()))
+    n = out["num_layers"]
+    out["rope_head_dim"] = _rope_head_dim(text, out["head_dim"])
+    ratios = _compress_ratios(text, n, arch)
+    out["compress_ratios"], out["mtp_compress_ratios"] = ratios[:n], ratios[n:]
+    out["num_hash_layers"] = _num_hash_layers(text, n, arch)
+    out["rope_scaling"], thetas = _rope(text)
+    out.update(thetas)
+    out["quantization"] = _quantization(text)
+    return out
+
+
+def _rope_head_dim(text: Mapping[str, Any], head_dim: int) -> int:
+    if text.get("qk_rope_head_dim") is not None:
+        return int(text["qk_rope_head_dim"])
+    factor = text.get("partial_rotary_factor")
+    if factor is not None:
+        return int(round(head_dim * factor))
+    return 64
+
+
+def _compress_ratios(text: Mapping[str, Any], n: int, arch: str) -> tuple[int, ...]:
+    if text.get("compress_ratios") is not None:
+        ratios = tuple(int(r) for r in text["compress_ratios"])
+        if len(ratios) < n:
+            _fail("compress_ratios", ratios, f"at least num_hidden_layers={n} entries")
+        return ratios
+    layer_types = text.get("layer_types")
+    if layer_types is None:
+        _fail("compress_ratios", None, "compress_ratios or layer_types")
+    rates = {**DEFAULT_COMPRESS_RATES, **(text.get("compress_rates") or {})}
+    ratios = []
+    for t in layer_types:
+        if t not in LAYER_TYPE_TO_RATIO_KEY:
+            _fail("layer_types", t, f"one of {sorted(LAYER_TYPE_TO_RATIO_KEY)}")
+        key = LAYER_TYPE_TO_RATIO_KEY[t]
+        ratios.append(0 if key is None else int(rates[key]))
+    if len(ratios) != n:
+        _fail("layer_types", layer_types, f"{n} entries (num_hidden_layers)")
+    return tuple(ratios)
+
+
+def _num_hash_layers(text: Mapping[str, Any], n: int, arch: str) -> int:
+    if text.get("num_hash_layers") is not None:
+        return int(text["num_hash_layers"])
+    mlp = text.get("mlp_layer_types")
+    if mlp is None:
+        return 0 if arch == V41_ARCH else min(3, n)
+    if len(mlp) != n or any(t not in ("hash_moe", "moe") for t in mlp):
+        _fail("mlp_layer_types", mlp, f"{n} entries of 'hash_moe' / 'moe'")
+    count = sum(t == "hash_moe" for t in mlp)
+    if any(t != "hash_moe" for t in mlp[:count]):
+        _fail("mlp_layer_types", mlp, "the hash_moe layers first, then moe")
+    return count
+
+
+def _yarn(params: Mapping[str, Any] | None) -> RopeScaling | None:
+    if not params:
+        return None
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind != "yarn":
+        _fail("rope_scaling.type", kind, "yarn or default")
+    return RopeScaling(
+        factor=float(params["factor"]),
+        original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+        beta_fast=float(params.get("beta_fast", 32)),
+        beta_slow=float(params.get("beta_slow", 1)),
+    )
+
+
+def _rope(text: Mapping[str, Any]) -> tuple[RopeScaling | None, dict[str, float]]:
+    thetas = {
+        "rope_theta": float(text.get("rope_theta") or 10000.0),
+        "compress_rope_theta": float(text.get("compress_rope_theta") or 160000.0),
+    }
+    params = text.get("rope_parameters")
+    if isinstance(params, Mapping) and isinstance(params.get("compress"), Mapping):
+        main, compress = params.get("main") or {}, params["compress"]
+        thetas["rope_theta"] = float(main.get("rope_theta", thetas["rope_theta"]))
+        thetas["compress_rope_theta"] = float(compress.get("rope_theta"))
+        return _yarn(compress), thetas
+    if text.get("rope_scaling"):
+        return _yarn(text["rope_scaling"]), thetas
+    if isinstance(params, Mapping):
+        return _yarn(params), thetas
+    return None, thetas
+
+
+def _quantization(text: Mapping[str, Any]) -> QuantConfig | None:
+    q = text.get("quantization_config")
+    if not q:
+        return None
+    if q.get("quant_method", "fp8") != "fp8":
+        _fail("quantization_config.quant_method", q.get("quant_method"), "fp8")
+    block = q.get("weight_block_size") or [128, 128]
+    if len(block) != 2:
+        _fail("quantization_config.weight_block_size", block, "two integers")
+    expert_dtype = q.get("expert_dtype") or text.get("expert_dtype") or "fp8"
+    if expert_dtype not in ("fp4", "fp8"):
+        _fail("expert_dtype", expert_dtype, "fp4 or fp8")
+    return QuantConfig(
+        weight_block_size=(int(block[0]), int(block[1])),
+        scale_fmt=q.get("scale_fmt", "ue8m0"),
+        expert_dtype=expert_dtype,
+    )

@@ -1,0 +1,33 @@
+"""Linear layers over the weight formats of the checkpoints."""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.kernels.reference import linear as ref
+from deepinfer.kernels.registry import op
+
+__all__ = ["linear"]
+
+
+@op(reference=ref.linear)
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    *,
+    block_size: tuple[int, int] | None = None,
+    act_quant_group: int | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``y = x @ W^T`` for a dense, FP8 block-scaled or packed-FP4 weight.
+
+    x:      ``[..., K]`` fp32 / bf16.
+    weight: ``[N, K]`` float (no scale), ``[N, K]`` ``float8_e4m3fn`` with
+            ``scale [ceil(N / bm), ceil(K / bn)]`` e8m0 and ``block_size = (bm, bn)``, or
+            ``[N, K / 2]`` int8 packed e2m1 with ``scale [N, K / 32]`` e8m0.
+    act_quant_group: if set, simulate the reference's FP8 input quantisation per group of
+            that many elements along K (spec 4.3) before the product.
+    Dense weights multiply in the promoted dtype; quantised ones dequantise exactly and
+    accumulate in fp32. Returns ``[..., N]`` of ``out_dtype`` (default ``x.dtype``).
+    """

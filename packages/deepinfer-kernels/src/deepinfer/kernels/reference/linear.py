@@ -1,0 +1,39 @@
+"""Reference linear over the checkpoint weight formats."""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.kernels.reference import quant
+
+
+def dequant_weight(
+    weight: torch.Tensor, scale: torch.Tensor | None, block_size: tuple[int, int] | None
+) -> torch.Tensor:
+    if scale is None:
+        return weight
+    if weight.dtype == torch.float8_e4m3fn:
+        return quant.fp8_block_dequant(weight, scale, block_size, out_dtype=torch.float32)
+    if weight.dtype in (torch.int8, torch.uint8):
+        return quant.fp4_dequant(weight, scale, 32, out_dtype=torch.float32)
+    raise TypeError(f"weight dtype {weight.dtype} with a scale: expected float8_e4m3fn or int8")
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    *,
+    block_size: tuple[int, int] | None = None,
+    act_quant_group: int | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    out_dtype = out_dtype or x.dtype
+    w = dequant_weight(weight, scale, block_size)
+    if scale is None and act_quant_group is None:
+        compute = torch.promote_types(x.dtype, w.dtype)
+        return (x.to(compute) @ w.to(compute).t()).to(out_dtype)
+    xf = x.float()
+    if act_quant_group is not None:
+        xf = quant.fp8_sim(xf, act_quant_group)
+    return (xf @ w.float().t()).to(out_dtype)
