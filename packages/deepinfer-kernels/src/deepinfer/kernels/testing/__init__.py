@@ -72,9 +72,6 @@ def _load_cases() -> None:
         importlib.import_module(f"{cases.__name__}.{info.name}")
 
 
-_load_cases()
-
-
 def cases_for(ops: Iterable[str], scale: str) -> list[Case]:
     """The registered cases of scale ``small`` or ``real`` for the ops named."""
     wanted = set(ops)
@@ -179,6 +176,8 @@ def patch_triton_interpreter() -> None:
     builder.create_dot = create_dot
     builder._deepinfer_bf16_dot = True
 
+
+_load_cases()
 
 __all__ = [
     "CASES",

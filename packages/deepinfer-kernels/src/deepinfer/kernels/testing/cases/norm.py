@@ -25,14 +25,20 @@ def _norm_inputs(gen, device, *, rows, hidden, dtype, fused):
 
 
 def _strided(args):
-    # Same values, rows padded (row stride > hidden) and thus non-contiguous.
+    # Same values as non-contiguous views: rows padded (row stride > hidden) when there are
+    # several rows, every other column of a wider tensor (column stride 2) for a single row.
     out = []
     for a in args:
         if isinstance(a, torch.Tensor) and a.dim() == 2:
-            wide = torch.empty(a.shape[0], a.shape[1] + 64, dtype=a.dtype, device=a.device)
-            wide.normal_()
-            wide[:, : a.shape[1]] = a
-            out.append(wide[:, : a.shape[1]])
+            rows, hidden = a.shape
+            if rows > 1:
+                wide = torch.randn(rows, hidden + 64, dtype=torch.float32).to(a.dtype).to(a.device)
+                wide[:, :hidden] = a
+                out.append(wide[:, :hidden])
+            else:
+                wide = torch.randn(rows, 2 * hidden, dtype=torch.float32).to(a.dtype).to(a.device)
+                wide[:, ::2] = a
+                out.append(wide[:, ::2])
         else:
             out.append(a)
     return tuple(out)

@@ -1,0 +1,109 @@
+"""Test sessions: one per package and accelerator, plus integration, lint and import contracts.
+
+    uvx nox                      # the default set for this machine's accelerator
+    uvx nox -s "tests(package='sampling', accelerator='cpu')"
+    uvx nox -l                   # every session
+
+Each ``tests`` session installs only that package and what it needs, from ``uv.lock``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "uv"
+nox.options.error_on_missing_interpreters = True
+
+ROOT = Path(__file__).parent
+PACKAGES = {
+    "kernels": ("deepinfer-kernels", "packages/deepinfer-kernels"),
+    "parallel": ("deepinfer-parallel", "packages/deepinfer-parallel"),
+    "sampling": ("deepinfer-sampling", "packages/deepinfer-sampling"),
+    "spec": ("deepinfer-spec", "packages/deepinfer-spec"),
+    "engine": ("deepinfer-engine", "packages/deepinfer-engine"),
+    "kernels-nvidia": ("deepinfer-kernels-nvidia", "kernels-nvidia"),
+    "kernels-ascend": ("deepinfer-kernels-ascend", "kernels-ascend"),
+}
+ACCELERATORS = ("cpu", "nvidia", "ascend")
+# pytest marker expression per accelerator: device-only tests run only where the device is.
+MARKERS = {"cpu": "not gpu and not npu", "nvidia": "not npu", "ascend": "not gpu"}
+# A backend package tested under the other vendor's accelerator means nothing.
+MEANINGLESS = {("kernels-nvidia", "ascend"), ("kernels-ascend", "nvidia")}
+
+
+def machine_accelerator() -> str:
+    """nvidia if an NVIDIA driver is visible, ascend if an Ascend one is, else cpu."""
+    if os.environ.get("DEEPINFER_ACCELERATOR"):
+        return os.environ["DEEPINFER_ACCELERATOR"]
+    if shutil.which("nvidia-smi") or Path("/dev/nvidiactl").exists():
+        return "nvidia"
+    if shutil.which("npu-smi") or Path("/dev/davinci_manager").exists():
+        return "ascend"
+    return "cpu"
+
+
+def _sync(session: nox.Session, *args: str) -> None:
+    session.run_install(
+        "uv", "sync", "--locked", *args,
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+    )  # fmt: skip
+
+
+def _pytest(session: nox.Session, accelerator: str, *paths: str) -> None:
+    session.run(
+        "python", "-m", "pytest", *paths, "-m", MARKERS[accelerator], *session.posargs,
+        env={"DEEPINFER_ACCELERATOR": accelerator},
+    )  # fmt: skip
+
+
+@nox.session
+@nox.parametrize("accelerator", ACCELERATORS)
+@nox.parametrize("package", list(PACKAGES))
+def tests(session: nox.Session, package: str, accelerator: str) -> None:
+    """One package's tests on one accelerator (cpu: reference backend, Triton interpreter)."""
+    if (package, accelerator) in MEANINGLESS:
+        session.skip(f"{package} has nothing to test on {accelerator}")
+    if accelerator != "cpu" and machine_accelerator() != accelerator:
+        session.skip(f"no {accelerator} device on this machine")
+    dist, path = PACKAGES[package]
+    _sync(session, "--package", dist, "--no-default-groups", "--group", "test")
+    _pytest(session, accelerator, f"{path}/tests")
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """End-to-end tests through the public API, every package installed."""
+    accelerator = machine_accelerator()
+    _sync(session, "--all-packages")
+    _pytest(session, accelerator, "integration")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole tree."""
+    _sync(session, "--only-group", "dev")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(venv_backend="none")
+def imports(session: nox.Session) -> None:
+    """The import directions of DESIGN.md, as contracts that fail when broken."""
+    session.run("python3", "tools/check_imports.py", str(ROOT))
+
+
+def _default_sessions() -> list[str]:
+    accelerator = machine_accelerator()
+    chosen = ["lint", "imports"]
+    for package in PACKAGES:
+        for acc in ("cpu",) if accelerator == "cpu" else ("cpu", accelerator):
+            if (package, acc) not in MEANINGLESS:
+                chosen.append(f"tests(package='{package}', accelerator='{acc}')")
+    return [*chosen, "integration"]
+
+
+nox.options.sessions = _default_sessions()
