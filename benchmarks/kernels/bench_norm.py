@@ -24,6 +24,33 @@ from deepinfer import kernels  # noqa: E402
 from deepinfer.kernels_nvidia import backend  # noqa: E402
 
 
+def bench_shape(hidden: int, tokens: int, ceiling: float) -> list[dict]:
+    w = torch.randn(hidden, device="cuda")
+    x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn_like(x)
+    plain = {
+        "triton": lambda: backend.ops["rms_norm"](x, w, 1e-6),
+        "reference": lambda: kernels.OPS["rms_norm"].reference(x, w, 1e-6),
+        "torch": lambda: torch.nn.functional.rms_norm(x, (hidden,), w.bfloat16(), 1e-6),
+    }
+    fused = {
+        "triton": lambda: backend.ops["fused_add_rms_norm"](x, r, w, 1e-6),
+        "reference": lambda: kernels.OPS["fused_add_rms_norm"].reference(x, r, w, 1e-6),
+        "torch": lambda: torch.nn.functional.rms_norm(x + r, (hidden,), w.bfloat16(), 1e-6),
+    }
+    rows = []
+    for op, impls, passes in (("rms_norm", plain, 2), ("fused_add_rms_norm", fused, 4)):
+        nbytes = passes * tokens * hidden * 2
+        row = {"op": op, "hidden": hidden, "tokens": tokens}
+        for name, fn in impls.items():
+            ms = time_cuda(fn)
+            row[f"{name}_us"] = ms * 1e3
+            row[f"{name}_TB/s"] = nbytes / (ms * 1e-3) / 1e12
+        row["triton_%ceiling"] = 100 * row["triton_TB/s"] / ceiling
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="write the results as JSON here")
@@ -35,29 +62,8 @@ def main() -> None:
     print(f"measured copy bandwidth: {ceiling:.2f} TB/s")
     rows = []
     for hidden in (4096, 5120):
-        w = torch.randn(hidden, device="cuda")
         for tokens in map(int, args.tokens.split(",")):
-            x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
-            r = torch.randn_like(x)
-            plain = {
-                "triton": lambda: backend.ops["rms_norm"](x, w, 1e-6),
-                "reference": lambda: kernels.OPS["rms_norm"].reference(x, w, 1e-6),
-                "torch": lambda: torch.nn.functional.rms_norm(x, (hidden,), w.bfloat16(), 1e-6),
-            }
-            fused = {
-                "triton": lambda: backend.ops["fused_add_rms_norm"](x, r, w, 1e-6),
-                "reference": lambda: kernels.OPS["fused_add_rms_norm"].reference(x, r, w, 1e-6),
-                "torch": lambda: torch.nn.functional.rms_norm(x + r, (hidden,), w.bfloat16(), 1e-6),
-            }
-            for op, impls, passes in (("rms_norm", plain, 2), ("fused_add_rms_norm", fused, 4)):
-                nbytes = passes * tokens * hidden * 2
-                row = {"op": op, "hidden": hidden, "tokens": tokens}
-                for name, fn in impls.items():
-                    ms = time_cuda(fn)
-                    row[f"{name}_us"] = ms * 1e3
-                    row[f"{name}_TB/s"] = nbytes / (ms * 1e-3) / 1e12
-                row["triton_%ceiling"] = 100 * row["triton_TB/s"] / ceiling
-                rows.append(row)
+            rows += bench_shape(hidden, tokens, ceiling)
     cols = ["op", "hidden", "tokens", "triton_us", "triton_TB/s", "triton_%ceiling",
             "torch_us", "torch_TB/s", "reference_us"]  # fmt: skip
     print_table(rows, cols)
