@@ -1,0 +1,158 @@
+"""Verification planning: optimality against brute force, prefix property, cost curve."""
+
+import itertools
+
+import pytest
+import torch
+
+from deepinfer.spec import (
+    StepCostCurve,
+    plan_verification,
+    split_verify_slots,
+    survival_probabilities,
+)
+
+
+def _random_curve(generator, max_tokens):
+    """A rising, convex-then-linear-ish measured curve with a few random points."""
+    sizes = sorted(
+        {1, max_tokens, *torch.randint(2, max_tokens, (3,), generator=generator).tolist()}
+    )
+    base = float(torch.rand(1, generator=generator)) + 0.5
+    slope = float(torch.rand(1, generator=generator)) * 0.3
+    costs = [base + slope * n + float(torch.rand(1, generator=generator)) * 0.05 for n in sizes]
+    costs = [max(costs[: i + 1]) for i in range(len(costs))]  # measured curves are monotone
+    return StepCostCurve(tuple(sizes), tuple(costs))
+
+
+def _brute_force(confidences, counts, curve, num_other, fixed_cost):
+    """Best objective over every per-request prefix length (exhaustive)."""
+    survival = survival_probabilities(confidences, counts).double()
+    batch = confidences.shape[0]
+    best = -1.0
+    for lengths in itertools.product(*(range(int(c) + 1) for c in counts)):
+        gain = sum(float(survival[b, :length].sum()) for b, length in enumerate(lengths))
+        tokens = num_other + batch + sum(lengths)
+        best = max(best, (batch + gain) / (curve(tokens) + fixed_cost))
+    return best
+
+
+@pytest.mark.parametrize("instance", range(40))
+def test_plan_is_optimal_on_small_random_instances(instance):
+    generator = torch.Generator().manual_seed(100 + instance)
+    batch = int(torch.randint(1, 4, (1,), generator=generator))
+    max_drafts = int(torch.randint(1, 5, (1,), generator=generator))
+    confidences = torch.rand(batch, max_drafts, generator=generator)
+    if instance % 4 == 0:  # exact ties and certain drafts
+        confidences = (confidences * 4).round() / 4
+    counts = torch.randint(0, max_drafts + 1, (batch,), generator=generator)
+    curve = _random_curve(generator, 16)
+    num_other = int(torch.randint(0, 4, (1,), generator=generator))
+    fixed_cost = float(torch.rand(1, generator=generator))
+    plan = plan_verification(
+        confidences, counts, curve, num_other_tokens=num_other, fixed_cost=fixed_cost
+    )
+    best = _brute_force(confidences, counts, curve, num_other, fixed_cost)
+    assert plan.tokens_per_cost == pytest.approx(best, rel=1e-9)
+    # The plan's bookkeeping is consistent with its own split.
+    survival = survival_probabilities(confidences, counts).double()
+    lengths = plan.num_verify_drafts
+    assert (lengths <= counts).all() and (lengths >= 0).all()
+    assert plan.num_step_tokens == num_other + batch + int(lengths.sum())
+    gain = sum(float(survival[b, : int(n)].sum()) for b, n in enumerate(lengths))
+    assert plan.expected_tokens == pytest.approx(batch + gain, rel=1e-9)
+    assert plan.cost == pytest.approx(curve(plan.num_step_tokens) + fixed_cost)
+
+
+def test_split_takes_the_highest_survival_pairs_as_prefixes():
+    generator = torch.Generator().manual_seed(5)
+    confidences = torch.rand(16, 6, generator=generator)
+    confidences[3] = 1.0  # ties along a request must still give a prefix
+    confidences[4, 2] = 0.0
+    counts = torch.randint(0, 7, (16,), generator=generator)
+    survival = survival_probabilities(confidences, counts)
+    live = survival[torch.arange(6)[None, :] < counts[:, None]]
+    for num_slots in [0, 1, 7, 20, int(counts.sum()), int(counts.sum()) + 5]:
+        lengths = split_verify_slots(confidences, counts, num_slots)
+        assert int(lengths.sum()) == min(num_slots, int(counts.sum()))
+        assert (lengths <= counts).all()
+        chosen = torch.arange(6)[None, :] < lengths[:, None]
+        if 0 < int(lengths.sum()) < live.numel():
+            # Every chosen pair is at least as likely as every pair left out.
+            left_out = (torch.arange(6)[None, :] < counts[:, None]) & ~chosen
+            assert float(survival[chosen].min()) >= float(survival[left_out].max())
+        tensor_slots = split_verify_slots(confidences, counts, torch.tensor(num_slots))
+        assert torch.equal(tensor_slots, lengths)
+
+
+def test_flat_cost_verifies_everything_and_steep_cost_verifies_nothing():
+    generator = torch.Generator().manual_seed(6)
+    confidences = torch.rand(4, 5, generator=generator) * 0.9 + 0.05
+    counts = torch.tensor([5, 3, 0, 5])
+    flat = StepCostCurve((1, 64), (1.0, 1.0))
+    assert plan_verification(confidences, counts, flat).num_verify_drafts.tolist() == [5, 3, 0, 5]
+    steep = StepCostCurve((1, 2), (1.0, 2.0))  # every extra token costs a full request's step
+    assert plan_verification(confidences, counts, steep).num_verify_drafts.tolist() == [0] * 4
+
+
+def test_fixed_cost_and_token_cap_change_the_plan():
+    generator = torch.Generator().manual_seed(7)
+    confidences = torch.rand(8, 5, generator=generator)
+    counts = torch.full((8,), 5)
+    curve = StepCostCurve((1, 8, 48), (1.0, 1.2, 6.0))
+    lean = plan_verification(confidences, counts, curve)
+    heavy = plan_verification(confidences, counts, curve, fixed_cost=5.0)
+    # A large per-step overhead makes extra verify tokens relatively cheaper.
+    assert heavy.num_step_tokens >= lean.num_step_tokens
+    capped = plan_verification(confidences, counts, curve, fixed_cost=5.0, max_num_step_tokens=12)
+    assert capped.num_step_tokens <= 12
+    with pytest.raises(ValueError, match="max_num_step_tokens"):
+        plan_verification(confidences, counts, curve, max_num_step_tokens=7)
+
+
+def test_plan_is_deterministic_and_rejects_bad_confidences():
+    generator = torch.Generator().manual_seed(8)
+    confidences = torch.rand(6, 5, generator=generator)
+    counts = torch.randint(0, 6, (6,), generator=generator)
+    curve = StepCostCurve((1, 4, 16, 64), (1.0, 1.05, 1.4, 3.0), staircase=True)
+    first = plan_verification(confidences, counts, curve)
+    second = plan_verification(confidences.clone(), counts.clone(), curve)
+    assert torch.equal(first.num_verify_drafts, second.num_verify_drafts)
+    bad = confidences.clone()
+    bad[0, 0] = 1.5
+    with pytest.raises(ValueError, match="confidences"):
+        plan_verification(bad, counts, curve)
+    bad[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="confidences"):
+        plan_verification(bad, counts, curve)
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        plan_verification(confidences, torch.full((6,), 9), curve)
+
+
+def test_cost_curve_interpolates_clamps_and_extrapolates():
+    curve = StepCostCurve.from_points([(16, 3.0), (1, 1.0), (4, 1.5)])
+    assert curve.num_tokens == (1, 4, 16)
+    assert curve(1) == pytest.approx(1.0)
+    assert curve(2) == pytest.approx(1.0 + 0.5 / 3)
+    assert curve(10) == pytest.approx(1.5 + 1.5 * 6 / 12)
+    assert curve(32) == pytest.approx(3.0 + 1.5 / 12 * 16)  # last segment's slope
+    stairs = StepCostCurve((1, 4, 16), (1.0, 1.5, 3.0), staircase=True)
+    assert [stairs(n) for n in (1, 2, 4, 5, 16)] == pytest.approx([1.0, 1.5, 1.5, 3.0, 3.0])
+    assert StepCostCurve((8,), (2.0,))(100) == pytest.approx(2.0)
+    many = torch.tensor([1, 3, 9, 40])
+    assert curve.costs(many).tolist() == pytest.approx([curve(int(n)) for n in many])
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "cost", "message"),
+    [
+        ((), (), "same positive number"),
+        ((1, 2), (1.0,), "same positive number"),
+        ((2, 2), (1.0, 1.0), "strictly increasing"),
+        ((0, 2), (1.0, 1.0), "positive ints"),
+        ((1, 2), (1.0, -1.0), "finite positive"),
+    ],
+)
+def test_cost_curve_validation(num_tokens, cost, message):
+    with pytest.raises(ValueError, match=message):
+        StepCostCurve(num_tokens, cost)

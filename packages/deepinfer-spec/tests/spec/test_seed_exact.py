@@ -1,0 +1,64 @@
+"""Greedy and seed-exact speculation reproduce non-speculative decoding token for token."""
+
+import pytest
+import torch
+
+from deepinfer.spec.testing import blend, generate_plain, generate_speculative, random_transition
+
+VOCAB = 16
+ROWS = 512
+LENGTH = 24
+
+
+def _chains(seed):
+    generator = torch.Generator().manual_seed(seed)
+    target = random_transition(VOCAB, generator, sharpness=2.5)
+    draft = blend(target, random_transition(VOCAB, generator, sharpness=2.5), 0.7)
+    return generator, target, draft
+
+
+def _requests(generator, max_drafts):
+    first = torch.randint(0, VOCAB, (ROWS,), generator=generator)
+    seeds = torch.randint(0, 2**62, (ROWS,), generator=generator)
+    positions = torch.randint(0, 1 << 20, (ROWS,), generator=generator)
+    num_drafts = torch.randint(0, max_drafts + 1, (ROWS,), generator=generator)
+    return first, seeds, positions, num_drafts
+
+
+@pytest.mark.parametrize("max_drafts", [1, 5, 8])
+def test_seed_exact_is_identical_to_plain_sampling_for_every_seed(max_drafts):
+    generator, target, draft = _chains(21 + max_drafts)
+    first, seeds, positions, num_drafts = _requests(generator, max_drafts)
+    plain = generate_plain(target, first, seeds, positions, LENGTH, is_greedy=False)
+    speculative, steps = generate_speculative(
+        target, draft, first, seeds, positions, LENGTH, num_drafts, "seed_exact"
+    )
+    assert torch.equal(speculative, plain)
+    # Speculation did real work: some steps committed more than one token.
+    assert int(steps.sum()) < ROWS * LENGTH
+
+
+def test_seed_exact_tokens_depend_on_the_seed():
+    generator, target, draft = _chains(31)
+    first, seeds, positions, num_drafts = _requests(generator, 5)
+    base, _ = generate_speculative(
+        target, draft, first, seeds, positions, LENGTH, num_drafts, "seed_exact"
+    )
+    other, _ = generate_speculative(
+        target, draft, first, seeds + 1, positions, LENGTH, num_drafts, "seed_exact"
+    )
+    assert float((base != other).double().mean()) > 0.3
+
+
+@pytest.mark.parametrize("max_drafts", [1, 5])
+def test_greedy_is_identical_to_plain_greedy_with_long_accepted_runs(max_drafts):
+    generator, target, draft = _chains(41 + max_drafts)
+    first, seeds, positions, _ = _requests(generator, max_drafts)
+    num_drafts = torch.full((ROWS,), max_drafts)
+    plain = generate_plain(target, first, seeds, positions, LENGTH, is_greedy=True)
+    speculative, steps = generate_speculative(
+        target, draft, first, seeds, positions, LENGTH, num_drafts, "greedy"
+    )
+    assert torch.equal(speculative, plain)
+    tokens_per_step = ROWS * LENGTH / int(steps.sum())
+    assert tokens_per_step > 1.0 + 0.5 * max_drafts / (max_drafts + 1)
