@@ -31,6 +31,11 @@ _POS = _i64(0xD6E8FEB86659FD93)
 _STREAM = _i64(0xA0761D6478BD642F)
 
 
+def _stream_term(stream: int) -> int:
+    """``stream * _STREAM`` wrapped to int64, as the tensor arithmetic would wrap it."""
+    return _i64((stream * _STREAM) % (1 << 64))
+
+
 def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
     """Logical right shift of int64 bit patterns."""
     return (x >> s) & ((1 << (64 - s)) - 1)
@@ -50,7 +55,7 @@ def hash64(
     seeds, positions: ``[B]`` int64; counters: ``[N]`` int64; all on one device.
     """
     key = _mix(
-        seeds.to(torch.int64) * _GOLDEN + positions.to(torch.int64) * _POS + stream * _STREAM
+        seeds.to(torch.int64) * _GOLDEN + positions.to(torch.int64) * _POS + _stream_term(stream)
     )
     return _mix(key[:, None] + (counters.to(torch.int64)[None, :] + 1) * _GOLDEN)
 
