@@ -1,0 +1,184 @@
+"""Engram: V4.1 conditional memory, gated into the hyper-connection streams (spec 7.3).
+
+Checkpoint tensors of an Engram layer ``i`` (``layers.{i}.engram.``):
+
+================  =================  ==========================================
+name              dtype              shape
+================  =================  ==========================================
+embed.weight      F8_E4M3            ``[engram_num_embeddings[k], head_dim]``
+embed.scale       F8_E8M0            ``[engram_num_embeddings[k], head_dim/32]``
+wkv.weight        F8_E4M3            ``[(hc_mult+1)*D, (N-1)*n_heads*head_dim]``
+wkv.scale         F8_E8M0            weight blocks of the checkpoint (32x32 in V4.1)
+q_weight          BF16               ``[hc_mult, D]``
+k_weight          BF16               ``[hc_mult, D]``
+================  =================  ==========================================
+
+How the stack calls it (once per forward, flat batch of ``T`` tokens):
+
+1. before the first layer: ``ngram = ngram_token_ids(...)`` (engram_history) and
+   ``row_ids = kernels.engram_hash(ngram, layout.multipliers, layout.primes, layout.offsets)``
+   -> ``[T, L, C]`` for all Engram layers at once; then ``update_history(...)``;
+2. at layer ``engram_layer_ids[k]``, on the residual streams *before* the block:
+   ``h = layers[i].engram(h, row_ids[:, k], token_mask)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from deepinfer import kernels
+
+ENGRAM_SCALE_BLOCK = 32
+
+
+@dataclass(frozen=True)
+class EngramConfig:
+    """What one Engram layer needs from the model config."""
+
+    layer_id: int
+    num_embeddings: int
+    max_ngram_size: int
+    num_heads: int
+    head_dim: int
+    hidden_size: int
+    hc_mult: int
+    eps: float
+    weight_block: tuple[int, int] | None  # None: unquantised checkpoint
+    quant_simulation: bool = False
+
+    @property
+    def num_columns(self) -> int:
+        """Table rows read per token: one per (n-gram order, head)."""
+        return (self.max_ngram_size - 1) * self.num_heads
+
+    @classmethod
+    def from_model_config(cls, cfg: Any, layer_id: int) -> EngramConfig:
+        if layer_id not in cfg.engram_layer_ids:
+            raise ValueError(
+                f"layer_id = {layer_id}: not an Engram layer (engram_layer_ids = "
+                f"{tuple(cfg.engram_layer_ids)})"
+            )
+        index = tuple(cfg.engram_layer_ids).index(layer_id)
+        if cfg.engram_head_dim % ENGRAM_SCALE_BLOCK:
+            raise ValueError(
+                f"engram_head_dim = {cfg.engram_head_dim}: expected a multiple of "
+                f"{ENGRAM_SCALE_BLOCK} (one table scale per {ENGRAM_SCALE_BLOCK} columns)"
+            )
+        return cls(
+            layer_id=layer_id,
+            num_embeddings=cfg.engram_num_embeddings[index],
+            max_ngram_size=cfg.engram_max_ngram_size,
+            num_heads=cfg.engram_n_heads,
+            head_dim=cfg.engram_head_dim,
+            hidden_size=cfg.hidden_size,
+            hc_mult=cfg.hc_mult,
+            eps=cfg.rms_norm_eps,
+            weight_block=cfg.weight_block,
+            quant_simulation=cfg.quant_simulation,
+        )
+
+
+def _frozen(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t, requires_grad=False)
+
+
+class EngramTable(nn.Module):
+    """``embed``: the hashed n-gram table, FP8 rows with one ue8m0 scale per 32 columns."""
+
+    def __init__(self, num_rows: int, width: int, quantized: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        if quantized:
+            self.weight = _frozen(torch.empty(num_rows, width, dtype=torch.float8_e4m3fn))
+            scale_cols = width // ENGRAM_SCALE_BLOCK
+            self.scale = _frozen(torch.empty(num_rows, scale_cols, dtype=torch.float8_e8m0fnu))
+        else:
+            self.weight = _frozen(torch.empty(num_rows, width, dtype=dtype))
+            self.scale = None
+
+    def forward(self, row_ids: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """row_ids ``[...]`` int64 -> dequantised rows ``[..., width]`` of ``out_dtype``."""
+        return kernels.engram_embedding_lookup(
+            self.weight, self.scale, row_ids, out_dtype=out_dtype
+        )
+
+
+class EngramProjection(nn.Module):
+    """``wkv``: a linear stored as the checkpoint stores it (FP8 blocks + ue8m0, or float).
+
+    Stand-in until the model's shared linear lands; the parameter names are the checkpoint's.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        weight_block: tuple[int, int] | None,
+        quant_simulation: bool,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.weight_block = weight_block
+        self.quant_simulation = quant_simulation and weight_block is not None
+        if weight_block is None:
+            self.weight = _frozen(torch.empty(out_features, in_features, dtype=dtype))
+            self.scale = None
+            return
+        bm, bn = weight_block
+        self.weight = _frozen(torch.empty(out_features, in_features, dtype=torch.float8_e4m3fn))
+        scale_shape = (-(-out_features // bm), -(-in_features // bn))
+        self.scale = _frozen(torch.empty(scale_shape, dtype=torch.float8_e8m0fnu))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x ``[..., in]`` -> ``[..., out]`` of ``x.dtype`` (fp32 accumulation)."""
+        if self.scale is None:
+            weight = self.weight.float()
+        else:
+            block = self.weight_block
+            weight = kernels.fp8_block_dequant(
+                self.weight, self.scale, block, out_dtype=torch.float32
+            )
+            if self.quant_simulation:
+                x = kernels.fp8_sim(x, block[1])
+        return (x.float() @ weight.t()).to(x.dtype)
+
+
+class Engram(nn.Module):
+    """One Engram layer: table lookup, ``wkv`` projection, per-stream gate into the streams."""
+
+    def __init__(self, cfg: EngramConfig, dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__()
+        self.cfg = cfg
+        quantized = cfg.weight_block is not None
+        self.embed = EngramTable(cfg.num_embeddings, cfg.head_dim, quantized, dtype)
+        self.wkv = EngramProjection(
+            cfg.num_columns * cfg.head_dim,
+            (cfg.hc_mult + 1) * cfg.hidden_size,
+            cfg.weight_block,
+            cfg.quant_simulation,
+            dtype,
+        )
+        self.q_weight = _frozen(torch.empty(cfg.hc_mult, cfg.hidden_size, dtype=dtype))
+        self.k_weight = _frozen(torch.empty(cfg.hc_mult, cfg.hidden_size, dtype=dtype))
+
+    def forward(
+        self, hidden: torch.Tensor, row_ids: torch.Tensor, token_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Mix the looked-up n-gram memory into the streams.
+
+        hidden:     ``[T, hc_mult, D]`` residual streams entering the layer (bf16 or fp32).
+        row_ids:    ``[T, (N-1)*n_heads]`` int64 rows of this layer (``engram_hash`` output).
+        token_mask: ``[T]`` bool, False for image tokens (their streams pass through unchanged).
+        Returns ``[T, hc_mult, D]`` of ``hidden.dtype``.
+        """
+        num_tokens, streams, dim = hidden.shape
+        rows = self.embed(row_ids, hidden.dtype)  # [T, C, head_dim]
+        kv = self.wkv(rows.reshape(num_tokens, -1))  # [T, (nc+1)*D]
+        key = kv[:, : streams * dim].reshape(num_tokens, streams, dim)
+        value = kv[:, streams * dim :]
+        return kernels.engram_gate(
+            hidden, key, value, self.q_weight, self.k_weight, token_mask, self.cfg.eps
+        )
