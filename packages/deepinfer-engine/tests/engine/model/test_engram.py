@@ -216,7 +216,7 @@ def engram_by_formula(h, rows, w_kv, q_w, k_w, mask, eps):
 def _randomise(engram, quantized):
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for name, p in engram.named_parameters():
+        for p in engram.parameters():
             if p.dtype == torch.float8_e8m0fnu:
                 exps = torch.randint(119, 124, p.shape, generator=g, dtype=torch.uint8)
                 p.copy_(exps.view(torch.float8_e8m0fnu))
