@@ -44,6 +44,8 @@ def copy_bandwidth_tbs(num_bytes: int = 2 * 2**30) -> float:
 
 
 def environment() -> dict[str, Any]:
+    import os
+
     import triton
 
     try:
@@ -57,7 +59,8 @@ def environment() -> dict[str, Any]:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "python": platform.python_version(),
-        "commit": commit or "unknown",
+        # The GPU machine gets a copy of the tree without .git: pass BENCH_COMMIT there.
+        "commit": commit or os.environ.get("BENCH_COMMIT", "unknown"),
     }
 
 
