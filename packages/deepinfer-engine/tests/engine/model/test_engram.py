@@ -17,6 +17,7 @@ from deepinfer.engine.model.engram_history import (
     reset_history,
     update_history,
 )
+from deepinfer.engine.model.layers import LinearFactory
 
 N = 4  # max_ngram_size
 PAD = 2
@@ -120,6 +121,12 @@ def test_reset_history_starts_a_new_sequence():
     assert got[1] == windows_by_hand(tokens, images, cmap.tolist())
 
 
+def _engram(quantized, layer_id, dtype=torch.bfloat16):
+    model_cfg = _tiny_v41_config(quantized)
+    cfg = EngramConfig.from_model_config(model_cfg, layer_id)
+    return Engram(cfg, LinearFactory(model_cfg, dtype)), cfg
+
+
 def _tiny_v41_config(quantized):
     text = {
         "vocab_size": 64,
@@ -156,8 +163,7 @@ def _tiny_v41_config(quantized):
 
 @pytest.mark.parametrize("quantized", [False, True])
 def test_parameters_carry_the_checkpoint_names_shapes_and_dtypes(quantized):
-    cfg = EngramConfig.from_model_config(_tiny_v41_config(quantized), 3)
-    engram = Engram(cfg, dtype=torch.bfloat16)
+    engram, _ = _engram(quantized, 3)
     got = {k: (tuple(v.shape), v.dtype) for k, v in engram.state_dict().items()}
     table = torch.float8_e4m3fn if quantized else torch.bfloat16
     want = {
@@ -178,8 +184,7 @@ def test_from_model_config_rejects_a_layer_without_engram():
 
 
 def test_fp8_table_rows_dequantise_with_one_power_of_two_per_32_columns():
-    cfg = EngramConfig.from_model_config(_tiny_v41_config(True), 1)
-    engram = Engram(cfg)
+    engram, _ = _engram(True, 1)
     weight = torch.full((300, 64), 1.5)
     weight[7, 40] = -3.0
     engram.embed.weight.copy_(weight.to(torch.float8_e4m3fn))
@@ -236,8 +241,7 @@ def _dequant(engram):
 
 @pytest.mark.parametrize("quantized", [False, True])
 def test_forward_matches_the_spec_formula(quantized):
-    cfg = EngramConfig.from_model_config(_tiny_v41_config(quantized), 3)
-    engram = Engram(cfg, dtype=torch.float32)
+    engram, cfg = _engram(quantized, 3, torch.float32)
     _randomise(engram, quantized)
     hidden = torch.randn(6, 4, 64)
     row_ids = torch.randint(0, 310, (6, 4))
@@ -253,8 +257,7 @@ def test_forward_matches_the_spec_formula(quantized):
 
 
 def test_bf16_streams_are_rounded_once_and_masked_rows_untouched():
-    cfg = EngramConfig.from_model_config(_tiny_v41_config(True), 1)
-    engram = Engram(cfg)
+    engram, cfg = _engram(True, 1)
     _randomise(engram, True)
     hidden = torch.randn(5, 4, 64).bfloat16()
     row_ids = torch.randint(0, 300, (5, 4))

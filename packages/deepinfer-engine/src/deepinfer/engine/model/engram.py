@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from deepinfer import kernels
+from deepinfer.engine.model.layers import LinearFactory
 
 ENGRAM_SCALE_BLOCK = 32
 
@@ -48,7 +49,6 @@ class EngramConfig:
     hc_mult: int
     eps: float
     weight_block: tuple[int, int] | None  # None: unquantised checkpoint
-    quant_simulation: bool = False
 
     @property
     def num_columns(self) -> int:
@@ -78,7 +78,6 @@ class EngramConfig:
             hc_mult=cfg.hc_mult,
             eps=cfg.rms_norm_eps,
             weight_block=cfg.weight_block,
-            quant_simulation=cfg.quant_simulation,
         )
 
 
@@ -89,15 +88,18 @@ def _frozen(t: torch.Tensor) -> nn.Parameter:
 class EngramTable(nn.Module):
     """``embed``: the hashed n-gram table, FP8 rows with one ue8m0 scale per 32 columns."""
 
-    def __init__(self, num_rows: int, width: int, quantized: bool, dtype: torch.dtype) -> None:
+    def __init__(
+        self, num_rows: int, width: int, quantized: bool, dtype: torch.dtype, device=None
+    ) -> None:
         super().__init__()
+        fp8, e8m0 = torch.float8_e4m3fn, torch.float8_e8m0fnu
+        self.weight = _frozen(
+            torch.empty(num_rows, width, dtype=fp8 if quantized else dtype, device=device)
+        )
+        self.scale = None
         if quantized:
-            self.weight = _frozen(torch.empty(num_rows, width, dtype=torch.float8_e4m3fn))
-            scale_cols = width // ENGRAM_SCALE_BLOCK
-            self.scale = _frozen(torch.empty(num_rows, scale_cols, dtype=torch.float8_e8m0fnu))
-        else:
-            self.weight = _frozen(torch.empty(num_rows, width, dtype=dtype))
-            self.scale = None
+            scale_shape = (num_rows, width // ENGRAM_SCALE_BLOCK)
+            self.scale = _frozen(torch.empty(scale_shape, dtype=e8m0, device=device))
 
     def forward(self, row_ids: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """row_ids ``[...]`` int64 -> dequantised rows ``[..., width]`` of ``out_dtype``."""
@@ -106,63 +108,21 @@ class EngramTable(nn.Module):
         )
 
 
-class EngramProjection(nn.Module):
-    """``wkv``: a linear stored as the checkpoint stores it (FP8 blocks + ue8m0, or float).
-
-    Stand-in until the model's shared linear lands; the parameter names are the checkpoint's.
-    """
-
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        weight_block: tuple[int, int] | None,
-        quant_simulation: bool,
-        dtype: torch.dtype,
-    ) -> None:
-        super().__init__()
-        self.weight_block = weight_block
-        self.quant_simulation = quant_simulation and weight_block is not None
-        if weight_block is None:
-            self.weight = _frozen(torch.empty(out_features, in_features, dtype=dtype))
-            self.scale = None
-            return
-        bm, bn = weight_block
-        self.weight = _frozen(torch.empty(out_features, in_features, dtype=torch.float8_e4m3fn))
-        scale_shape = (-(-out_features // bm), -(-in_features // bn))
-        self.scale = _frozen(torch.empty(scale_shape, dtype=torch.float8_e8m0fnu))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x ``[..., in]`` -> ``[..., out]`` of ``x.dtype`` (fp32 accumulation)."""
-        if self.scale is None:
-            weight = self.weight.float()
-        else:
-            block = self.weight_block
-            weight = kernels.fp8_block_dequant(
-                self.weight, self.scale, block, out_dtype=torch.float32
-            )
-            if self.quant_simulation:
-                x = kernels.fp8_sim(x, block[1])
-        return (x.float() @ weight.t()).to(x.dtype)
-
-
 class Engram(nn.Module):
     """One Engram layer: table lookup, ``wkv`` projection, per-stream gate into the streams."""
 
-    def __init__(self, cfg: EngramConfig, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(self, cfg: EngramConfig, factory: LinearFactory) -> None:
         super().__init__()
         self.cfg = cfg
+        dtype, device = factory.dtype, factory.device
         quantized = cfg.weight_block is not None
-        self.embed = EngramTable(cfg.num_embeddings, cfg.head_dim, quantized, dtype)
-        self.wkv = EngramProjection(
-            cfg.num_columns * cfg.head_dim,
-            (cfg.hc_mult + 1) * cfg.hidden_size,
-            cfg.weight_block,
-            cfg.quant_simulation,
-            dtype,
+        self.embed = EngramTable(cfg.num_embeddings, cfg.head_dim, quantized, dtype, device)
+        self.wkv = factory.quantised(
+            cfg.num_columns * cfg.head_dim, (cfg.hc_mult + 1) * cfg.hidden_size
         )
-        self.q_weight = _frozen(torch.empty(cfg.hc_mult, cfg.hidden_size, dtype=dtype))
-        self.k_weight = _frozen(torch.empty(cfg.hc_mult, cfg.hidden_size, dtype=dtype))
+        shape = (cfg.hc_mult, cfg.hidden_size)
+        self.q_weight = _frozen(torch.empty(shape, dtype=dtype, device=device))
+        self.k_weight = _frozen(torch.empty(shape, dtype=dtype, device=device))
 
     def forward(
         self, hidden: torch.Tensor, row_ids: torch.Tensor, token_mask: torch.Tensor
