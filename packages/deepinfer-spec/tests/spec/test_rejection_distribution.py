@@ -114,3 +114,21 @@ def test_multi_step_joint_distribution_matches_the_target_chain():
     # Control: the same test rejects plain sampling from the draft chain.
     drafted = generate_plain(draft, first, seeds, positions, length, is_greedy=False)
     assert chi_square_p_value(_joint_counts(drafted), want) < 1e-12
+
+
+def test_without_drafts_the_final_token_is_a_plain_target_draw():
+    generator = torch.Generator().manual_seed(19)
+    target = _fixed_distributions(generator, 1)
+    seeds = torch.randint(0, 2**62, (ROWS,), generator=generator)
+    positions = torch.randint(0, 1 << 20, (ROWS,), generator=generator)
+    result = accept_rejection(
+        torch.empty(ROWS, 0, dtype=torch.int64),
+        torch.zeros(ROWS, dtype=torch.int64),
+        None,
+        target.expand(ROWS, 1, VOCAB),
+        seeds,
+        positions,
+    )
+    assert result.num_accepted.eq(0).all()
+    counts = torch.bincount(result.output_tokens[:, 0], minlength=VOCAB)
+    assert chi_square_p_value(counts, target[0]) > SIGNIFICANCE

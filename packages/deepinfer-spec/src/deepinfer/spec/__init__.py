@@ -21,6 +21,8 @@ from deepinfer.spec.layout import (
     counts_from_cu,
     cu_from_counts,
     cu_num_verify_tokens,
+    pad_drafts,
+    pad_verify_rows,
     padded_to_varlen,
     varlen_to_padded,
 )
@@ -46,6 +48,8 @@ __all__ = [
     "cu_from_counts",
     "cu_num_verify_tokens",
     "draw_categorical",
+    "pad_drafts",
+    "pad_verify_rows",
     "padded_to_varlen",
     "plan_verification",
     "split_verify_slots",

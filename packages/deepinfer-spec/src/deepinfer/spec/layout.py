@@ -77,11 +77,33 @@ def padded_to_varlen(padded: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
     return padded[is_valid]
 
 
+def pad_drafts(
+    flat_draft_tokens: torch.Tensor, cu_num_draft_tokens: torch.Tensor, max_drafts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat drafts ``[T]`` int -> padded ``draft_tokens`` ``[B, K]`` int64 (``PAD_TOKEN_ID``
+    past each count) and ``num_draft_tokens`` ``[B]`` int64, ``K = max_drafts``."""
+    padded = varlen_to_padded(
+        flat_draft_tokens.to(torch.int64), cu_num_draft_tokens, max_drafts, PAD_TOKEN_ID
+    )
+    return padded, counts_from_cu(cu_num_draft_tokens)
+
+
+def pad_verify_rows(
+    flat_rows: torch.Tensor, cu_num_draft_tokens: torch.Tensor, max_drafts: int, fill: float | int
+) -> torch.Tensor:
+    """Flat verify rows ``[T + B, *rest]`` (request ``b`` owns ``num_draft_tokens[b] + 1``
+    consecutive rows) -> padded ``[B, K + 1, *rest]`` with ``fill`` past each request's rows."""
+    cu_rows = cu_num_verify_tokens(cu_num_draft_tokens)
+    return varlen_to_padded(flat_rows, cu_rows, max_drafts + 1, fill)
+
+
 __all__ = [
     "PAD_TOKEN_ID",
     "counts_from_cu",
     "cu_from_counts",
     "cu_num_verify_tokens",
+    "pad_drafts",
+    "pad_verify_rows",
     "padded_to_varlen",
     "varlen_to_padded",
 ]
