@@ -9,7 +9,8 @@ import torch
 
 from deepinfer import kernels
 from deepinfer.engine.model.config import parse_config
-from deepinfer.engine.model.engram import Engram, EngramConfig
+from deepinfer.engine.model.engram import Engram, EngramConfig, EngramHasher
+from deepinfer.engine.model.engram_hashing import EngramHashLayout
 from deepinfer.engine.model.engram_history import (
     history_ring_size,
     new_history,
@@ -277,3 +278,28 @@ def test_bf16_streams_are_rounded_once_and_masked_rows_untouched():
         cfg.eps,
     )
     assert torch.equal(got, want)
+
+
+def test_hasher_rows_of_chunked_batches_equal_the_whole_sequence():
+    layout = EngramHashLayout.build((1, 3), N, 2, 50, 25)
+    hasher = EngramHasher(layout, _token_map(), PAD)
+    tokens = torch.randint(0, VOCAB, (13,))
+    other = torch.randint(0, VOCAB, (13,))
+    whole = hasher.row_ids(
+        tokens, torch.arange(13), torch.zeros(13, dtype=torch.long), new_history(1, 6)
+    )
+    history = new_history(2, 6)
+    chunks = []
+    for start, end in ((0, 5), (5, 6), (6, 13)):
+        n = end - start
+        ids = torch.cat([other[start:end], tokens[start:end]])
+        pos = torch.arange(start, end).repeat(2)
+        slots = torch.tensor([0] * n + [1] * n)
+        chunks.append(hasher.row_ids(ids, pos, slots, history)[n:])
+    assert torch.equal(torch.cat(chunks), whole)
+    # the rows are the hash of the n-gram windows written out by hand
+    windows = torch.tensor(
+        windows_by_hand(tokens.tolist(), [False] * 13, hasher.token_map.tolist())
+    )
+    want = kernels.engram_hash(windows, layout.multipliers, layout.primes, layout.offsets)
+    assert torch.equal(whole, want)

@@ -15,9 +15,9 @@ k_weight          BF16               ``[hc_mult, D]``
 
 How the stack calls it (once per forward, flat batch of ``T`` tokens):
 
-1. before the first layer: ``ngram = ngram_token_ids(...)`` (engram_history) and
-   ``row_ids = kernels.engram_hash(ngram, layout.multipliers, layout.primes, layout.offsets)``
-   -> ``[T, L, C]`` for all Engram layers at once; then ``update_history(...)``;
+1. before the first layer: ``row_ids = hasher.row_ids(input_ids, positions, token_slots,
+   cache.extra["engram_history"], is_image)`` (:class:`EngramHasher`) -> ``[T, L, C]`` for all
+   Engram layers at once (reads the n-gram windows, then writes the history ring);
 2. at layer ``engram_layer_ids[k]``, on the residual streams *before* the block:
    ``h = layers[i].engram(h, row_ids[:, k], token_mask)``.
 """
@@ -31,6 +31,8 @@ import torch
 from torch import nn
 
 from deepinfer import kernels
+from deepinfer.engine.model.engram_hashing import EngramHashLayout
+from deepinfer.engine.model.engram_history import ngram_token_ids, update_history
 from deepinfer.engine.model.layers import LinearFactory
 
 ENGRAM_SCALE_BLOCK = 32
@@ -142,3 +144,51 @@ class Engram(nn.Module):
         return kernels.engram_gate(
             hidden, key, value, self.q_weight, self.k_weight, token_mask, self.cfg.eps
         )
+
+
+class EngramHasher:
+    """Per-forward hashing for all Engram layers: n-gram windows, history update, row ids.
+
+    token_map ``[vocab]`` int64 (:func:`engram_hashing.compressed_token_map`) and the layout's
+    tensors are moved to ``device`` once. The history ring lives in the cache's state slots
+    (``ModelCache.extra["engram_history"]``, from :func:`engram_history.new_history`).
+    """
+
+    def __init__(
+        self,
+        layout: EngramHashLayout,
+        token_map: torch.Tensor,
+        pad_token_id: int,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.layout = layout
+        self.pad_token_id = pad_token_id
+        self.token_map = token_map.to(device)
+        self.multipliers = layout.multipliers.to(device)
+        self.primes = layout.primes.to(device)
+        self.offsets = layout.offsets.to(device)
+
+    def row_ids(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        token_slots: torch.Tensor,
+        history: torch.Tensor,
+        is_barrier: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``[T, L, C]`` int64 table rows of every token for every Engram layer.
+
+        input_ids, positions, token_slots ``[T]`` int64 (a sequence's tokens contiguous, at
+        consecutive positions); history ``[num_slots, R]`` is read, then updated in place.
+        """
+        args = (input_ids, positions, token_slots, self.token_map)
+        ngrams = ngram_token_ids(
+            *args[:3],
+            self.token_map,
+            history,
+            self.pad_token_id,
+            self.layout.max_ngram_size,
+            is_barrier,
+        )
+        update_history(history, *args, is_barrier)
+        return kernels.engram_hash(ngrams, self.multipliers, self.primes, self.offsets)
