@@ -119,9 +119,12 @@ def validate_tool_call(call: Any, where: str) -> ToolCall:
         if not isinstance(decoded, dict):
             raise _fail(f"{fwhere}.arguments", arguments, "JSON text of an object")
     elif isinstance(arguments, Mapping):
-        arguments = to_json(dict(arguments))
+        decoded, arguments = dict(arguments), to_json(dict(arguments))
     else:
         raise _fail(f"{fwhere}.arguments", arguments, "a JSON object (text or dict)")
+    for key in decoded:
+        if '"' in key or "\n" in key:
+            raise _fail(f"{fwhere}.arguments", key, "argument names without '\"' or newlines")
     call_id = call.get("id")
     if call_id is not None and not isinstance(call_id, str):
         raise _fail(f"{where}.id", call_id, "a string")
