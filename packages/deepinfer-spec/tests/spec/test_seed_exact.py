@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from deepinfer.sampling import rng
 from deepinfer.spec.testing import blend, generate_plain, generate_speculative, random_transition
 
 VOCAB = 16
@@ -62,3 +63,19 @@ def test_greedy_is_identical_to_plain_greedy_with_long_accepted_runs(max_drafts)
     assert torch.equal(speculative, plain)
     tokens_per_step = ROWS * LENGTH / int(steps.sum())
     assert tokens_per_step > 1.0 + 0.5 * max_drafts / (max_drafts + 1)
+
+
+def test_drafting_with_the_target_noise_key_raises_acceptance_and_stays_exact():
+    generator, target, draft = _chains(51)
+    first, seeds, positions, _ = _requests(generator, 5)
+    num_drafts = torch.full((ROWS,), 5)
+    plain = generate_plain(target, first, seeds, positions, LENGTH, is_greedy=False)
+    independent, independent_steps = generate_speculative(
+        target, draft, first, seeds, positions, LENGTH, num_drafts, "seed_exact"
+    )
+    coupled, coupled_steps = generate_speculative(
+        target, draft, first, seeds, positions, LENGTH, num_drafts, "seed_exact",
+        draft_stream=rng.STREAM_SAMPLE,
+    )  # fmt: skip
+    assert torch.equal(independent, plain) and torch.equal(coupled, plain)
+    assert int(coupled_steps.sum()) < 0.8 * int(independent_steps.sum())

@@ -83,13 +83,17 @@ def propose_drafts(
     num_drafts: int,
     *,
     is_greedy: bool,
+    stream: int = rng.STREAM_DRAFT,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequential drafting: tokens ``[N, K]`` int64 and their distributions ``[N, K, V]``."""
+    """Sequential drafting: tokens ``[N, K]`` int64 and their distributions ``[N, K, V]``.
+
+    Draft ``j`` is drawn with the key ``(seed, positions + j, stream)``.
+    """
     tokens, probs, previous = [], [], anchor
     for j in range(num_drafts):
         probs.append(draft[previous])
         previous = next_token(
-            draft, previous, seeds, positions + j, is_greedy=is_greedy, stream=rng.STREAM_DRAFT
+            draft, previous, seeds, positions + j, is_greedy=is_greedy, stream=stream
         )
         tokens.append(previous)
     vocab = draft.shape[-1]
@@ -138,8 +142,12 @@ def generate_speculative(
     num_tokens: int,
     num_draft_tokens: torch.Tensor,
     mode: Mode,
+    *,
+    draft_stream: int = rng.STREAM_DRAFT,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative decoding of ``num_tokens`` per row, each row with its own draft count.
+
+    ``draft_stream`` keys the drafter's noise; ``STREAM_SAMPLE`` couples it with the target's.
 
     Returns the tokens ``[N, num_tokens]`` int64 and the number of verify steps per row ``[N]``.
     """
@@ -152,7 +160,13 @@ def generate_speculative(
     while bool((lengths < num_tokens).any()):
         positions = start_positions + lengths
         drafts, draft_probs = propose_drafts(
-            draft, anchor, seeds, positions, max_drafts, is_greedy=mode == "greedy"
+            draft,
+            anchor,
+            seeds,
+            positions,
+            max_drafts,
+            is_greedy=mode == "greedy",
+            stream=draft_stream,
         )
         result = verify(
             target, anchor, drafts, draft_probs, num_draft_tokens, seeds, positions, mode
