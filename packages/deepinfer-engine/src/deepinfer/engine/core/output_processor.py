@@ -1,0 +1,140 @@
+"""Groups per-sequence updates into ``RequestOutput``s: final ones and streaming deltas.
+
+Streaming holds back the last ``max(len(stop)) - 1`` characters of a running sample's text,
+so a stop string that a later token completes is never shown and then taken back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from deepinfer.engine.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from deepinfer.engine.core.request import StopConditions, num_samples
+from deepinfer.engine.core.scheduler_output import SequenceUpdate
+
+
+@dataclass
+class _Group:
+    prompt: str | None
+    prompt_token_ids: list[int]
+    samples: list[CompletionOutput]
+    holdback: int
+    metrics: RequestMetrics
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    streamed_chars: list[int] = field(default_factory=list)
+    streamed_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finished for s in self.samples)
+
+
+class OutputProcessor:
+    """Tracks every request of a run until its output is taken."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._groups: dict[str, _Group] = {}
+
+    def add(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: Any,
+        arrival_time: float,
+    ) -> None:
+        n = num_samples(params)
+        wants_logprobs = getattr(params, "logprobs", None) is not None
+        self._groups[request_id] = _Group(
+            prompt=prompt,
+            prompt_token_ids=list(prompt_token_ids),
+            samples=[
+                CompletionOutput(index=k, logprobs=[] if wants_logprobs else None) for k in range(n)
+            ],
+            holdback=max(0, StopConditions.from_sampling_params(params).max_stop_len - 1),
+            metrics=RequestMetrics(arrival_time, num_prompt_tokens=len(prompt_token_ids)),
+            streamed_chars=[0] * n,
+            streamed_tokens=[0] * n,
+        )
+
+    def process(self, updates: list[SequenceUpdate]) -> list[RequestOutput]:
+        """Apply updates; return a streaming delta for each request that changed."""
+        touched: dict[str, set[int]] = {}
+        now = self.clock()
+        for update in updates:
+            group = self._groups.get(update.group_id)
+            if group is None:
+                continue
+            self._apply(group, update, now)
+            touched.setdefault(update.group_id, set()).add(update.index)
+        return [self._delta(gid, sorted(indices)) for gid, indices in touched.items()]
+
+    def is_finished(self, request_id: str) -> bool:
+        return self._groups[request_id].finished
+
+    def pop_output(self, request_id: str) -> RequestOutput:
+        """The whole output of a request; forgets it."""
+        group = self._groups.pop(request_id)
+        return RequestOutput(
+            request_id=request_id,
+            prompt=group.prompt,
+            prompt_token_ids=group.prompt_token_ids,
+            outputs=[replace(s) for s in group.samples],
+            finished=group.finished,
+            prompt_logprobs=group.prompt_logprobs,
+            metrics=group.metrics,
+        )
+
+    def _apply(self, group: _Group, update: SequenceUpdate, now: float) -> None:
+        sample = group.samples[update.index]
+        sample.token_ids.extend(update.new_token_ids)
+        if sample.logprobs is not None:
+            sample.logprobs.extend(update.new_logprobs)
+        sample.text = update.text
+        metrics = group.metrics
+        metrics.num_generated_tokens += len(update.new_token_ids)
+        if update.new_token_ids and metrics.first_token_time is None:
+            metrics.first_token_time = now
+        if update.finished:
+            sample.finish_reason = update.finish_reason
+            sample.stop_reason = update.stop_reason
+            sample.error = update.error
+            metrics.num_preemptions += update.num_preemptions
+            if update.prompt_logprobs is not None and update.prompt_logprobs:
+                group.prompt_logprobs = [None, *update.prompt_logprobs]
+            if group.finished:
+                metrics.finished_time = now
+
+    def _delta(self, request_id: str, indices: list[int]) -> RequestOutput:
+        group = self._groups[request_id]
+        deltas = []
+        for k in indices:
+            sample = group.samples[k]
+            visible = len(sample.text) if sample.finished else len(sample.text) - group.holdback
+            visible = max(visible, group.streamed_chars[k])
+            num_tokens = len(sample.token_ids)
+            deltas.append(
+                replace(
+                    sample,
+                    text=sample.text[group.streamed_chars[k] : visible],
+                    token_ids=sample.token_ids[group.streamed_tokens[k] :],
+                    logprobs=None
+                    if sample.logprobs is None
+                    else sample.logprobs[group.streamed_tokens[k] :],
+                )
+            )
+            group.streamed_chars[k] = visible
+            group.streamed_tokens[k] = num_tokens
+        return RequestOutput(
+            request_id=request_id,
+            prompt=group.prompt,
+            prompt_token_ids=group.prompt_token_ids,
+            outputs=deltas,
+            finished=group.finished,
+            prompt_logprobs=group.prompt_logprobs,
+            metrics=group.metrics,
+        )

@@ -1,0 +1,333 @@
+"""Token-budget scheduler: plain Python over plain data, no tensors.
+
+Every sequence has ``num_computed_tokens`` chasing its ``num_tokens`` (+ drafts). Each step:
+
+1. Running sequences first, in admission order: each takes what it still lacks (the rest of
+   its prompt chunk by chunk, 1 for a decode, 1 + drafts for verification) within the token
+   budget. When blocks run out, the most recently admitted running sequence is preempted by
+   recompute (blocks and state slot freed, back to the front of the waiting queue) until the
+   current one fits, or it is itself the one preempted.
+2. Then, if nobody was preempted this step, waiting requests in FCFS order while the budget,
+   ``max_num_seqs``, state slots and blocks allow; the last one admitted may get a partial
+   prompt chunk (chunked prefill). A request whose tokens need more blocks than the whole
+   pool finishes alone with finish reason ``"error"`` and a message.
+
+``update`` applies a step's results: advances computed counts, appends sampled tokens, runs
+stop checks, forks ``n > 1`` requests when their prompt is done, and frees what finished.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from deepinfer.engine.core.block_manager import BlockManager, cdiv
+from deepinfer.engine.core.config import SchedulerConfig
+from deepinfer.engine.core.detokenizer import IncrementalDetokenizer
+from deepinfer.engine.core.executor_view import ExecutorView
+from deepinfer.engine.core.request import (
+    FINISH_ABORT,
+    FINISH_ERROR,
+    Request,
+    RequestStatus,
+    child_seed,
+)
+from deepinfer.engine.core.scheduler_output import (
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+    SequenceUpdate,
+)
+from deepinfer.engine.core.state_slots import StateSlotPool
+from deepinfer.engine.core.updates import apply_sampled_tokens, fork_children, sequence_update
+
+
+class Scheduler:
+    """FCFS token-budget scheduler with chunked prefill and preemption by recompute."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        *,
+        tokenizer: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.clock = clock
+        self.block_manager = BlockManager(config.num_blocks, config.block_size)
+        self.state_slots = StateSlotPool(config.num_state_slots)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._view = ExecutorView()
+        self._pending_state_copies: list[tuple[int, int]] = []
+        self._pending_updates: list[SequenceUpdate] = []
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request: Request) -> None:
+        """Queue a new request (its group id and future child ids must be unused)."""
+        n = request.num_pending_samples
+        ids = [request.request_id] + [f"{request.group_id}#{k}" for k in range(1, n)]
+        for rid in ids:
+            if rid in self.requests:
+                raise ValueError(f"request id {rid!r} is already in use")
+        if self.tokenizer is not None:
+            request.detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_requests(self, group_ids: Iterable[str]) -> None:
+        """Finish every sequence of these groups with ``"abort"`` (reported by the next update)."""
+        wanted = set(group_ids)
+        for request in [r for r in self.requests.values() if r.group_id in wanted]:
+            self._finish(request, FINISH_ABORT)
+
+    def queue_state_copy(self, src_slot: int, dst_slot: int) -> None:
+        """Have the executor copy state slot ``src_slot`` into ``dst_slot`` before the next forward."""
+        self._pending_state_copies.append((src_slot, dst_slot))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests) or bool(self._pending_updates)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self) -> SchedulerOutput:
+        """Choose this step's work (see the module docstring)."""
+        budget = self.config.max_num_batched_tokens
+        scheduled: dict[str, int] = {}
+        replaced: dict[str, list[tuple[int, int]]] = {}
+        block_copies: list[tuple[int, int]] = []
+        budget, preempted = self._schedule_running(budget, scheduled, replaced, block_copies)
+        if not preempted:
+            self._schedule_waiting(budget, scheduled, replaced, block_copies)
+        return self._build_output(scheduled, replaced, block_copies)
+
+    def _schedule_running(self, budget, scheduled, replaced, block_copies) -> tuple[int, bool]:
+        preempted = False
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = self._num_tokens_to_schedule(request, budget)
+            if num_new == 0:
+                index += 1
+                continue
+            while not self._can_allocate(request, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    break
+            else:
+                self._allocate(request, num_new, replaced, block_copies)
+                scheduled[request.request_id] = num_new
+                budget -= num_new
+                index += 1
+                continue
+            break
+        return budget, preempted
+
+    def _schedule_waiting(self, budget, scheduled, replaced, block_copies) -> None:
+        config = self.config
+        while self.waiting and budget > 0:
+            request = self.waiting[0]
+            num_seqs = request.num_pending_samples
+            if len(self.running) + num_seqs > config.max_num_seqs:
+                break
+            if not self.state_slots.can_allocate(num_seqs):
+                break
+            if self._fail_if_never_fits(request):
+                continue
+            num_new = request.num_tokens - request.num_computed_tokens
+            if num_new > budget:
+                if not config.enable_chunked_prefill:
+                    break
+                num_new = budget
+            if not self._can_allocate(request, num_new):
+                break
+            self.waiting.popleft()
+            request.state_slot = self.state_slots.allocate()
+            request.reserved_child_slots = [
+                self.state_slots.allocate() for _ in range(num_seqs - 1)
+            ]
+            request.status = RequestStatus.RUNNING
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = self.clock()
+            self.running.append(request)
+            self._allocate(request, num_new, replaced, block_copies)
+            scheduled[request.request_id] = num_new
+            budget -= num_new
+
+    def _num_tokens_to_schedule(self, request: Request, budget: int) -> int:
+        wanted = request.num_tokens + len(request.spec_token_ids) - request.num_computed_tokens
+        room = self.config.max_model_len - request.num_computed_tokens
+        return max(0, min(wanted, budget, room))
+
+    def _blocks_needed(self, request: Request, num_new: int) -> tuple[int, bool]:
+        """(new blocks to append, whether the first block written is shared: copy on write)."""
+        end = request.num_computed_tokens + num_new + self.config.num_lookahead_tokens
+        end = min(end, self.config.max_model_len + self.config.num_lookahead_tokens)
+        num_append = max(0, self.block_manager.num_blocks_for_tokens(end) - len(request.block_ids))
+        first = request.num_computed_tokens // self.config.block_size
+        shared = (
+            first < len(request.block_ids)
+            and self.block_manager.ref_count(request.block_ids[first]) > 1
+        )
+        return num_append, shared
+
+    def _can_allocate(self, request: Request, num_new: int) -> bool:
+        num_append, shared = self._blocks_needed(request, num_new)
+        return self.block_manager.can_allocate(num_append + int(shared))
+
+    def _allocate(self, request, num_new, replaced, block_copies) -> None:
+        num_append, shared = self._blocks_needed(request, num_new)
+        if shared:
+            first = request.num_computed_tokens // self.config.block_size
+            old = request.block_ids[first]
+            new = self.block_manager.copy_on_write(old)
+            assert new is not None
+            request.block_ids[first] = new
+            block_copies.append((old, new))
+            replaced.setdefault(request.request_id, []).append((first, new))
+        request.block_ids.extend(self.block_manager.allocate(num_append))
+
+    def _fail_if_never_fits(self, request: Request) -> bool:
+        """Fail (and dequeue) a request whose tokens need more blocks than the whole pool."""
+        num_positions = request.num_tokens + self.config.num_lookahead_tokens
+        needed = cdiv(num_positions, self.config.block_size)
+        available = self.block_manager.num_usable_blocks
+        if needed <= available:
+            return False
+        self.waiting.popleft()
+        message = (
+            f"request {request.group_id!r} needs {needed} KV-cache blocks for {request.num_tokens} "
+            f"tokens but the cache holds only {available} (block_size {self.config.block_size}); "
+            "raise gpu_memory_utilization or shorten the request"
+        )
+        self._finish(request, FINISH_ERROR, error=message)
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        """Free the request's blocks and slots and requeue it at the front (recompute)."""
+        self._release(request)
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = 0
+        request.spec_token_ids = []
+        request.prompt_logprobs = []
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self._view.forget(request.request_id, preempted=True)
+        self.waiting.appendleft(request)
+
+    def _release(self, request: Request) -> None:
+        self.block_manager.free(request.block_ids)
+        request.block_ids = []
+        for slot in [request.state_slot, *request.reserved_child_slots]:
+            if slot is not None:
+                self.state_slots.free(slot)
+        request.state_slot = None
+        request.reserved_child_slots = []
+
+    def _build_output(self, scheduled, replaced, block_copies) -> SchedulerOutput:
+        new_requests, cached_requests = [], []
+        spec: dict[str, list[int]] = {}
+        fork_seeds: dict[str, list[int]] = {}
+        for request_id, num_new in scheduled.items():
+            request = self.requests[request_id]
+            data = self._view.describe(request, replaced.get(request_id, []))
+            (new_requests if isinstance(data, NewRequestData) else cached_requests).append(data)
+            num_known = request.num_tokens - request.num_computed_tokens
+            if num_new > num_known:
+                spec[request_id] = request.spec_token_ids[: num_new - num_known]
+            if request.forks_on_prompt_end and num_new >= num_known:
+                fork_seeds[request_id] = request_seeds(request)
+        finished, preempted = self._view.take_forgotten()
+        state_copies, self._pending_state_copies = self._pending_state_copies, []
+        return SchedulerOutput(
+            new_requests=new_requests,
+            cached_requests=cached_requests,
+            num_scheduled_tokens=scheduled,
+            scheduled_spec_token_ids=spec,
+            fork_seeds=fork_seeds,
+            block_copies=block_copies,
+            state_copies=state_copies,
+            finished_request_ids=finished,
+            preempted_request_ids=preempted,
+        )
+
+    # ------------------------------------------------------------------ update
+    def update(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[SequenceUpdate]:
+        """Apply one step's results; return what changed per sequence (finished ones too)."""
+        updates: list[SequenceUpdate] = []
+        for request_id, num_new in scheduler_output.num_scheduled_tokens.items():
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished:
+                continue  # aborted after scheduling
+            error = runner_output.errors.get(request_id)
+            if error is not None:
+                self._finish(request, FINISH_ERROR, error=error)
+                continue
+            updates.extend(self._apply_step(request, num_new, scheduler_output, runner_output))
+        updates.extend(self._pending_updates)
+        self._pending_updates = []
+        self.running = [r for r in self.running if not r.is_finished]
+        return updates
+
+    def _apply_step(self, request, num_new, scheduler_output, runner_output):
+        request_id = request.request_id
+        sampled = runner_output.sampled_token_ids.get(request_id, [])
+        logprobs = runner_output.logprobs.get(request_id, [])
+        num_drafts = len(scheduler_output.scheduled_spec_token_ids.get(request_id, []))
+        num_rejected = num_drafts + 1 - len(sampled) if num_drafts and sampled else 0
+        request.num_computed_tokens += num_new - num_rejected
+        request.spec_token_ids = []
+        request.prompt_logprobs.extend(runner_output.prompt_logprobs.get(request_id, []))
+        if not sampled:
+            return []
+        now = self.clock()
+        if request_id in scheduler_output.fork_seeds:
+            children = fork_children(self, request)
+            sequences = [request, *children]
+            return [
+                apply_sampled_tokens(self, seq, [tok], logprobs[k : k + 1], now)
+                for k, (seq, tok) in enumerate(zip(sequences, sampled))
+            ]
+        return [apply_sampled_tokens(self, request, sampled, logprobs, now)]
+
+    def _finish(
+        self, request: Request, reason: str, *, stop_reason=None, error: str | None = None
+    ) -> None:
+        """Finish ``request`` outside ``update``'s token path (abort, error, never fits)."""
+        self.mark_finished(request, reason, stop_reason=stop_reason, error=error)
+        self._pending_updates.append(sequence_update(request, [], []))
+
+    def mark_finished(
+        self, request: Request, reason: str, *, stop_reason=None, error: str | None = None
+    ) -> None:
+        """Set the finish state and free everything the request holds."""
+        if request.status is RequestStatus.WAITING and request in self.waiting:
+            self.waiting.remove(request)
+        if request.status is RequestStatus.RUNNING:
+            self._release(request)
+            if request in self.running:
+                self.running.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.stop_reason = stop_reason
+        request.error = error
+        request.finished_time = self.clock()
+        self.requests.pop(request.request_id, None)
+        self._view.forget(request.request_id, preempted=False)
+
+
+def request_seeds(request: Request) -> list[int]:
+    """The seeds of the ``n`` samples a forking request's last prompt row is drawn with."""
+    return [child_seed(request.seed, k) for k in range(request.num_pending_samples)]

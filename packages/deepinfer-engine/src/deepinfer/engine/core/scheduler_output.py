@@ -1,0 +1,135 @@
+"""The plain data crossing the scheduler / executor boundary (diffs only, no tensors).
+
+One step: ``Scheduler.schedule() -> SchedulerOutput``; ``Executor.execute(SchedulerOutput)
+-> ModelRunnerOutput``; ``Scheduler.update(SchedulerOutput, ModelRunnerOutput)``.
+
+The executor keeps its own copy of each scheduled sequence (tokens, block table, state slot)
+and updates it from these diffs. Before the forward it performs ``block_copies`` and
+``state_copies`` (whole block / whole state slot, source to destination) and forgets the ids in
+``finished_request_ids`` and ``preempted_request_ids``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class NewRequestData:
+    """A sequence the executor has not seen, or sees again after preemption or a fork.
+
+    token_ids: every token known (prompt, then generated tokens of a resumed or forked one).
+    num_prompt_tokens: how many of ``token_ids`` are the user's prompt (prompt logprobs).
+    num_computed_tokens: positions already in the cache (0, or the prompt length of a fork
+        child, whose blocks are shared and whose state slot is copied this step).
+    block_ids: the block table; state_slot: the state slot id.
+    seed: the sequence's sampling seed (a fork child's differs from its parent's).
+    """
+
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    num_computed_tokens: int
+    sampling_params: Any
+    seed: int
+    block_ids: list[int]
+    state_slot: int
+
+
+@dataclass(frozen=True)
+class CachedRequestData:
+    """A sequence the executor already holds.
+
+    new_token_ids: tokens appended since the executor last saw it (last step's samples).
+    new_block_ids: blocks appended to its table.
+    replaced_block_ids: ``(table index, new block id)`` pairs; the old block's contents are
+        copied to the new one by a ``block_copies`` entry of the same step (copy on write).
+    num_computed_tokens: positions already in the cache before this step.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    new_block_ids: list[int]
+    replaced_block_ids: list[tuple[int, int]]
+    num_computed_tokens: int
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """What to run this step.
+
+    num_scheduled_tokens: per request id, positions to compute this step, starting at its
+        ``num_computed_tokens`` (a prefill chunk, 1 for a decode, 1 + drafts for verification).
+        A request samples when the chunk reaches its last known token.
+    scheduled_spec_token_ids: draft tokens appended to the scheduled input (verification).
+    fork_seeds: requests whose prompt ends this step and fork into ``n`` samples: the last
+        row is sampled once per seed, in sample order, giving the first token of each sample.
+    """
+
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    cached_requests: list[CachedRequestData] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    scheduled_spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    fork_seeds: dict[str, list[int]] = field(default_factory=dict)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
+    finished_request_ids: set[str] = field(default_factory=set)
+    preempted_request_ids: set[str] = field(default_factory=set)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing to compute and nothing to tell the executor."""
+        return not (
+            self.num_scheduled_tokens
+            or self.finished_request_ids
+            or self.preempted_request_ids
+            or self.state_copies
+        )
+
+
+@dataclass(frozen=True)
+class ModelRunnerOutput:
+    """Results of one step, per request id (plain Python values).
+
+    sampled_token_ids: tokens to append (empty or absent for a prefill chunk that does not
+        reach the end; 1 for a decode; accepted drafts + 1 for verification; one per sample,
+        in sample order, for a ``fork_seeds`` request).
+    logprobs: per sampled token, ``{token id: logprob}`` for the sampled token and the top-k
+        alternatives (only for requests whose parameters ask for logprobs).
+    prompt_logprobs: per prompt position ``i >= 1`` computed this step, in order, the same
+        kind of dict for prompt token ``i`` (only when asked).
+    errors: requests that failed this step (a grammar that will not compile, say), with the
+        message; each fails alone with finish reason ``"error"``.
+    """
+
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SequenceUpdate:
+    """What one step changed in one sequence, as ``Scheduler.update`` reports it.
+
+    text: the sequence's whole output text so far (already cut at a stop string).
+    prompt_logprobs: on the finishing update of sample 0, the prompt logprobs gathered.
+    """
+
+    request_id: str
+    group_id: str
+    index: int
+    new_token_ids: list[int]
+    new_logprobs: list[dict[int, float]]
+    finished: bool
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    error: str | None = None
+    text: str = ""
+    prompt_logprobs: list[dict[int, float]] | None = None
+    num_preemptions: int = 0

@@ -1,0 +1,249 @@
+"""Test doubles for the engine core: a deterministic fake model executor and a byte tokenizer.
+
+``HashModelExecutor`` honours the executor protocol exactly as a real runner must: it keeps
+its own copy of each sequence from the ``SchedulerOutput`` diffs, writes every computed
+position's token into a simulated paged arena through the block table, folds it into a
+simulated per-sequence state slot, performs block and state copies before the "forward", and
+derives the next token from what it reads back from the arena and the slot. A wrong block
+table, a missed copy or a wrong computed count therefore changes the output, which
+:func:`reference_next_token` (computed from the plain token list) would not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepinfer.engine.core.scheduler_output import (
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+
+_M64 = (1 << 64) - 1
+EMPTY = -1
+
+
+def _mix(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def fold_state(state: int, token_id: int) -> int:
+    """The simulated state slot after one more token."""
+    return _mix(state ^ (token_id * 0x2545F4914F6CDD1D & _M64))
+
+
+def content_hash(token_ids: list[int]) -> int:
+    """Order-sensitive hash of the tokens read back from the arena."""
+    h = 0x1234
+    for position, token_id in enumerate(token_ids):
+        h = _mix(h + (token_id + 1) * (position + 7))
+    return h
+
+
+def is_greedy(params: Any) -> bool:
+    return float(getattr(params, "temperature", 1.0) or 0.0) == 0.0
+
+
+def reference_next_token(
+    state: int, token_ids: list[int], seed: int, greedy: bool, vocab_size: int
+) -> int:
+    """The fake model's next token: a hash of the context (and, when sampling, seed and position)."""
+    h = _mix(state ^ content_hash(token_ids))
+    if not greedy:
+        h = _mix(h ^ _mix(seed) ^ (len(token_ids) * 0x9E37))
+    return h % vocab_size
+
+
+def token_logprob(token_id: int, position: int) -> float:
+    """A deterministic fake logprob (negative, varies with token and position)."""
+    return -((token_id * 31 + position * 17) % 997) / 100.0 - 0.01
+
+
+def reference_generate(
+    prompt: list[int], params: Any, seed: int, vocab_size: int, num_tokens: int
+) -> list[int]:
+    """``num_tokens`` tokens of the fake model by a plain loop over the full context."""
+    tokens = list(prompt)
+    state = 0
+    for token_id in tokens:
+        state = fold_state(state, token_id)
+    out = []
+    for _ in range(num_tokens):
+        token_id = reference_next_token(state, tokens, seed, is_greedy(params), vocab_size)
+        tokens.append(token_id)
+        state = fold_state(state, token_id)
+        out.append(token_id)
+    return out
+
+
+@dataclass
+class _Seq:
+    token_ids: list[int]
+    num_prompt_tokens: int
+    params: Any
+    seed: int
+    block_ids: list[int]
+    state_slot: int
+    num_computed_tokens: int
+
+
+@dataclass
+class HashModelExecutor:
+    """A fake executor over a simulated KV arena (see the module docstring).
+
+    fail_request_ids: requests for which every step reports an error.
+    """
+
+    num_blocks: int
+    block_size: int
+    num_state_slots: int
+    vocab_size: int = 256
+    fail_request_ids: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.arena = [[EMPTY] * self.block_size for _ in range(self.num_blocks)]
+        self.states = [0] * self.num_state_slots
+        self.seqs: dict[str, _Seq] = {}
+        self.num_steps = 0
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self.num_steps += 1
+        self._apply_diffs(scheduler_output)
+        out = ModelRunnerOutput()
+        for request_id, num_new in scheduler_output.num_scheduled_tokens.items():
+            if request_id in self.fail_request_ids:
+                out.errors[request_id] = f"simulated failure of {request_id}"
+                continue
+            seeds = scheduler_output.fork_seeds.get(request_id)
+            drafts = scheduler_output.scheduled_spec_token_ids.get(request_id, [])
+            self._run(request_id, num_new, drafts, seeds, out)
+        return out
+
+    def _apply_diffs(self, so: SchedulerOutput) -> None:
+        for request_id in so.finished_request_ids | so.preempted_request_ids:
+            self.seqs.pop(request_id, None)
+        for src, dst in so.block_copies:
+            self.arena[dst] = list(self.arena[src])
+        for src, dst in so.state_copies:
+            self.states[dst] = self.states[src]
+        for new in so.new_requests:
+            self.seqs[new.request_id] = _new_seq(new)
+            if new.num_computed_tokens == 0:
+                self.states[new.state_slot] = 0
+        for cached in so.cached_requests:
+            seq = self.seqs[cached.request_id]
+            seq.token_ids.extend(cached.new_token_ids)
+            seq.block_ids.extend(cached.new_block_ids)
+            for index, block_id in cached.replaced_block_ids:
+                seq.block_ids[index] = block_id
+            assert seq.num_computed_tokens == cached.num_computed_tokens, cached.request_id
+
+    def _run(self, request_id, num_new, drafts, seeds, out: ModelRunnerOutput) -> None:
+        seq = self.seqs[request_id]
+        tokens = seq.token_ids + list(drafts)
+        start = seq.num_computed_tokens
+        end = start + num_new
+        for position in range(start, end):
+            self._write(seq, position, tokens[position])
+        seq.num_computed_tokens = end
+        self._prompt_logprobs(seq, request_id, start, end, out)
+        if end < len(tokens):
+            return  # a prefill chunk that does not reach the end samples nothing
+        context = self._read(seq, end)
+        greedy = is_greedy(seq.params)
+        state = self.states[seq.state_slot]
+        sample_seeds = seeds if seeds else [seq.seed]
+        sampled = [
+            reference_next_token(state, context, s, greedy, self.vocab_size) for s in sample_seeds
+        ]
+        out.sampled_token_ids[request_id] = sampled
+        if getattr(seq.params, "logprobs", None) is not None:
+            out.logprobs[request_id] = [{t: token_logprob(t, end)} for t in sampled]
+
+    def _write(self, seq: _Seq, position: int, token_id: int) -> None:
+        block_id = seq.block_ids[position // self.block_size]
+        assert block_id != 0, "wrote into the reserved null block"
+        self.arena[block_id][position % self.block_size] = token_id
+        self.states[seq.state_slot] = fold_state(self.states[seq.state_slot], token_id)
+
+    def _read(self, seq: _Seq, end: int) -> list[int]:
+        bs = self.block_size
+        return [self.arena[seq.block_ids[p // bs]][p % bs] for p in range(end)]
+
+    def _prompt_logprobs(self, seq, request_id, start, end, out) -> None:
+        if getattr(seq.params, "prompt_logprobs", None) is None:
+            return
+        positions = range(max(start, 1), min(end, seq.num_prompt_tokens))
+        if positions:
+            out.prompt_logprobs[request_id] = [
+                {seq.token_ids[p]: token_logprob(seq.token_ids[p], p)} for p in positions
+            ]
+
+
+def _new_seq(new: NewRequestData) -> _Seq:
+    return _Seq(
+        token_ids=list(new.token_ids),
+        num_prompt_tokens=new.num_prompt_tokens,
+        params=new.sampling_params,
+        seed=new.seed,
+        block_ids=list(new.block_ids),
+        state_slot=new.state_slot,
+        num_computed_tokens=new.num_computed_tokens,
+    )
+
+
+class ByteTokenizer:
+    """Byte-level tokenizer: ids 0-2 are special (BOS, EOS, PAD), id ``3 + b`` is byte ``b``.
+
+    Decoding invalid UTF-8 gives U+FFFD, as byte-level BPE decoders do, so tokens that split
+    a character exercise the incremental detokeniser.
+    """
+
+    bos_token_id = 0
+    eos_token_id = 1
+    pad_token_id = 2
+    vocab_size = 259
+
+    def encode(self, text: str) -> list[int]:
+        return [3 + b for b in text.encode("utf-8")]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        parts: list[bytes] = []
+        for token_id in ids:
+            if token_id < 3:
+                if not skip_special_tokens:
+                    parts.append(["<bos>", "<eos>", "<pad>"][token_id].encode())
+                continue
+            parts.append(bytes([token_id - 3]))
+        return b"".join(parts).decode("utf-8", errors="replace")
+
+
+def build_engine_core(
+    config: Any, *, tokenizer: Any = None, vocab_size: int = 256, fail_request_ids=()
+) -> Any:
+    """An ``EngineCore`` over a :class:`HashModelExecutor` sized from ``config``."""
+    from deepinfer.engine.core.engine_core import EngineCore
+    from deepinfer.engine.core.scheduler import Scheduler
+
+    executor = HashModelExecutor(
+        num_blocks=config.num_blocks,
+        block_size=config.block_size,
+        num_state_slots=config.num_state_slots,
+        vocab_size=vocab_size,
+        fail_request_ids=set(fail_request_ids),
+    )
+    return EngineCore(Scheduler(config, tokenizer=tokenizer), executor)
+
+
+def run_until_done(core: Any, max_steps: int = 100_000) -> list[Any]:
+    """Step ``core`` until no request is unfinished; return every ``SequenceUpdate``."""
+    updates = []
+    for _ in range(max_steps):
+        if not core.has_unfinished_requests():
+            return updates
+        updates.extend(core.step())
+    raise RuntimeError(f"requests still unfinished after {max_steps} steps")

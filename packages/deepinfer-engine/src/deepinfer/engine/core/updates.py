@@ -1,0 +1,99 @@
+"""How a step's sampled tokens change a sequence: append, stop checks, fork of ``n > 1``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from deepinfer.engine.core.block_manager import cdiv
+from deepinfer.engine.core.detokenizer import IncrementalDetokenizer
+from deepinfer.engine.core.request import Request, RequestStatus, child_seed
+from deepinfer.engine.core.scheduler_output import SequenceUpdate
+from deepinfer.engine.core.stop import check_new_token
+
+if TYPE_CHECKING:
+    from deepinfer.engine.core.scheduler import Scheduler
+
+
+def apply_sampled_tokens(
+    scheduler: Scheduler,
+    request: Request,
+    token_ids: list[int],
+    logprobs: list[dict[int, float]],
+    now: float,
+) -> SequenceUpdate:
+    """Append tokens one by one until a stop condition; tokens after a stop are dropped."""
+    if request.first_token_time is None:
+        request.first_token_time = now
+    appended: list[int] = []
+    for position, token_id in enumerate(token_ids):
+        request.all_token_ids.append(token_id)
+        appended.append(token_id)
+        if position < len(logprobs):
+            request.output_logprobs.append(logprobs[position])
+        decision = check_new_token(request, token_id, scheduler.config.max_model_len)
+        if decision is not None:
+            scheduler.mark_finished(
+                request, decision.finish_reason, stop_reason=decision.stop_reason
+            )
+            break
+    return sequence_update(request, appended, logprobs[: len(appended)])
+
+
+def sequence_update(
+    request: Request, new_token_ids: list[int], new_logprobs: list[dict[int, float]]
+) -> SequenceUpdate:
+    """The update reporting ``request``'s new tokens and, if it finished, how."""
+    finished = request.is_finished
+    return SequenceUpdate(
+        request_id=request.request_id,
+        group_id=request.group_id,
+        index=request.index,
+        new_token_ids=new_token_ids,
+        new_logprobs=new_logprobs,
+        finished=finished,
+        finish_reason=request.finish_reason,
+        stop_reason=request.stop_reason,
+        error=request.error,
+        text=request.output_text,
+        prompt_logprobs=request.prompt_logprobs if finished and request.index == 0 else None,
+        num_preemptions=request.num_preemptions,
+    )
+
+
+def fork_children(scheduler: Scheduler, parent: Request) -> list[Request]:
+    """Split a request whose prompt was just computed into its ``n`` samples.
+
+    The parent becomes sample 0. Each child shares the blocks covering the prompt (ref
+    counts; the partly filled last block is copied on first write), takes one of the state
+    slots reserved at admission and gets the parent's state copied into it before the next
+    forward. Children run right after the parent in the running order.
+    """
+    num_computed = parent.num_computed_tokens
+    num_shared = cdiv(num_computed, scheduler.config.block_size)
+    children = []
+    for index in range(1, parent.num_pending_samples):
+        child = Request(
+            f"{parent.group_id}#{index}",
+            parent.prompt_token_ids,
+            parent.sampling_params,
+            seed=child_seed(parent.seed, index),
+            eos_token_ids=parent.eos_token_ids,
+            arrival_time=parent.arrival_time,
+            group_id=parent.group_id,
+            index=index,
+        )
+        child.num_computed_tokens = num_computed
+        child.block_ids = scheduler.block_manager.share(parent.block_ids[:num_shared])
+        child.state_slot = parent.reserved_child_slots.pop(0)
+        child.status = RequestStatus.RUNNING
+        child.first_scheduled_time = parent.first_scheduled_time
+        if scheduler.tokenizer is not None:
+            child.detokenizer = IncrementalDetokenizer(scheduler.tokenizer, child.prompt_token_ids)
+        assert parent.state_slot is not None
+        scheduler.queue_state_copy(parent.state_slot, child.state_slot)
+        scheduler.requests[child.request_id] = child
+        children.append(child)
+    parent.num_pending_samples = 1
+    position = scheduler.running.index(parent) + 1
+    scheduler.running[position:position] = children
+    return children
