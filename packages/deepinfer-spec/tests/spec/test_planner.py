@@ -156,3 +156,21 @@ def test_cost_curve_interpolates_clamps_and_extrapolates():
 def test_cost_curve_validation(num_tokens, cost, message):
     with pytest.raises(ValueError, match=message):
         StepCostCurve(num_tokens, cost)
+
+
+def test_cost_curve_from_noisy_samples_is_median_and_monotone():
+    generator = torch.Generator().manual_seed(9)
+    true_cost = {1: 2.0, 8: 2.2, 16: 2.1, 64: 4.0}  # a dip at 16, as noisy timings show
+    samples = {
+        n: (cost + 0.01 * torch.randn(7, generator=generator)).tolist()
+        for n, cost in true_cost.items()
+    }
+    samples[64].append(100.0)  # one outlier does not move the median
+    curve = StepCostCurve.from_samples(samples)
+    assert curve.num_tokens == (1, 8, 16, 64)
+    assert curve.cost[0] == pytest.approx(2.0, abs=0.02)
+    assert curve.cost[3] == pytest.approx(4.0, abs=0.02)
+    assert all(b >= a for a, b in zip(curve.cost, curve.cost[1:]))
+    assert curve.cost[2] == curve.cost[1]
+    with pytest.raises(ValueError, match=r"num_tokens=\[8\]"):
+        StepCostCurve.from_samples({1: [1.0], 8: []})

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,10 +41,29 @@ class StepCostCurve:
             raise ValueError(f"cost={self.cost}: expected finite positive values")
 
     @classmethod
-    def from_points(cls, points: Iterable[tuple[int, float]], staircase: bool = False):
+    def from_points(
+        cls, points: Iterable[tuple[int, float]], staircase: bool = False
+    ) -> StepCostCurve:
         """Build from ``(num_tokens, cost)`` pairs in any order."""
         ordered = sorted((int(n), float(c)) for n, c in points)
         return cls(tuple(n for n, _ in ordered), tuple(c for _, c in ordered), staircase)
+
+    @classmethod
+    def from_samples(
+        cls, samples: Mapping[int, Sequence[float]], *, staircase: bool = False
+    ) -> StepCostCurve:
+        """Build from raw timings per size: the median of each size's samples, then made
+        non-decreasing (a running maximum), since a step never gets cheaper with more tokens and
+        a dip in noisy timings would lure the planner into an unstable choice."""
+        if any(len(times) == 0 for times in samples.values()):
+            empty = sorted(n for n, times in samples.items() if len(times) == 0)
+            raise ValueError(f"samples for num_tokens={empty}: expected at least one timing")
+        medians = sorted((int(n), statistics.median(times)) for n, times in samples.items())
+        running, points = 0.0, []
+        for num_tokens, median in medians:
+            running = max(running, float(median))
+            points.append((num_tokens, running))
+        return cls.from_points(points, staircase=staircase)
 
     def __call__(self, num_tokens: int) -> float:
         """Cost of a step with ``num_tokens`` tokens."""
