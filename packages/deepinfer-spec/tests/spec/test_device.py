@@ -7,6 +7,7 @@ from deepinfer.spec import (
     accept_greedy,
     accept_rejection,
     accept_seed_exact,
+    build_verify_rows,
     cu_from_counts,
     pad_verify_rows,
     split_verify_slots,
@@ -76,5 +77,6 @@ def test_hot_path_never_synchronises():
         accept_greedy(drafts, counts, target_probs.argmax(-1))
         split_verify_slots(torch.rand(BATCH, MAX_DRAFTS, device="cuda"), counts, 40)
         pad_verify_rows(flat_rows, cu, MAX_DRAFTS, fill=0.0)
+        build_verify_rows(drafts[:, 0], positions, drafts, counts, num_rows=BATCH + 100)
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -6,6 +6,7 @@ import torch
 from deepinfer.spec import (
     PAD_TOKEN_ID,
     accept_greedy,
+    build_verify_rows,
     counts_from_cu,
     cu_from_counts,
     cu_num_verify_tokens,
@@ -60,3 +61,26 @@ def test_flat_verify_batch_gives_the_same_acceptance_as_padded():
     assert result.num_accepted.tolist() == [2, 0, 2, 3]
     finals = [int(flat_target[int(cu_rows[b]) + int(n)]) for b, n in enumerate(result.num_accepted)]
     assert result.final_tokens.tolist() == finals
+
+
+def test_build_verify_rows_lays_out_anchor_then_drafts():
+    generator = torch.Generator().manual_seed(3)
+    anchors = torch.randint(0, 50, (4,), generator=generator)
+    anchor_positions = torch.randint(10, 1000, (4,), generator=generator)
+    drafts = torch.randint(0, 50, (4, 5), generator=generator)
+    num_verify = torch.tensor([2, 0, 5, 1])
+    rows = build_verify_rows(anchors, anchor_positions, drafts, num_verify)
+    want_ids, want_positions, want_requests = [], [], []
+    for b in range(4):
+        count = int(num_verify[b])
+        want_ids += [int(anchors[b])] + drafts[b, :count].tolist()
+        want_positions += [int(anchor_positions[b]) + j for j in range(count + 1)]
+        want_requests += [b] * (count + 1)
+    assert rows.input_ids.tolist() == want_ids
+    assert rows.positions.tolist() == want_positions
+    assert rows.request_index.tolist() == want_requests
+    assert torch.equal(rows.cu_num_verify_tokens, cu_num_verify_tokens(cu_from_counts(num_verify)))
+    known_total = build_verify_rows(anchors, anchor_positions, drafts, num_verify, num_rows=12)
+    assert torch.equal(known_total.input_ids, rows.input_ids)
+    no_drafts = build_verify_rows(anchors, anchor_positions, drafts[:, :0], torch.zeros(4))
+    assert torch.equal(no_drafts.input_ids, anchors)

@@ -18,6 +18,8 @@ from deepinfer.spec.acceptance import (
 from deepinfer.spec.cost import StepCostCurve
 from deepinfer.spec.layout import (
     PAD_TOKEN_ID,
+    VerifyRows,
+    build_verify_rows,
     counts_from_cu,
     cu_from_counts,
     cu_num_verify_tokens,
@@ -39,11 +41,13 @@ __all__ = [
     "AcceptanceResult",
     "StepCostCurve",
     "VerifyPlan",
+    "VerifyRows",
     "__version__",
     "accept_by_match",
     "accept_greedy",
     "accept_rejection",
     "accept_seed_exact",
+    "build_verify_rows",
     "counts_from_cu",
     "cu_from_counts",
     "cu_num_verify_tokens",

@@ -16,6 +16,8 @@ between the two layouts with gathers only (no host synchronisation).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 PAD_TOKEN_ID = -1
@@ -97,8 +99,58 @@ def pad_verify_rows(
     return varlen_to_padded(flat_rows, cu_rows, max_drafts + 1, fill)
 
 
+@dataclass(frozen=True)
+class VerifyRows:
+    """The flat target input of one verify step: per request ``[anchor, drafts[:n_b]]``.
+
+    input_ids: ``[T]`` int64 tokens, ``T = B + sum(n_b)``.
+    positions: ``[T]`` int64 absolute positions (the anchor's, then one more per draft).
+    request_index: ``[T]`` int64, the request each row belongs to.
+    cu_num_verify_tokens: ``[B + 1]`` int64 row offsets per request.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    request_index: torch.Tensor
+    cu_num_verify_tokens: torch.Tensor
+
+
+def build_verify_rows(
+    anchor_tokens: torch.Tensor,
+    anchor_positions: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    num_verify_drafts: torch.Tensor,
+    num_rows: int | None = None,
+) -> VerifyRows:
+    """Lay out ``[anchor, draft_0 .. draft_{n_b - 1}]`` per request as flat rows.
+
+    anchor_tokens, anchor_positions: ``[B]`` int — each request's last committed token and its
+    absolute position (so draft ``j`` sits at ``anchor_positions + 1 + j``, the ``positions``
+    the acceptance functions take). draft_tokens: ``[B, K]`` int; num_verify_drafts: ``[B]``
+    int, ``<= K``. num_rows: the total ``B + sum(num_verify_drafts)`` when the caller knows it
+    (the planner does), which keeps this free of host synchronisation; computed otherwise.
+    """
+    device = draft_tokens.device
+    cu_rows = cu_num_verify_tokens(cu_from_counts(num_verify_drafts.to(device)))
+    if num_rows is None:
+        num_rows = int(cu_rows[-1])
+    rows = torch.arange(num_rows, device=device)
+    request_index = torch.searchsorted(cu_rows[1:], rows, right=True)
+    offset = rows - cu_rows[request_index]
+    draft_slot = (offset - 1).clamp(min=0, max=max(draft_tokens.shape[1] - 1, 0))
+    if draft_tokens.shape[1] == 0:
+        from_drafts = anchor_tokens.to(torch.int64)[request_index]
+    else:
+        from_drafts = draft_tokens.to(torch.int64)[request_index, draft_slot]
+    input_ids = torch.where(offset == 0, anchor_tokens.to(torch.int64)[request_index], from_drafts)
+    positions = anchor_positions.to(torch.int64)[request_index] + offset
+    return VerifyRows(input_ids, positions, request_index, cu_rows)
+
+
 __all__ = [
     "PAD_TOKEN_ID",
+    "VerifyRows",
+    "build_verify_rows",
     "counts_from_cu",
     "cu_from_counts",
     "cu_num_verify_tokens",
