@@ -66,7 +66,9 @@ def test_match_and_split_match_cpu():
 
 
 def test_hot_path_never_synchronises():
-    drafts, counts, draft_probs, target_probs, seeds, positions = _to_cuda(_inputs(3))
+    inputs = _inputs(3)
+    num_rows = BATCH + int(inputs[1].sum())
+    drafts, counts, draft_probs, target_probs, seeds, positions = _to_cuda(inputs)
     cu = cu_from_counts(counts)
     flat_rows = torch.randn(BATCH * (MAX_DRAFTS + 1), 4, device="cuda")
     torch.cuda.synchronize()
@@ -77,6 +79,6 @@ def test_hot_path_never_synchronises():
         accept_greedy(drafts, counts, target_probs.argmax(-1))
         split_verify_slots(torch.rand(BATCH, MAX_DRAFTS, device="cuda"), counts, 40)
         pad_verify_rows(flat_rows, cu, MAX_DRAFTS, fill=0.0)
-        build_verify_rows(drafts[:, 0], positions, drafts, counts, num_rows=BATCH + 100)
+        build_verify_rows(drafts[:, 0], positions, drafts, counts, num_rows=num_rows)
     finally:
         torch.cuda.set_sync_debug_mode("default")

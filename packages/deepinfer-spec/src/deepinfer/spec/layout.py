@@ -127,8 +127,9 @@ def build_verify_rows(
     anchor_tokens, anchor_positions: ``[B]`` int — each request's last committed token and its
     absolute position (so draft ``j`` sits at ``anchor_positions + 1 + j``, the ``positions``
     the acceptance functions take). draft_tokens: ``[B, K]`` int; num_verify_drafts: ``[B]``
-    int, ``<= K``. num_rows: the total ``B + sum(num_verify_drafts)`` when the caller knows it
-    (the planner does), which keeps this free of host synchronisation; computed otherwise.
+    int, ``<= K``. num_rows: the exact total ``B + sum(num_verify_drafts)`` when the caller
+    knows it (the planner does), which keeps this free of host synchronisation; computed
+    otherwise. Padding rows for a captured graph are the caller's to append.
     """
     device = draft_tokens.device
     cu_rows = cu_num_verify_tokens(cu_from_counts(num_verify_drafts.to(device)))
