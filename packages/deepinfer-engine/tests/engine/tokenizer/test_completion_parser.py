@@ -242,3 +242,13 @@ def test_lenient_parse_recovers_what_it_can():
     }
     trailing = completion_text(None, "c", [good]).replace(EOS, "tail" + EOS)
     assert parse_completion(trailing, thinking=False).content == "ctail"
+
+
+def test_tool_calls_without_closing_the_reasoning():
+    calls = [ToolCall("f", '{"q": "x"}')]
+    text = "thinking" + completion_text(None, "", calls)
+    parsed = parse_completion(text, thinking=True)
+    assert parsed.reasoning_content == "thinking"
+    assert_same_calls(parsed.tool_calls, calls)
+    with pytest.raises(ChatFormatError, match="missing </think>"):
+        parse_completion(text, thinking=True, strict=True)

@@ -10,7 +10,8 @@ accepted (the engine may have stripped the stop token).
 malformed DSML, text after EOS or after the tool calls, special tokens inside the content).
 ``strict=False`` (the default) never raises: reasoning cut off by the length limit stays
 reasoning, text after the tool-call block is appended to the content, an unterminated or
-malformed invoke is dropped, and text after EOS is ignored.
+malformed invoke is dropped, tool calls that start before ``</think>`` are still parsed,
+and text after EOS is ignored.
 """
 
 from __future__ import annotations
@@ -141,12 +142,13 @@ class CompletionParser:
     def _step(self) -> bool:
         """Advance one phase transition; False when more text is needed."""
         if self._phase == "reasoning":
-            marker = self._emit_until((THINK_END_TOKEN, EOS_TOKEN), self._reasoning)
-            if marker == EOS_TOKEN:
-                self._error("EOS inside the reasoning: missing </think>")
-                self._phase = "done"
-            elif marker is not None:
-                self._phase = "content"
+            markers = (THINK_END_TOKEN, EOS_TOKEN, _TOOL_CALLS_OPENING)
+            marker = self._emit_until(markers, self._reasoning)
+            if marker in (EOS_TOKEN, _TOOL_CALLS_OPENING):
+                self._error(f"{marker!r} inside the reasoning: missing </think>")
+            if marker is not None:
+                next_phases = {THINK_END_TOKEN: "content", EOS_TOKEN: "done"}
+                self._phase = next_phases.get(marker, "tool_calls")
             return marker is not None
         if self._phase == "content":
             markers = (EOS_TOKEN, _TOOL_CALLS_OPENING, TOOL_CALLS_START)
