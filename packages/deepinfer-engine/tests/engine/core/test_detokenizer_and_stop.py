@@ -1,0 +1,113 @@
+import random
+
+import pytest
+
+from deepinfer.engine.core.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from deepinfer.engine.core.request import Request
+from deepinfer.engine.core.stop import check_new_token
+from deepinfer.engine.core.testing import ByteTokenizer
+from deepinfer.sampling import SamplingParams
+
+TEXTS = ["héllo wörld", "日本語のテキスト", "emoji 😀🎉 mixed ascii", "ÅΩ≈ç√∫ end"]
+
+
+def _bpe_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(TEXTS * 5 + ["plain words and more words"] * 5, trainer)
+    return tok
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bpe"])
+def test_streamed_deltas_join_to_the_full_text_without_garbage(kind):
+    tok = ByteTokenizer() if kind == "bytes" else _bpe_tokenizer()
+    encode = tok.encode if kind == "bytes" else (lambda s: tok.encode(s).ids)
+    rng = random.Random(1)
+    for _ in range(20):
+        prompt_text = rng.choice(TEXTS)
+        out_text = "".join(rng.sample(TEXTS, 2))
+        prompt, out = encode(prompt_text), encode(out_text)
+        detok = IncrementalDetokenizer(tok, prompt)
+        deltas = [detok.append(t) for t in out]
+        assert all(REPLACEMENT_CHAR not in d for d in deltas)
+        assert "".join(deltas) == tok.decode(out)
+        assert "".join(deltas) == out_text
+
+
+def _request(params, *, prompt=(10, 11), eos=1, tokenizer=None):
+    req = Request("r", list(prompt), params, seed=0, eos_token_ids=frozenset({eos}))
+    if tokenizer is not None:
+        req.detokenizer = IncrementalDetokenizer(tokenizer, list(prompt))
+    return req
+
+
+def _feed(req, tokens, max_model_len=1000):
+    for t in tokens:
+        req.all_token_ids.append(t)
+        decision = check_new_token(req, t, max_model_len)
+        if decision is not None:
+            return decision
+    return None
+
+
+def test_stop_string_spanning_tokens_is_cut_from_the_text():
+    tok = ByteTokenizer()
+    req = _request(SamplingParams(stop=["STOP", "never"], max_tokens=100), tokenizer=tok)
+    decision = _feed(req, tok.encode("abc ST") + tok.encode("OP and more"))
+    assert decision.finish_reason == "stop" and decision.stop_reason == "STOP"
+    assert req.output_text == "abc "
+    assert req.output_token_ids == tok.encode("abc STOP")  # tokens up to the completing one
+
+
+def test_stop_string_split_inside_a_multibyte_character_is_found():
+    tok = ByteTokenizer()
+    req = _request(SamplingParams(stop=["é!"], max_tokens=100), tokenizer=tok)
+    decision = _feed(req, tok.encode("caf") + tok.encode("é!") + tok.encode("x"))
+    assert decision.stop_reason == "é!" and req.output_text == "caf"
+
+
+def test_include_stop_str_and_earliest_match_wins():
+    tok = ByteTokenizer()
+
+    class Params:
+        stop = ("bc", "abcd")
+        include_stop_str_in_output = True
+        max_tokens = 50
+
+    req = _request(Params(), tokenizer=tok)
+    decision = _feed(req, tok.encode("xabcd"))
+    assert decision.stop_reason == "bc" and req.output_text == "xabc"
+
+
+def test_eos_stop_token_ids_and_min_tokens():
+    tok = ByteTokenizer()
+    eos = tok.eos_token_id
+    req = _request(SamplingParams(min_tokens=2, max_tokens=10), tokenizer=tok)
+    assert _feed(req, [eos, 50]) is None  # within min_tokens EOS does not stop
+    decision = _feed(req, [eos])
+    assert decision.finish_reason == "stop" and decision.stop_reason is None
+    req = _request(SamplingParams(stop_token_ids=[60], max_tokens=10), tokenizer=tok)
+    decision = _feed(req, [50, 60, 70])
+    assert decision.stop_reason == 60 and req.output_token_ids == [50, 60]
+    assert req.output_text == tok.decode([50])  # the stop token's text is not added
+
+
+def test_ignore_eos_first_n_no_eos_and_length_limits():
+    req = _request(SamplingParams(ignore_eos=True, max_tokens=3))
+    decision = _feed(req, [1, 1, 1, 1])
+    assert decision.finish_reason == "length" and req.num_output_tokens == 3
+    req = _request(SamplingParams(first_n_token_no_eos=1, max_tokens=5))
+    decision = _feed(req, [1, 1])
+    assert decision.finish_reason == "stop" and req.num_output_tokens == 2
+    req = _request(SamplingParams(max_tokens=50), prompt=[5] * 8)
+    decision = _feed(req, [7] * 10, max_model_len=10)
+    assert decision.finish_reason == "length" and req.num_tokens == 10
