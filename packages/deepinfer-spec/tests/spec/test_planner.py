@@ -174,3 +174,11 @@ def test_cost_curve_from_noisy_samples_is_median_and_monotone():
     assert curve.cost[2] == curve.cost[1]
     with pytest.raises(ValueError, match=r"num_tokens=\[8\]"):
         StepCostCurve.from_samples({1: [1.0], 8: []})
+
+
+def test_device_side_split_treats_nan_and_out_of_range_confidences_safely():
+    confidences = torch.tensor([[0.9, float("nan"), 0.8], [1.7, 0.6, -0.2]])
+    counts = torch.tensor([3, 3])
+    survival = survival_probabilities(confidences, counts)
+    assert torch.allclose(survival, torch.tensor([[0.9, 0.0, 0.0], [1.0, 0.6, 0.0]]))
+    assert split_verify_slots(confidences, counts, 3).tolist() == [1, 2]

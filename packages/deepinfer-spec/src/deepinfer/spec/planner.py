@@ -56,10 +56,11 @@ def survival_probabilities(
 ) -> torch.Tensor:
     """Cumulative products of confidences, ``[B, K]`` float32; 0 past each request's drafts.
 
-    confidences: ``[B, K]`` float in ``[0, 1]``; num_draft_tokens: ``[B]`` int.
+    confidences: ``[B, K]`` float in ``[0, 1]`` (clamped into it; NaN counts as 0, so a bad
+    confidence can only cost speed, never break the prefix rule); num_draft_tokens: ``[B]`` int.
     """
     is_live = _live_slots(num_draft_tokens, confidences.shape[1], confidences.device)
-    clamped = confidences.to(torch.float32).clamp(0.0, 1.0)
+    clamped = torch.nan_to_num(confidences.to(torch.float32), nan=0.0).clamp(0.0, 1.0)
     return torch.where(is_live, torch.cumprod(clamped, dim=1), torch.zeros_like(clamped))
 
 
