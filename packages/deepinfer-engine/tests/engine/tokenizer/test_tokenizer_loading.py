@@ -129,3 +129,31 @@ def test_transformers_reads_the_saved_tokenizer(tmp_path):
     text = "def f(x):\n    return x  # ok <｜User｜>"
     assert hf.encode(text) == tokenizer.encode(text)  # BOS added by the post-processor
     assert hf.eos_token_id == tokenizer.eos_token_id and hf.pad_token_id == tokenizer.pad_token_id
+
+
+def test_deepseek_style_tokenizer_config(tmp_path):
+    # The shape of DeepSeek's released tokenizer_config.json: AddedToken dicts, pad = EOS,
+    # a SentencePiece-family class name and a Jinja chat template (both ignored here).
+    testing_tokenizer().save(tmp_path)
+
+    def added(content):
+        return {"__type": "AddedToken", "content": content, "lstrip": False, "normalized": True}
+
+    write_config(
+        tmp_path,
+        add_bos_token=True,
+        add_eos_token=False,
+        bos_token=added("<｜begin▁of▁sentence｜>"),
+        eos_token=added("<｜end▁of▁sentence｜>"),
+        pad_token=added("<｜end▁of▁sentence｜>"),
+        legacy=True,
+        model_max_length=1.0e30,
+        sp_model_kwargs={},
+        unk_token=None,
+        tokenizer_class="LlamaTokenizerFast",
+        chat_template="{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+    )
+    tokenizer = load_tokenizer(tmp_path)
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (0, 1, 1)
+    text = "x = [1, 2]  # a comment"
+    assert tokenizer.decode(tokenizer.encode(text)[1:]) == text  # byte-level, spaces kept
