@@ -7,7 +7,7 @@ import torch
 from deepinfer.kernels.reference import linear as ref
 from deepinfer.kernels.registry import op
 
-__all__ = ["linear"]
+__all__ = ["linear", "grouped_linear"]
 
 
 @op(reference=ref.linear)
@@ -30,4 +30,22 @@ def linear(
             that many elements along K (spec 4.3) before the product.
     Dense weights multiply in the promoted dtype; quantised ones dequantise exactly and
     accumulate in fp32. Returns ``[..., N]`` of ``out_dtype`` (default ``x.dtype``).
+    """
+
+
+@op(reference=ref.grouped_linear)
+def grouped_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    *,
+    block_size: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """Block-diagonal projection: group ``g`` of ``x`` times its own slice of ``weight``.
+
+    x:      ``[T, G, K]``; weight ``[G * N, K]`` (rows ``g*N .. g*N+N-1`` belong to group g),
+            dense or FP8 block-scaled (``scale``, ``block_size`` as in :func:`linear`; the
+            reference dequantises it, no activation quantisation -- V4's ``wo_a``).
+    ``y[t, g] = x[t, g] @ weight[g]^T`` in the promoted dtype. Returns ``[T, G, N]`` of
+    ``x.dtype``.
     """

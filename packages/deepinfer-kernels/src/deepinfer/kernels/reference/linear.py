@@ -37,3 +37,16 @@ def linear(
     if act_quant_group is not None:
         xf = quant.fp8_sim(xf, act_quant_group)
     return (xf @ w.float().t()).to(out_dtype)
+
+
+def grouped_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    *,
+    block_size: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    groups = x.shape[-2]
+    w = dequant_weight(weight, scale, block_size).unflatten(0, (groups, -1))
+    compute = torch.promote_types(x.dtype, w.dtype)
+    return torch.einsum("tgk,gnk->tgn", x.to(compute), w.to(compute)).to(x.dtype)

@@ -1,0 +1,91 @@
+"""Attention of the V4 family: low-rank q, one shared K=V head, partial interleaved RoPE,
+per-head sink, inverse RoPE on the output, grouped output projection; sparse MQA over index
+lists built from the sliding window and the compressed entries."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import deepinfer.kernels as K
+from deepinfer.engine.model.cache import overlapped
+from deepinfer.engine.model.compressor import Compressor
+from deepinfer.engine.model.config import ModelConfig
+from deepinfer.engine.model.context import StepContext
+from deepinfer.engine.model.indexer import Indexer
+from deepinfer.engine.model.layers import LinearFactory, RMSNorm
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int, factory: LinearFactory) -> None:
+        super().__init__()
+        c, f = config, factory
+        self.config, self.layer_id = c, layer_id
+        self.ratio = c.compress_ratios[layer_id]
+        self.kind = c.layer_kind(layer_id)
+        self.n_heads, self.head_dim, self.groups = c.num_heads, c.head_dim, c.o_groups
+        self.wq_a = f.quantised(c.hidden_size, c.q_lora_rank)
+        self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps, dtype=f.dtype, device=f.device)
+        self.wq_b = f.quantised(c.q_lora_rank, c.num_heads * c.head_dim)
+        self.wkv = f.quantised(c.hidden_size, c.head_dim)
+        self.kv_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype=f.dtype, device=f.device)
+        self.wo_a = f.quantised(c.num_heads * c.head_dim // c.o_groups, c.o_groups * c.o_lora_rank)
+        self.wo_b = f.quantised(c.o_groups * c.o_lora_rank, c.hidden_size)
+        sink = torch.empty(c.num_heads, dtype=torch.float32, device=f.device)
+        self.attn_sink = nn.Parameter(sink, requires_grad=False)
+        ones = torch.ones(c.head_dim, dtype=torch.float32, device=f.device)
+        self.register_buffer("unit_weight", ones, persistent=False)
+        if self.ratio and c.owns_compressor(layer_id):
+            self.compressor = Compressor(
+                c.head_dim,
+                self.ratio,
+                overlap=overlapped(c, layer_id),
+                with_ape=not c.is_v41,
+                factory=f,
+                eps=c.rms_norm_eps,
+            )
+        if self.kind == "csa":
+            self.indexer = Indexer(c, layer_id, f)
+
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """x ``[T, D]`` (normed, collapsed streams) -> ``[T, D]``."""
+        c = self.config
+        cos, sin = ctx.angles[self.ratio > 0]
+        qr = self.q_norm(self.wq_a(x))
+        q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
+        if not c.is_v41:
+            q = K.rms_norm(q, self.unit_weight, c.rms_norm_eps)
+        q = K.apply_rope(q, cos, sin)
+        kv = K.apply_rope(self.kv_norm(self.wkv(x)), cos, sin)
+        md = ctx.metadata
+        window = ctx.cache[f"{self.layer_id}.window"]
+        sources, indices = [window, kv.to(window.dtype)], [md.window_indices]
+        if self.ratio:
+            arena, rows = self.compressed_entries(x, qr, ctx)
+            offset = window.shape[0] + kv.shape[0]
+            sources.append(arena)
+            indices.append(torch.where(rows >= 0, rows + offset, rows))
+        all_kv, all_idx = torch.cat(sources), torch.cat(indices, dim=1)
+        o = K.sparse_mqa_sink(q, all_kv, all_idx, self.attn_sink, self.head_dim**-0.5)
+        window.index_copy_(0, md.window_write_dst, kv[md.window_write_src].to(window.dtype))
+        o = K.apply_rope(o.to(x.dtype), cos, sin, inverse=True)
+        grouped = o.reshape(o.shape[0], self.groups, -1)
+        z = K.grouped_linear(grouped, self.wo_a.weight, self.wo_a.scale, block_size=self.wo_a.block)
+        return self.wo_b(z.flatten(1))
+
+    def compressed_entries(
+        self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Update this layer's compressed cache; return (arena ``[M, hd]``, rows ``[T, K]``)."""
+        c = self.config
+        plan = ctx.metadata.plans[(self.ratio, overlapped(c, self.layer_id))]
+        source = c.kv_source_of(self.layer_id)
+        arena = ctx.cache[f"{source}.kv"]
+        if source == self.layer_id:
+            entries = self.compressor(x, ctx, plan, f"{self.layer_id}.comp")
+            cos_e, sin_e = ctx.entry_angles(plan.emit_positions)
+            entries = K.apply_rope(entries, cos_e, sin_e)
+            arena.index_copy_(0, plan.emit_rows, entries.to(arena.dtype))
+        if self.kind == "csa":
+            return arena, self.indexer(x, qr, ctx, plan)
+        return arena, plan.visible

@@ -1,0 +1,113 @@
+"""The model's KV and state cache: a paged arena and per-sequence state slots (DESIGN.md 6).
+
+Paged arena (grows with the sequence): for every layer that *owns* a compressed cache (each
+compressed layer in V4; only the kv-source layers in V4.1) ``block_size / ratio`` compressed
+entries per block of ``block_size`` sequence tokens, plus the matching indexer keys where the
+layer has them. Blocks are addressed through per-sequence block tables handed in from outside.
+
+State slots (fixed per sequence): each attention layer's sliding-window ring of
+``window + max_draft`` rows (row of position ``p`` = ``p % ring``), and each compressor's partial
+windows (``2 * ratio`` rows for the overlapped ratio-4 compressor, ``ratio`` otherwise; row of
+position ``p`` = ``p % rows``; the score rows hold the gate logits with the position bias
+added). Addressed by a state-slot id per sequence. Engram history will get its own slot tensors
+here (hook: :attr:`ModelCache.extra`).
+
+Every tensor is flat ``[rows, width]`` so kernels index rows directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.engine.model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Sizes of the cache: how many arena blocks and state slots, and how they are shaped."""
+
+    num_blocks: int
+    num_slots: int
+    block_size: int = 128
+    max_draft: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "num_slots", "block_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"CacheLayout.{name} = {getattr(self, name)}: expected > 0")
+        if self.max_draft < 0:
+            raise ValueError(f"CacheLayout.max_draft = {self.max_draft}: expected >= 0")
+
+
+def overlapped(config: ModelConfig, layer_id: int) -> bool:
+    """Whether a layer's compressor uses overlapping windows (V4's ratio 4)."""
+    return not config.is_v41 and config.compress_ratios[layer_id] == 4
+
+
+def compressor_state_rows(config: ModelConfig, layer_id: int) -> int:
+    ratio = config.compress_ratios[layer_id]
+    return 2 * ratio if overlapped(config, layer_id) else ratio
+
+
+class ModelCache:
+    """All cache tensors of one model, keyed ``"{layer}.{what}"``.
+
+    what: ``window`` ``[num_slots * ring, head_dim]``; ``kv`` ``[num_blocks * epb, head_dim]``
+    (epb = block_size / ratio); ``index_keys`` ``[num_blocks * epb, index_head_dim]``;
+    ``comp_kv`` / ``comp_score`` ``[num_slots * rows, coff * head_dim]`` fp32;
+    ``index_comp_kv`` / ``index_comp_score`` likewise at the indexer width (V4 CSA).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layout: CacheLayout,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.config, self.layout, self.dtype = config, layout, dtype
+        self.ring_size = config.sliding_window + layout.max_draft
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.extra: dict[str, torch.Tensor] = {}
+        for layer_id in range(config.num_layers):
+            self._allocate_layer(layer_id, torch.device(device))
+
+    def _allocate_layer(self, i: int, device: torch.device) -> None:
+        c, lay = self.config, self.layout
+        hd, idx_d = c.head_dim, c.index_head_dim
+        slots = lay.num_slots
+        self.tensors[f"{i}.window"] = torch.zeros(
+            slots * self.ring_size, hd, dtype=self.dtype, device=device
+        )
+        ratio = c.compress_ratios[i]
+        if ratio == 0 or not c.owns_compressor(i):
+            return
+        if lay.block_size % ratio:
+            raise ValueError(f"block_size {lay.block_size} is not a multiple of ratio {ratio}")
+        entries = lay.num_blocks * (lay.block_size // ratio)
+        self.tensors[f"{i}.kv"] = torch.zeros(entries, hd, dtype=self.dtype, device=device)
+        rows = slots * compressor_state_rows(c, i)
+        coff = 2 if overlapped(c, i) else 1
+        self._state(f"{i}.comp", rows, coff * hd, device)
+        has_index_keys = c.owns_indexer(i) if not c.is_v41 else True
+        if has_index_keys and (c.layer_kind(i) == "csa" or c.is_v41):
+            self.tensors[f"{i}.index_keys"] = torch.zeros(
+                entries, idx_d, dtype=self.dtype, device=device
+            )
+            if not c.is_v41:
+                self._state(f"{i}.index_comp", rows, coff * idx_d, device)
+
+    def _state(self, name: str, rows: int, width: int, device: torch.device) -> None:
+        self.tensors[f"{name}_kv"] = torch.zeros(rows, width, dtype=torch.float32, device=device)
+        self.tensors[f"{name}_score"] = torch.full(
+            (rows, width), float("-inf"), dtype=torch.float32, device=device
+        )
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.tensors[key]
+
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())

@@ -1,0 +1,132 @@
+"""Leaf modules holding checkpoint tensors: linears in their stored formats, norms, embedding.
+
+Parameters carry the official checkpoint names and stored dtypes, so the ``state_dict`` of a
+model built on the meta device is the tensor inventory a checkpoint must match.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+import deepinfer.kernels as K
+
+FP8 = torch.float8_e4m3fn
+E8M0 = torch.float8_e8m0fnu
+
+
+def _frozen(shape, dtype, device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """``y = x W^T`` with ``W`` dense (``fmt="dense"``), FP8 block-scaled (``"fp8"``: ``weight``
+    e4m3 ``[out, in]`` + ``scale`` e8m0 ``[ceil(out/bm), ceil(in/bn)]``) or packed FP4
+    (``"fp4"``: ``weight`` int8 ``[out, in/2]`` + ``scale`` e8m0 ``[out, in/32]``).
+
+    ``act_quant_group`` (quantised formats only): simulate the reference's FP8 input
+    quantisation per group of that many elements (spec 4.3).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        fmt: str = "dense",
+        dtype: torch.dtype = torch.bfloat16,
+        block: tuple[int, int] | None = None,
+        act_quant_group: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.fmt = in_features, out_features, fmt
+        self.block = block
+        self.act_quant_group = act_quant_group if fmt != "dense" else None
+        if fmt == "dense":
+            self.weight = _frozen((out_features, in_features), dtype, device)
+            self.scale = None
+        elif fmt == "fp8":
+            bm, bn = block
+            self.weight = _frozen((out_features, in_features), FP8, device)
+            scale_shape = (math.ceil(out_features / bm), math.ceil(in_features / bn))
+            self.scale = _frozen(scale_shape, E8M0, device)
+        elif fmt == "fp4":
+            self.weight = _frozen((out_features, in_features // 2), torch.int8, device)
+            self.scale = _frozen((out_features, in_features // 32), E8M0, device)
+        else:
+            raise ValueError(f"Linear fmt {fmt!r}: expected dense, fp8 or fp4")
+
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        return K.linear(
+            x,
+            self.weight,
+            self.scale,
+            block_size=self.block,
+            act_quant_group=self.act_quant_group,
+            out_dtype=out_dtype,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, {self.fmt}"
+
+
+class RMSNorm(nn.Module):
+    """Weighted RMSNorm (fp32 inside), weight stored in the checkpoint dtype."""
+
+    def __init__(self, dim: int, eps: float, *, dtype=torch.bfloat16, device=None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = _frozen((dim,), dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return K.rms_norm(x, self.weight, self.eps)
+
+
+class Embedding(nn.Module):
+    """Token embedding ``weight [vocab, dim]``."""
+
+    def __init__(self, vocab: int, dim: int, *, dtype=torch.bfloat16, device=None) -> None:
+        super().__init__()
+        self.weight = _frozen((vocab, dim), dtype, device)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[input_ids]
+
+
+class LinearFactory:
+    """Builds the :class:`Linear` of each checkpoint role in the config's storage format."""
+
+    def __init__(self, config, dtype: torch.dtype, device=None) -> None:
+        self.config, self.dtype, self.device = config, dtype, device
+        q = config.quantization
+        self.block = None if q is None else q.weight_block_size
+        self.act_group = None
+        if q is not None and config.quant_simulation:
+            self.act_group = q.weight_block_size[1]
+
+    def quantised(self, in_f: int, out_f: int) -> Linear:
+        """A linear stored FP8 in a quantised checkpoint (dense otherwise)."""
+        fmt = "dense" if self.block is None else "fp8"
+        return self._make(in_f, out_f, fmt)
+
+    def expert(self, in_f: int, out_f: int) -> Linear:
+        q = self.config.quantization
+        fmt = "dense" if q is None else ("fp4" if q.expert_dtype == "fp4" else "fp8")
+        return self._make(in_f, out_f, fmt)
+
+    def dense(self, in_f: int, out_f: int) -> Linear:
+        return self._make(in_f, out_f, "dense")
+
+    def _make(self, in_f: int, out_f: int, fmt: str) -> Linear:
+        return Linear(
+            in_f,
+            out_f,
+            fmt=fmt,
+            dtype=self.dtype,
+            block=self.block,
+            act_quant_group=self.act_group,
+            device=self.device,
+        )
