@@ -1,0 +1,223 @@
+"""The draft stages ``mtp.*``: V4's MTP block (spec 2.9) and the DSpark drafter (2.10, 7.5).
+
+A draft stage is a ratio-0 (sliding-window) decoder block at layer id ``num_layers + k`` with a
+few extra tensors:
+
+- DSpark stage 0: ``main_proj [D, n_taps * D]`` (FP8) and ``main_norm [D]``: the projection
+  of the target's tap hidden states (``main_x``) whose K=V seeds every stage's window;
+- DSpark last stage: ``norm [D]``, the Markov head and the confidence head (``mtp_heads``) and,
+  in V4, the stage's own ``hc_head_fn / base / scale``;
+- V4's MTP block (``mtp.0``): ``e_proj``, ``h_proj`` (FP8 ``[D, D]``), ``enorm``, ``hnorm``,
+  ``norm``, ``hc_head_*``.
+
+The embedding and the LM head are the target's. How the engine drives DSpark (per step):
+
+1. the target forward collects ``taps = concat_l mean_streams(h_l)`` ``[T, n_taps * D]`` at
+   ``dspark_target_layer_ids`` (V4.1: the streams entering the layer, after Engram; V4-0731:
+   the layer's output -- see :func:`tap_point`) and calls :meth:`DSparkDraft.seed` for all
+   processed tokens (prefill chunks included; rows of rejected tokens are overwritten later);
+2. after acceptance, :meth:`DSparkDraft.propose` with each request's last token and position
+   returns ``K`` drafts, their Markov-corrected logits and confidence logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+import deepinfer.kernels as K
+from deepinfer.engine.model.block import Block
+from deepinfer.engine.model.cache import ModelCache
+from deepinfer.engine.model.config import ModelConfig
+from deepinfer.engine.model.context import StepContext
+from deepinfer.engine.model.hc import HyperHead
+from deepinfer.engine.model.layers import LinearFactory, RMSNorm
+from deepinfer.engine.model.mtp_heads import ConfidenceHead, MarkovHead
+from deepinfer.engine.model.mtp_window import draft_metadata, seed_rows
+from deepinfer.engine.model.rope import RopeTables
+
+Sampler = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+def is_dspark(config: ModelConfig) -> bool:
+    return config.dspark_block_size > 0 and config.num_mtp_layers > 0
+
+
+def tap_point(config: ModelConfig) -> str:
+    """``"input"`` (V4.1, official code) or ``"output"`` (V4-0731 ports; spec 10 C2)."""
+    return "input" if config.is_v41 else "output"
+
+
+def tap_hidden(streams: torch.Tensor) -> torch.Tensor:
+    """The tap of one layer: mean over the streams ``[T, nc, D]`` -> ``[T, D]`` fp32."""
+    return streams.float().mean(dim=1)
+
+
+def draft_config(config: ModelConfig) -> ModelConfig:
+    """The config the draft blocks are built from: backbone + ratio-0 draft layers, and the
+    drafter's own expert counts (V4.1: 128 experts, top-3)."""
+    return config.with_overrides(
+        num_layers=config.num_layers + config.num_mtp_layers,
+        compress_ratios=config.compress_ratios + config.mtp_compress_ratios,
+        mtp_compress_ratios=(),
+        n_routed_experts=config.dspark_n_routed_experts or config.n_routed_experts,
+        num_experts_per_tok=config.dspark_num_experts_per_tok or config.num_experts_per_tok,
+    )
+
+
+def _hc_head_params(module: nn.Module, config: ModelConfig, device) -> None:
+    nc, dim = config.hc_mult, config.hidden_size
+    for name, shape in (("fn", (nc, nc * dim)), ("base", (nc,)), ("scale", (1,))):
+        t = torch.empty(shape, dtype=torch.float32, device=device)
+        module.register_parameter(f"hc_head_{name}", nn.Parameter(t, requires_grad=False))
+
+
+class DSparkStage(Block):
+    """One DSpark stage (``mtp.{index}``): a sliding-window block plus stage extras."""
+
+    def __init__(
+        self, config: ModelConfig, index: int, num_stages: int, factory: LinearFactory
+    ) -> None:
+        stage_cfg = draft_config(config)
+        super().__init__(stage_cfg, config.num_layers + index, factory)
+        c, f = config, factory
+        dim, norm = c.hidden_size, dict(dtype=f.dtype, device=f.device)
+        self.index, self.is_last, self.is_v41 = index, index == num_stages - 1, c.is_v41
+        if index == 0:
+            self.main_proj = f.quantised(len(c.dspark_target_layer_ids) * dim, dim)
+            self.main_norm = RMSNorm(dim, c.rms_norm_eps, **norm)
+        if self.is_last:
+            self.norm = RMSNorm(dim, c.rms_norm_eps, **norm)
+            family = "v41" if c.is_v41 else "v4"
+            rank = c.dspark_markov_rank
+            self.markov_head = MarkovHead(c.vocab_size, rank, family, **norm)
+            self.confidence_head = ConfidenceHead(dim, rank, **norm)
+            if not c.is_v41:
+                _hc_head_params(self, c, f.device)
+                self.hc_head = HyperHead(c)
+
+    def collapse(self, streams: torch.Tensor) -> torch.Tensor:
+        """Last stage: streams ``[N, nc, D]`` -> the pre-norm hidden ``[N, D]``."""
+        return self.hc_head(streams, self.hc_head_fn, self.hc_head_base, self.hc_head_scale)
+
+
+@dataclass(frozen=True)
+class DraftProposal:
+    """What one draft step returns, request-major.
+
+    tokens ``[B, K]`` int64; logits ``[B, K, vocab]`` fp32 (base + Markov correction: the
+    draft distribution before the request's sampling steps); confidence_logits ``[B, K]`` fp32
+    (``sigmoid`` of it = acceptance probability given the earlier drafts were accepted).
+    """
+
+    tokens: torch.Tensor
+    logits: torch.Tensor
+    confidence_logits: torch.Tensor
+
+
+def greedy(logits: torch.Tensor, index: int) -> torch.Tensor:
+    """Default draft sampler: argmax (lowest index on ties)."""
+    return logits.argmax(dim=-1)
+
+
+class DSparkDraft(nn.ModuleList):
+    """The model's ``mtp`` list of DSpark stages, with the seed / propose driver."""
+
+    def __init__(self, config: ModelConfig, factory: LinearFactory) -> None:
+        n = config.num_mtp_layers
+        super().__init__(DSparkStage(config, k, n, factory) for k in range(n))
+        self.config = config
+
+    def allocate(self, cache: ModelCache) -> None:
+        """Add each stage's window ring to ``cache`` (rows ``num_slots * ring_size``)."""
+        rows = cache.layout.num_slots * cache.ring_size
+        for stage in self:
+            ring = torch.zeros(rows, self.config.head_dim, dtype=cache.dtype, device=_device(cache))
+            cache.tensors[f"{stage.layer_id}.window"] = ring
+
+    def main_x(self, taps: torch.Tensor) -> torch.Tensor:
+        """taps ``[T, n_taps * D]`` (fp32 means) -> ``main_norm(main_proj(taps))`` ``[T, D]``."""
+        first = self[0]
+        return first.main_norm(first.main_proj(taps.to(first.main_norm.weight.dtype)))
+
+    def seed(
+        self,
+        taps: torch.Tensor,
+        positions: torch.Tensor,
+        token_slots: torch.Tensor,
+        cache: ModelCache,
+        rope: RopeTables,
+    ) -> None:
+        """Write every stage's window K=V of the main positions ``[T]`` from the taps."""
+        x = self.main_x(taps)
+        cos, sin = RopeTables.angles(rope.main, positions)
+        src, dst = seed_rows(positions, token_slots, cache.ring_size, cache.layout.num_slots)
+        for stage in self:
+            kv = K.apply_rope(stage.attn.kv_norm(stage.attn.wkv(x)), cos, sin)
+            ring = cache[f"{stage.layer_id}.window"]
+            ring.index_copy_(0, dst, kv[src].to(ring.dtype))
+
+    def propose(
+        self,
+        last_tokens: torch.Tensor,
+        last_positions: torch.Tensor,
+        slots: torch.Tensor,
+        cache: ModelCache,
+        embed: nn.Module,
+        head_weight: torch.Tensor,
+        rope: RopeTables,
+        *,
+        block_size: int | None = None,
+        sample: Sampler = greedy,
+    ) -> DraftProposal:
+        """Draft ``K`` tokens after each request's last accepted token.
+
+        last_tokens, last_positions, slots: ``[B]`` int64 (token at the last accepted position
+        ``p``; the block sits at ``p+1 .. p+K``). ``sample(logits [B, vocab], i) -> [B]`` picks
+        draft ``i`` from its Markov-corrected logits (greedy by default).
+        """
+        c = self.config
+        k = block_size or c.dspark_block_size
+        streams, ctx = self._block_inputs(last_tokens, last_positions, slots, cache, embed, rope, k)
+        for stage in self:
+            streams = stage(streams, ctx)
+        last = self[len(self) - 1]
+        hidden = last.collapse(streams)  # [B*K, D] pre-norm
+        base = K.linear(last.norm(hidden).float(), head_weight, out_dtype=torch.float32)
+        return self._markov_decode(last, hidden, base, last_tokens, k, sample)
+
+    def _block_inputs(self, last_tokens, last_positions, slots, cache, embed, rope, k):
+        c = self.config
+        ids = torch.full((last_tokens.shape[0], k), c.dspark_noise_token_id, dtype=torch.long)
+        ids = ids.to(last_tokens.device)
+        ids[:, 0] = last_tokens
+        positions = (last_positions[:, None] + 1 + torch.arange(k, device=ids.device)).reshape(-1)
+        md = draft_metadata(
+            last_positions, slots, k, c.sliding_window, cache.ring_size, cache.layout.num_slots
+        )
+        angles = {False: RopeTables.angles(rope.main, positions)}
+        ctx = StepContext(md, cache, ids.reshape(-1), positions, rope, angles)
+        streams = embed(ids.reshape(-1)).unsqueeze(1).repeat(1, c.hc_mult, 1)
+        return streams, ctx
+
+    @staticmethod
+    def _markov_decode(last, hidden, base, last_tokens, k, sample) -> DraftProposal:
+        """Sequential over the block: correct, pick, score; only the low-rank head is serial."""
+        num_requests = last_tokens.shape[0]
+        hidden, base = hidden.unflatten(0, (num_requests, k)), base.unflatten(0, (num_requests, k))
+        prev, tokens, logits, conf = last_tokens, [], [], []
+        for i in range(k):
+            emb = last.markov_head.embedding(prev)
+            corrected = base[:, i] + last.markov_head.bias(emb)
+            prev = sample(corrected, i)
+            tokens.append(prev)
+            logits.append(corrected)
+            conf.append(last.confidence_head(hidden[:, i], emb))
+        return DraftProposal(torch.stack(tokens, 1), torch.stack(logits, 1), torch.stack(conf, 1))
+
+
+def _device(cache: ModelCache) -> torch.device:
+    return next(iter(cache.tensors.values())).device

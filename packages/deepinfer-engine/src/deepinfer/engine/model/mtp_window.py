@@ -1,0 +1,81 @@
+"""Index lists of the DSpark draft stages: the window over main positions plus the draft block.
+
+Each draft stage owns a sliding-window ring in the state slots (``"{layer}.window"``, row of
+position ``p`` = ``slot * R + p % R``), like any SWA layer. Two things write it:
+
+- *seeding*: for every position the target processed, the stage's window K=V computed from the
+  target's tap hidden states (``main_x``), at that main position;
+- *drafting*: the block's own K=V at positions ``p+1 .. p+K`` (``p`` = last accepted position),
+  overwritten by seeding once those positions are verified.
+
+A draft query at ``p+1+i`` attends to the ring rows of main positions ``p-W+1 .. p`` (-1 before
+the start) and to *all* ``K`` block rows (bidirectional within the block). With
+``R >= W + K`` the block writes never clobber the window the block reads.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.engine.model.metadata import AttentionMetadata
+
+
+def check_ring(ring_size: int, window: int, block_size: int) -> None:
+    if ring_size < window + block_size:
+        raise ValueError(
+            f"ring_size = {ring_size}: the draft block of {block_size} needs a window ring of "
+            f">= sliding_window + block = {window + block_size} rows (CacheLayout.max_draft)"
+        )
+
+
+def draft_metadata(
+    last_positions: torch.Tensor,
+    slots: torch.Tensor,
+    block_size: int,
+    window: int,
+    ring_size: int,
+    num_slots: int,
+) -> AttentionMetadata:
+    """Metadata of a draft step over ``B`` requests, ``B * K`` tokens (request-major).
+
+    last_positions, slots: ``[B]`` int64. ``window_indices [B*K, W + K]`` index rows of
+    ``[ring rows of all slots | the step's B*K tokens]``; the block's K=V rows are written to
+    the ring at positions ``p+1 .. p+K``.
+    """
+    check_ring(ring_size, window, block_size)
+    device = last_positions.device
+    num_requests = last_positions.shape[0]
+    base = num_slots * ring_size
+    back = torch.arange(window - 1, -1, -1, device=device)
+    main_pos = last_positions[:, None] - back[None, :]  # [B, W]
+    main_rows = slots[:, None] * ring_size + main_pos.remainder(ring_size)
+    main_rows = torch.where(main_pos >= 0, main_rows, torch.full_like(main_rows, -1))
+    offsets = torch.arange(block_size, device=device)
+    block_rows = base + torch.arange(num_requests, device=device)[:, None] * block_size + offsets
+    rows = torch.cat([main_rows, block_rows], dim=1)  # [B, W + K]
+    window_indices = rows.repeat_interleave(block_size, dim=0)
+    draft_pos = last_positions[:, None] + 1 + offsets  # [B, K]
+    write_dst = slots[:, None] * ring_size + draft_pos.remainder(ring_size)
+    return AttentionMetadata(
+        num_tokens=num_requests * block_size,
+        window_base=base,
+        window_indices=window_indices,
+        window_write_src=torch.arange(num_requests * block_size, device=device),
+        window_write_dst=write_dst.reshape(-1),
+    )
+
+
+def seed_rows(
+    positions: torch.Tensor, token_slots: torch.Tensor, ring_size: int, num_slots: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token rows, ring rows) to seed: the last ``ring_size`` positions of each slot.
+
+    positions, token_slots ``[T]`` int64. Keeping only the last ``R`` positions per slot gives
+    every ring row one writer, so a long prefill chunk seeds deterministically.
+    """
+    last = torch.full((num_slots,), -1, dtype=torch.int64, device=positions.device)
+    last = last.scatter_reduce(0, token_slots, positions, reduce="amax")
+    keep = positions > last[token_slots] - ring_size
+    src = torch.nonzero(keep).squeeze(-1)
+    dst = token_slots[keep] * ring_size + positions[keep].remainder(ring_size)
+    return src, dst
