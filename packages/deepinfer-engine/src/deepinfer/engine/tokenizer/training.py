@@ -87,7 +87,8 @@ def testing_tokenizer(vocab_size: int = 512) -> Tokenizer:
     Trained in memory on a built-in paragraph (English, Python, JSON, a little non-ASCII) in
     a few milliseconds; the trained JSON is cached, each call returns a fresh ``Tokenizer``.
     Any text round-trips through it (byte-level); ``save(directory)`` writes the two files a
-    checkpoint directory needs.
+    checkpoint directory needs. ``vocab_size`` is an upper bound (274..~528: the built-in text
+    runs out of merges); size a model's embedding by ``tokenizer.vocab_size``.
     """
     backend = tokenizers.Tokenizer.from_str(_testing_tokenizer_json(vocab_size))
     return Tokenizer(backend, TokenizerConfig())
