@@ -27,10 +27,20 @@ def _fixed_distributions(generator, num_rows, sharpness=1.5):
     return torch.softmax(torch.randn(num_rows, VOCAB, generator=generator) * sharpness, -1)
 
 
-def _one_step(generator, max_drafts, is_deterministic_draft):
+def _truncate(probs, keep):
+    """Zero the tokens outside ``keep`` (as top-k / grammar masks do) and renormalise."""
+    mask = torch.zeros(VOCAB, dtype=torch.bool)
+    mask[list(keep)] = True
+    kept = torch.where(mask, probs, torch.zeros_like(probs))
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def _one_step(generator, max_drafts, is_deterministic_draft, is_truncated=False):
     """One verify step over ROWS requests that share p and q but not seeds."""
     target = _fixed_distributions(generator, max_drafts + 1)
     draft = _fixed_distributions(generator, max_drafts)
+    if is_truncated:  # overlapping but different supports
+        target, draft = _truncate(target, range(0, 4)), _truncate(draft, range(2, VOCAB))
     seeds = torch.randint(0, 2**62, (ROWS,), generator=generator)
     positions = torch.randint(0, 1 << 20, (ROWS,), generator=generator)
     if is_deterministic_draft:
@@ -54,10 +64,14 @@ def _one_step(generator, max_drafts, is_deterministic_draft):
     return target, draft, drafts, result
 
 
-@pytest.mark.parametrize("is_deterministic_draft", [False, True])
-def test_first_token_follows_target_and_acceptance_rate_is_min_p_q(is_deterministic_draft):
-    generator = torch.Generator().manual_seed(11 + is_deterministic_draft)
-    target, draft, drafts, result = _one_step(generator, 3, is_deterministic_draft)
+@pytest.mark.parametrize(
+    ("is_deterministic_draft", "is_truncated"), [(False, False), (True, False), (False, True)]
+)
+def test_first_token_follows_target_and_acceptance_rate_is_min_p_q(
+    is_deterministic_draft, is_truncated
+):
+    generator = torch.Generator().manual_seed(11 + is_deterministic_draft + 2 * is_truncated)
+    target, draft, drafts, result = _one_step(generator, 3, is_deterministic_draft, is_truncated)
     counts = torch.bincount(result.output_tokens[:, 0], minlength=VOCAB)
     assert chi_square_p_value(counts, target[0]) > SIGNIFICANCE
     # Every row's rows are context free here, so the token after an accepted first draft
