@@ -73,7 +73,8 @@ class StructuredOutputState:
         if max_rollback_tokens is None:
             max_rollback_tokens = envs.get("DEEPINFER_MAX_BACKTRACKING_TOKENS")
         self.max_rollback_tokens = int(max_rollback_tokens)
-        self._matcher = xgr.GrammarMatcher(compiled, max_rollback_tokens=self.max_rollback_tokens)
+        # xgrammar >= 0.2.9 keeps unlimited rollback history; our own history bounds rollback.
+        self._matcher = xgr.GrammarMatcher(compiled)
         self.vocab_size = compiled.tokenizer_info.vocab_size
         self._trigger = tuple(trigger_token_ids)
         self._fail = _kmp_table(self._trigger)
