@@ -257,8 +257,9 @@ def _propose(draft, cache, embed, head, rope, tokens, positions, slots):
     )
 
 
-def test_a_request_drafts_the_same_alone_and_batched():
-    cfg, draft, cache, embed, head, rope = build()
+@pytest.mark.parametrize("v41", [False, True])
+def test_a_request_drafts_the_same_alone_and_batched(v41):
+    cfg, draft, cache, embed, head, rope = build(v41)
     _seeded(draft, cache, rope, slot=0, num_positions=6, seed=3)
     _seeded(draft, cache, rope, slot=2, num_positions=10, seed=4)
     alone_cache = ModelCache(cfg, cache.layout, dtype=torch.float32)
@@ -274,8 +275,9 @@ def test_a_request_drafts_the_same_alone_and_batched():
     assert torch.equal(both.tokens, both.logits.argmax(-1))  # greedy by default
 
 
-def test_only_the_last_window_of_main_positions_matters():
-    cfg, draft, cache, embed, head, rope = build(num_slots=1)
+@pytest.mark.parametrize("v41", [False, True])
+def test_only_the_last_window_of_main_positions_matters(v41):
+    cfg, draft, cache, embed, head, rope = build(v41, num_slots=1)
     _seeded(draft, cache, rope, slot=0, num_positions=6, seed=5)  # p = 5: window 2..5
     R = cache.ring_size
     base = _propose(draft, cache, embed, head, rope, [3], [5], [0]).logits
@@ -290,8 +292,9 @@ def test_only_the_last_window_of_main_positions_matters():
     assert (moved - base).abs().max() > 1e-3
 
 
-def test_stale_draft_rows_never_leak_after_the_accepted_positions_are_seeded():
-    cfg, draft, cache, embed, head, rope = build(num_slots=1)
+@pytest.mark.parametrize("v41", [False, True])
+def test_stale_draft_rows_never_leak_after_the_accepted_positions_are_seeded(v41):
+    cfg, draft, cache, embed, head, rope = build(v41, num_slots=1)
     taps = _seeded(draft, cache, rope, slot=0, num_positions=9, seed=6)
     fresh = ModelCache(cfg, cache.layout, dtype=torch.float32)
     draft.allocate(fresh)

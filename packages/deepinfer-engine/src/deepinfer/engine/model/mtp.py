@@ -99,8 +99,23 @@ class DSparkStage(Block):
                 _hc_head_params(self, c, f.device)
                 self.hc_head = HyperHead(c)
 
-    def collapse(self, streams: torch.Tensor) -> torch.Tensor:
-        """Last stage: streams ``[N, nc, D]`` -> the pre-norm hidden ``[N, D]``."""
+    def forward_v41(
+        self, h: torch.Tensor, pre: torch.Tensor, ctx: StepContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """V4.1 block with deferred pre-mix (spec 7.1): each site's ``pre`` collapses the
+        streams for the *next* sublayer. (h ``[T, nc, D]``, pre ``[T, nc]``) -> (h, next pre)."""
+        attn_pre, post, comb = self.attn_coefficients(h)
+        a = self.attn(self.attn_norm(K.hc_collapse(h, pre)), ctx)
+        h = K.hc_expand(a, h, post, comb)
+        ffn_pre, post, comb = self.ffn_coefficients(h)
+        f = self.ffn(self.ffn_norm(K.hc_collapse(h, attn_pre)), ctx.input_ids)
+        return K.hc_expand(f, h, post, comb), ffn_pre
+
+    def collapse(self, streams: torch.Tensor, pre: torch.Tensor | None = None) -> torch.Tensor:
+        """Last stage: streams ``[N, nc, D]`` -> the pre-norm hidden ``[N, D]`` (V4: the
+        stage's ``hc_head``; V4.1: the last FFN site's deferred ``pre``)."""
+        if self.is_v41:
+            return K.hc_collapse(streams, pre)
         return self.hc_head(streams, self.hc_head_fn, self.hc_head_base, self.hc_head_scale)
 
 
@@ -156,9 +171,22 @@ class DSparkDraft(nn.ModuleList):
         cos, sin = RopeTables.angles(rope.main, positions)
         src, dst = seed_rows(positions, token_slots, cache.ring_size, cache.layout.num_slots)
         for stage in self:
-            kv = K.apply_rope(stage.attn.kv_norm(stage.attn.wkv(x)), cos, sin)
+            kv = self._window_kv(stage, x, cos, sin)
             ring = cache[f"{stage.layer_id}.window"]
             ring.index_copy_(0, dst, kv[src].to(ring.dtype))
+
+    def _window_kv(self, stage: DSparkStage, x, cos, sin) -> torch.Tensor:
+        """``kv_norm(wkv(main_x))`` with RoPE at the main positions; with the reference
+        numerics on, FP8-simulated like any window row (V4: nope dims, block 64; V4.1: the
+        whole row, block 32)."""
+        c = self.config
+        kv = K.apply_rope(stage.attn.kv_norm(stage.attn.wkv(x)), cos, sin)
+        if not (c.quant_simulation and c.quantization is not None):
+            return kv
+        if c.is_v41:
+            return K.fp8_sim(kv, 32)
+        nope = c.head_dim - c.rope_head_dim
+        return torch.cat([K.fp8_sim(kv[:, :nope], 64), kv[:, nope:]], dim=-1)
 
     def propose(
         self,
@@ -182,12 +210,26 @@ class DSparkDraft(nn.ModuleList):
         c = self.config
         k = block_size or c.dspark_block_size
         streams, ctx = self._block_inputs(last_tokens, last_positions, slots, cache, embed, rope, k)
-        for stage in self:
-            streams = stage(streams, ctx)
+        streams, pre = self.run_stages(streams, ctx)
         last = self[len(self) - 1]
-        hidden = last.collapse(streams)  # [B*K, D] pre-norm
+        hidden = last.collapse(streams, pre)  # [B*K, D] pre-norm
         base = K.linear(last.norm(hidden).float(), head_weight, out_dtype=torch.float32)
         return self._markov_decode(last, hidden, base, last_tokens, k, sample)
+
+    def run_stages(
+        self, streams: torch.Tensor, ctx: StepContext
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """All stages over the block streams ``[N, nc, D]``; V4.1 starts the deferred pre-mix
+        chain on stream 0 (as the backbone does) and returns the last ``pre``."""
+        if not self.config.is_v41:
+            for stage in self:
+                streams = stage(streams, ctx)
+            return streams, None
+        pre = torch.zeros(streams.shape[:2], dtype=torch.float32, device=streams.device)
+        pre[:, 0] = 1.0
+        for stage in self:
+            streams, pre = stage.forward_v41(streams, pre, ctx)
+        return streams, pre
 
     def _block_inputs(self, last_tokens, last_positions, slots, cache, embed, rope, k):
         c = self.config
