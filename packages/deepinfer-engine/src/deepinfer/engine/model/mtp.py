@@ -263,3 +263,63 @@ class DSparkDraft(nn.ModuleList):
 
 def _device(cache: ModelCache) -> torch.device:
     return next(iter(cache.tensors.values())).device
+
+
+class MTPBlock(Block):
+    """V4-Flash's MTP block ``mtp.0`` (spec 2.9): predicts the token after next.
+
+    Extras: ``e_proj``, ``h_proj`` (FP8 ``[D, D]``), ``enorm``, ``hnorm``, ``norm``,
+    ``hc_head_*``. It is a sliding-window layer at id ``num_layers``: run it inside the target's
+    flat batch with the target's :class:`StepContext` (window index lists are layer-agnostic;
+    its ring ``"{num_layers}.window"`` comes from :meth:`allocate`).
+    """
+
+    def __init__(self, config: ModelConfig, factory: LinearFactory) -> None:
+        super().__init__(draft_config(config), config.num_layers, factory)
+        c, f = config, factory
+        dim, norm = c.hidden_size, dict(dtype=f.dtype, device=f.device)
+        self.e_proj = f.quantised(dim, dim)
+        self.h_proj = f.quantised(dim, dim)
+        self.enorm = RMSNorm(dim, c.rms_norm_eps, **norm)
+        self.hnorm = RMSNorm(dim, c.rms_norm_eps, **norm)
+        self.norm = RMSNorm(dim, c.rms_norm_eps, **norm)
+        _hc_head_params(self, c, f.device)
+        self.hc_head = HyperHead(c)
+
+    def allocate(self, cache: ModelCache) -> None:
+        rows = cache.layout.num_slots * cache.ring_size
+        head_dim = self.attn.head_dim
+        ring = torch.zeros(rows, head_dim, dtype=cache.dtype, device=_device(cache))
+        cache.tensors[f"{self.layer_id}.window"] = ring
+
+    def forward(  # type: ignore[override]
+        self,
+        streams: torch.Tensor,
+        next_ids: torch.Tensor,
+        embed: nn.Module,
+        ctx: StepContext,
+    ) -> torch.Tensor:
+        """streams ``[T, nc, D]``: the target's final streams (before ``hc_head``) at positions
+        ``t``; next_ids ``[T]``: the tokens at ``t + 1``. Returns the block's streams; their
+        :meth:`logits` predict the token at ``t + 2``.
+
+        ``x = e_proj(enorm(embed(next_ids)))`` (broadcast over streams) ``+ h_proj(hnorm(h))``
+        (per stream), then the decoder block.
+        """
+        e = self.e_proj(self.enorm(embed(next_ids)))
+        x = e.unsqueeze(1) + self.h_proj(self.hnorm(streams))
+        return super().forward(x.to(streams.dtype), ctx)
+
+    def logits(self, streams: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
+        """``[N, nc, D]`` -> fp32 logits ``[N, vocab]`` (own ``hc_head``, ``norm``, shared head)."""
+        y = self.hc_head(streams, self.hc_head_fn, self.hc_head_base, self.hc_head_scale)
+        return K.linear(self.norm(y).float(), head_weight, out_dtype=torch.float32)
+
+
+def build_draft_stages(config: ModelConfig, factory: LinearFactory) -> nn.ModuleList | None:
+    """The model's ``mtp`` list: DSpark stages, V4's single MTP block, or None."""
+    if config.num_mtp_layers == 0:
+        return None
+    if is_dspark(config):
+        return DSparkDraft(config, factory)
+    return nn.ModuleList([MTPBlock(config, factory)])
