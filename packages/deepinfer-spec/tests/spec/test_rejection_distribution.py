@@ -120,9 +120,9 @@ def test_multi_step_joint_distribution_matches_the_target_chain():
     positions = torch.randint(0, 1 << 20, (ROWS,), generator=generator)
     num_drafts = torch.randint(0, 5, (ROWS,), generator=generator)
     length = 3
-    tokens, _ = generate_speculative(
+    tokens = generate_speculative(
         target, draft, first, seeds, positions, length, num_drafts, "rejection"
-    )
+    ).tokens
     want = _joint_probs(target, 2, length)
     assert chi_square_p_value(_joint_counts(tokens), want) > SIGNIFICANCE
     # Control: the same test rejects plain sampling from the draft chain.

@@ -10,6 +10,7 @@ All loops are batched over rows; nothing here is fast or meant for production.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -22,6 +23,8 @@ from deepinfer.spec.acceptance import (
     accept_seed_exact,
     draw_categorical,
 )
+from deepinfer.spec.cost import StepCostCurve
+from deepinfer.spec.planner import plan_verification
 
 Mode = Literal["greedy", "seed_exact", "rejection"]
 
@@ -133,6 +136,32 @@ def verify(
     return accept_seed_exact(draft_tokens, num_draft_tokens, sampled)
 
 
+@dataclass(frozen=True)
+class SpeculativeRun:
+    """Result of :func:`generate_speculative`.
+
+    tokens: ``[N, num_tokens]`` int64; num_steps: ``[N]`` int64 verify steps per row;
+    num_verified_drafts: ``[N]`` int64 drafts sent to the target per row, over all steps.
+    """
+
+    tokens: torch.Tensor
+    num_steps: torch.Tensor
+    num_verified_drafts: torch.Tensor
+
+
+def _verify_counts(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    cost_curve: StepCostCurve | None,
+) -> torch.Tensor:
+    """Fixed length, or confidence-scheduled with the draft's own ``q(d)`` as the confidence."""
+    if cost_curve is None or draft_tokens.shape[1] == 0:
+        return num_draft_tokens
+    confidences = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
+    return plan_verification(confidences, num_draft_tokens, cost_curve).num_verify_drafts
+
+
 def generate_speculative(
     target: torch.Tensor,
     draft: torch.Tensor,
@@ -144,48 +173,45 @@ def generate_speculative(
     mode: Mode,
     *,
     draft_stream: int = rng.STREAM_DRAFT,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    cost_curve: StepCostCurve | None = None,
+) -> SpeculativeRun:
     """Speculative decoding of ``num_tokens`` per row, each row with its own draft count.
 
-    ``draft_stream`` keys the drafter's noise; ``STREAM_SAMPLE`` couples it with the target's.
-
-    Returns the tokens ``[N, num_tokens]`` int64 and the number of verify steps per row ``[N]``.
+    ``draft_stream`` keys the drafter's noise (``STREAM_SAMPLE`` couples it with the target's).
+    With ``cost_curve`` each step verifies the prefix :func:`plan_verification` picks for the
+    whole batch (variable length), else all ``num_draft_tokens[b]`` drafts.
     """
     rows = first_previous.shape[0]
     max_drafts = int(num_draft_tokens.max()) if rows else 0
     buffer = torch.full((rows, num_tokens + max_drafts + 1), -1, dtype=torch.int64)
     lengths = torch.zeros(rows, dtype=torch.int64)
     num_steps = torch.zeros(rows, dtype=torch.int64)
+    num_verified = torch.zeros(rows, dtype=torch.int64)
     anchor = first_previous.clone()
     while bool((lengths < num_tokens).any()):
         positions = start_positions + lengths
-        drafts, draft_probs = propose_drafts(
-            draft,
-            anchor,
-            seeds,
-            positions,
-            max_drafts,
-            is_greedy=mode == "greedy",
-            stream=draft_stream,
+        is_greedy = mode == "greedy"
+        drafts, probs = propose_drafts(
+            draft, anchor, seeds, positions, max_drafts, is_greedy=is_greedy, stream=draft_stream
         )
-        result = verify(
-            target, anchor, drafts, draft_probs, num_draft_tokens, seeds, positions, mode
-        )
+        counts = _verify_counts(drafts, probs, num_draft_tokens, cost_curve)
+        result = verify(target, anchor, drafts, probs, counts, seeds, positions, mode)
         is_active = lengths < num_tokens
         slots = torch.arange(max_drafts + 1)[None, :]
         is_written = is_active[:, None] & (slots < result.num_output_tokens[:, None])
         row, slot = is_written.nonzero(as_tuple=True)
-        buffer[row, (lengths[row] + slot).clamp(max=buffer.shape[1] - 1)] = result.output_tokens[
-            row, slot
-        ]
+        column = (lengths[row] + slot).clamp(max=buffer.shape[1] - 1)
+        buffer[row, column] = result.output_tokens[row, slot]
         lengths = torch.where(is_active, lengths + result.num_output_tokens, lengths)
         num_steps += is_active.to(torch.int64)
+        num_verified += torch.where(is_active, counts, 0)
         anchor = torch.where(is_active, result.final_tokens, anchor)
-    return buffer[:, :num_tokens], num_steps
+    return SpeculativeRun(buffer[:, :num_tokens], num_steps, num_verified)
 
 
 __all__ = [
     "Mode",
+    "SpeculativeRun",
     "blend",
     "chi_square_p_value",
     "generate_plain",
