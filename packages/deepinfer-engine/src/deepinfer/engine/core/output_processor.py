@@ -73,6 +73,10 @@ class OutputProcessor:
             touched.setdefault(update.group_id, set()).add(update.index)
         return [self._delta(gid, sorted(indices)) for gid, indices in touched.items()]
 
+    def forget(self, request_id: str) -> None:
+        """Stop tracking a request (its caller no longer waits for it)."""
+        self._groups.pop(request_id, None)
+
     def is_finished(self, request_id: str) -> bool:
         return self._groups[request_id].finished
 

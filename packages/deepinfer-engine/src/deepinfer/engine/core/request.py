@@ -101,6 +101,7 @@ class Request:
         arrival_time: float = 0.0,
         group_id: str | None = None,
         index: int = 0,
+        skip_special_tokens: bool = True,
     ) -> None:
         self.request_id = request_id
         self.group_id = group_id if group_id is not None else request_id
@@ -128,6 +129,7 @@ class Request:
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
+        self.skip_special_tokens = skip_special_tokens  # False when the text will be parsed
         self.detokenizer: Any = None  # IncrementalDetokenizer when a tokenizer is known
         self.output_text = ""
 

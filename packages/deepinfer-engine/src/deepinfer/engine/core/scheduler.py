@@ -75,8 +75,7 @@ class Scheduler:
         for rid in ids:
             if rid in self.requests:
                 raise ValueError(f"request id {rid!r} is already in use")
-        if self.tokenizer is not None:
-            request.detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
+        self.attach_detokenizer(request)
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -85,6 +84,15 @@ class Scheduler:
         wanted = set(group_ids)
         for request in [r for r in self.requests.values() if r.group_id in wanted]:
             self._finish(request, FINISH_ABORT)
+
+    def attach_detokenizer(self, request: Request) -> None:
+        """Give ``request`` an incremental detokeniser (when the engine has a tokenizer)."""
+        if self.tokenizer is not None:
+            request.detokenizer = IncrementalDetokenizer(
+                self.tokenizer,
+                request.prompt_token_ids,
+                skip_special_tokens=request.skip_special_tokens,
+            )
 
     def queue_state_copy(self, src_slot: int, dst_slot: int) -> None:
         """Have the executor copy state slot ``src_slot`` into ``dst_slot`` before the next forward."""

@@ -153,16 +153,16 @@ class HashModelExecutor:
         self._prompt_logprobs(seq, request_id, start, end, out)
         if end < len(tokens):
             return  # a prefill chunk that does not reach the end samples nothing
-        context = self._read(seq, end)
-        greedy = is_greedy(seq.params)
-        state = self.states[seq.state_slot]
-        sample_seeds = seeds if seeds else [seq.seed]
-        sampled = [
-            reference_next_token(state, context, s, greedy, self.vocab_size) for s in sample_seeds
-        ]
+        sampled = self._sample_tokens(seq, self._read(seq, end), seeds or [seq.seed])
         out.sampled_token_ids[request_id] = sampled
         if getattr(seq.params, "logprobs", None) is not None:
             out.logprobs[request_id] = [{t: token_logprob(t, end)} for t in sampled]
+
+    def _sample_tokens(self, seq: _Seq, context: list[int], seeds: list[int]) -> list[int]:
+        """One token per seed from the context read back from the arena and the state slot."""
+        state = self.states[seq.state_slot]
+        greedy = is_greedy(seq.params)
+        return [reference_next_token(state, context, s, greedy, self.vocab_size) for s in seeds]
 
     def _write(self, seq: _Seq, position: int, token_id: int) -> None:
         block_id = seq.block_ids[position // self.block_size]
@@ -182,6 +182,20 @@ class HashModelExecutor:
             out.prompt_logprobs[request_id] = [
                 {seq.token_ids[p]: token_logprob(seq.token_ids[p], p)} for p in positions
             ]
+
+
+@dataclass
+class ScriptedExecutor(HashModelExecutor):
+    """Every request generates ``script`` (output position ``i`` gives ``script[i]``), then
+    ``eos_token_id`` forever; the cache is still simulated and checked."""
+
+    script: list[int] = field(default_factory=list)
+    eos_token_id: int = 1
+
+    def _sample_tokens(self, seq: _Seq, context: list[int], seeds: list[int]) -> list[int]:
+        assert context == seq.token_ids[: len(context)], "the arena lost tokens"
+        k = len(context) - seq.num_prompt_tokens
+        return [self.script[k] if k < len(self.script) else self.eos_token_id] * len(seeds)
 
 
 def _new_seq(new: NewRequestData) -> _Seq:
@@ -247,3 +261,30 @@ def run_until_done(core: Any, max_steps: int = 100_000) -> list[Any]:
             return updates
         updates.extend(core.step())
     raise RuntimeError(f"requests still unfinished after {max_steps} steps")
+
+
+def fake_loaded_model(
+    config: Any,
+    tokenizer: Any,
+    *,
+    num_blocks: int = 256,
+    executor: HashModelExecutor | None = None,
+    max_position_embeddings: int = 4096,
+) -> Any:
+    """A ``LoadedModel`` for ``LLM`` tests: a fake executor sized like the engine's cache."""
+    from deepinfer.engine.core.engine_config import LoadedModel
+
+    num_state_slots = config.max_num_seqs + 1
+    if executor is None:
+        executor = HashModelExecutor(
+            num_blocks, config.block_size, num_state_slots, vocab_size=tokenizer.vocab_size
+        )
+    return LoadedModel(
+        executor=executor,
+        tokenizer=tokenizer,
+        vocab_size=tokenizer.vocab_size,
+        eos_token_ids=frozenset({tokenizer.eos_token_id}),
+        max_position_embeddings=max_position_embeddings,
+        num_blocks=num_blocks,
+        num_state_slots=num_state_slots,
+    )

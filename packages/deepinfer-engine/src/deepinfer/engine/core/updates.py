@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from deepinfer.engine.core.block_manager import cdiv
-from deepinfer.engine.core.detokenizer import IncrementalDetokenizer
 from deepinfer.engine.core.request import Request, RequestStatus, child_seed
 from deepinfer.engine.core.scheduler_output import SequenceUpdate
 from deepinfer.engine.core.stop import check_new_token
@@ -81,14 +80,14 @@ def fork_children(scheduler: Scheduler, parent: Request) -> list[Request]:
             arrival_time=parent.arrival_time,
             group_id=parent.group_id,
             index=index,
+            skip_special_tokens=parent.skip_special_tokens,
         )
         child.num_computed_tokens = num_computed
         child.block_ids = scheduler.block_manager.share(parent.block_ids[:num_shared])
         child.state_slot = parent.reserved_child_slots.pop(0)
         child.status = RequestStatus.RUNNING
         child.first_scheduled_time = parent.first_scheduled_time
-        if scheduler.tokenizer is not None:
-            child.detokenizer = IncrementalDetokenizer(scheduler.tokenizer, child.prompt_token_ids)
+        scheduler.attach_detokenizer(child)
         assert parent.state_slot is not None
         scheduler.queue_state_copy(parent.state_slot, child.state_slot)
         scheduler.requests[child.request_id] = child

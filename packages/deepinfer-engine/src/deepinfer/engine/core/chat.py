@@ -1,0 +1,51 @@
+"""``LLM.chat`` helpers: V4 chat encoding of conversations and parsing of completions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from deepinfer.engine.core.outputs import RequestOutput
+from deepinfer.engine.core.validation import InvalidRequestError
+
+
+def encode_conversations(
+    tokenizer: Any,
+    conversations: Any,
+    thinking: bool,
+    reasoning_effort: str | None,
+    tools: Sequence[Mapping[str, Any]] | None,
+) -> list[list[int]]:
+    """Token ids of each conversation's prompt (``conversations``: one or a list of them)."""
+    from deepinfer.engine.tokenizer import ChatFormatError
+
+    if tokenizer is None:
+        raise InvalidRequestError("chat needs a tokenizer; the engine has none")
+    if not isinstance(conversations, Sequence) or isinstance(conversations, str):
+        raise InvalidRequestError(
+            f"conversations={conversations!r}: expected a list of messages or a list of them"
+        )
+    if conversations and isinstance(conversations[0], Mapping):
+        conversations = [conversations]
+    token_ids = []
+    for index, messages in enumerate(conversations):
+        try:
+            ids = tokenizer.encode_chat(
+                messages, thinking=thinking, reasoning_effort=reasoning_effort, tools=tools
+            )
+        except (ChatFormatError, ValueError, TypeError) as e:
+            raise InvalidRequestError(f"request {index}: {e}") from e
+        token_ids.append(ids)
+    return token_ids
+
+
+def parse_outputs(outputs: list[RequestOutput], thinking: bool) -> None:
+    """Fill ``reasoning_content``, ``content`` and ``tool_calls`` of every sample in place."""
+    from deepinfer.engine.tokenizer import parse_completion
+
+    for output in outputs:
+        for sample in output.outputs:
+            parsed = parse_completion(sample.text, thinking=thinking)
+            sample.reasoning_content = parsed.reasoning_content
+            sample.content = parsed.content
+            sample.tool_calls = list(parsed.tool_calls)

@@ -1,0 +1,134 @@
+"""Turning ``LLM.generate`` arguments into per-request token ids and sampling parameters,
+plus the progress bar with throughput."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from deepinfer.engine.core.outputs import RequestOutput
+from deepinfer.engine.core.validation import InvalidRequestError
+from deepinfer.sampling import SamplingParams
+
+_SEED_MASK = (1 << 63) - 1
+
+
+def _is_token_list(value: Any) -> bool:
+    return (
+        isinstance(value, Sequence)
+        and not isinstance(value, str)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
+
+
+def _token_lists(prompt_token_ids: Any) -> list[list[int]]:
+    if _is_token_list(prompt_token_ids) and (
+        len(prompt_token_ids) == 0 or not isinstance(prompt_token_ids[0], Sequence)
+    ):
+        return [list(prompt_token_ids)]
+    if isinstance(prompt_token_ids, Sequence) and not isinstance(prompt_token_ids, str):
+        lists = []
+        for index, ids in enumerate(prompt_token_ids):
+            if not _is_token_list(ids):
+                raise InvalidRequestError(
+                    f"request {index}: prompt_token_ids is {ids!r}, expected a list of integers"
+                )
+            lists.append(list(ids))
+        return lists
+    raise InvalidRequestError(
+        f"prompt_token_ids={prompt_token_ids!r}: expected a list of integers or a list of them"
+    )
+
+
+def _texts(prompts: Any) -> list[str]:
+    texts = [prompts] if isinstance(prompts, str) else prompts
+    if not isinstance(texts, Sequence):
+        raise InvalidRequestError(f"prompts={prompts!r}: expected a string or a list of strings")
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"request {index}: the prompt is {text!r}, expected a string")
+        if not text:
+            raise InvalidRequestError(f"request {index}: the prompt is empty")
+    return list(texts)
+
+
+def normalize_prompts(
+    prompts: Any, prompt_token_ids: Any, tokenizer: Any
+) -> tuple[list[str | None], list[list[int]]]:
+    """(texts or None per request, token ids per request) from ``generate``'s arguments."""
+    if prompts is None and prompt_token_ids is None:
+        raise InvalidRequestError("give prompts or prompt_token_ids (both are None)")
+    texts = _texts(prompts) if prompts is not None else None
+    if prompt_token_ids is not None:
+        token_ids = _token_lists(prompt_token_ids)
+        if texts is not None and len(texts) != len(token_ids):
+            raise InvalidRequestError(
+                f"{len(texts)} prompts but {len(token_ids)} prompt_token_ids lists"
+            )
+        return (texts or [None] * len(token_ids)), token_ids
+    if tokenizer is None:
+        raise InvalidRequestError("text prompts need a tokenizer; give prompt_token_ids")
+    assert texts is not None
+    return list(texts), [tokenizer.encode(text) for text in texts]
+
+
+def normalize_params(sampling_params: Any, num_requests: int) -> list[SamplingParams]:
+    """One ``SamplingParams`` per request (None = defaults; one given = shared by all)."""
+    if sampling_params is None:
+        return [SamplingParams()] * num_requests
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * num_requests
+    params = list(sampling_params)
+    if len(params) != num_requests:
+        raise InvalidRequestError(
+            f"{num_requests} prompts but {len(params)} sampling parameters; give one for all "
+            "or one per prompt"
+        )
+    for index, p in enumerate(params):
+        if not isinstance(p, SamplingParams):
+            raise InvalidRequestError(
+                f"request {index}: sampling_params is {p!r}, expected a SamplingParams"
+            )
+    return params
+
+
+def seed_stream(seed: int) -> Iterator[int]:
+    """Per-request seeds for requests that set none: a reproducible stream from ``seed``."""
+    import random
+
+    rng = random.Random(seed)
+    while True:
+        yield rng.getrandbits(63) & _SEED_MASK
+
+
+class ThroughputBar:
+    """A tqdm bar over finished requests, showing input and output tokens per second."""
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        from tqdm.auto import tqdm
+
+        self._bar = tqdm(
+            total=total, desc="Processed prompts", unit="req", disable=not enabled, leave=True
+        )
+        self._start = time.perf_counter()
+        self._num_input = 0
+        self._num_output = 0
+
+    def finished(self, output: RequestOutput) -> None:
+        self._num_input += len(output.prompt_token_ids)
+        self._num_output += sum(len(c.token_ids) for c in output.outputs)
+        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        self._bar.set_postfix_str(
+            f"input {self._num_input / elapsed:.1f} tok/s, "
+            f"output {self._num_output / elapsed:.1f} tok/s",
+            refresh=False,
+        )
+        self._bar.update(1)
+
+    @property
+    def output_tokens_per_second(self) -> float:
+        return self._num_output / max(time.perf_counter() - self._start, 1e-9)
+
+    def close(self) -> None:
+        self._bar.close()

@@ -1,0 +1,280 @@
+"""The offline API: ``LLM(...).generate / chat / stream``.
+
+``LLM`` resolves its arguments once into an :class:`EngineConfig`, asks :meth:`LLM.load_model`
+for the executor, tokenizer and cache capacity, and drives an :class:`EngineCore`. Every
+request of a call is validated before any work starts; a request that fails while running
+finishes alone with ``finish_reason="error"`` and a message, the others complete.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from deepinfer.engine.core.engine_config import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MODEL,
+    EngineConfig,
+    LoadedModel,
+    log_capacity,
+    resolve_max_model_len,
+    scheduler_config,
+)
+from deepinfer.engine.core.engine_core import EngineCore
+from deepinfer.engine.core.inputs import (
+    ThroughputBar,
+    normalize_params,
+    normalize_prompts,
+    seed_stream,
+)
+from deepinfer.engine.core.output_processor import OutputProcessor
+from deepinfer.engine.core.outputs import RequestOutput
+from deepinfer.engine.core.request import Request
+from deepinfer.engine.core.scheduler import Scheduler
+from deepinfer.engine.core.validation import InvalidRequestError, validate_batch
+from deepinfer.kernels import envs
+from deepinfer.sampling import SamplingParams
+
+
+def resolve_model(model: str | None) -> str:
+    """``model``, else ``DEEPINFER_HF_MODEL_DIR``, else the default hub id."""
+    if model is not None:
+        return str(model)
+    return envs.get("DEEPINFER_HF_MODEL_DIR") or DEFAULT_MODEL
+
+
+class LLM:
+    """An offline engine for one model.
+
+    Args:
+        model: a hub id or a local checkpoint directory; None means ``DEEPINFER_HF_MODEL_DIR``
+            if set, else ``deepseek-ai/DeepSeek-V4.1-Flash-1017``.
+        accelerator: ``"auto" | "nvidia" | "ascend" | "cpu"``.
+        dtype: activation dtype, ``"bfloat16" | "float16" | "float32"``.
+        max_model_len: most tokens (prompt + output) per sequence; None = the model's limit
+            capped by the KV-cache capacity.
+        max_num_seqs: most sequences running at once.
+        max_num_batched_tokens: token budget per step (None = 8192, or ``max_model_len`` when
+            chunked prefill is off).
+        gpu_memory_utilization: fraction of device memory for weights, activations and cache.
+        load_format: ``"auto"`` (the checkpoint's weights) or ``"dummy"`` (random weights).
+        quant_simulation: force the FP8/FP4 activation simulation on or off (None = follow
+            the checkpoint).
+        seed: seeds the engine's random state and the per-request seeds of requests that set
+            none (so a rerun of the same script reproduces them).
+        block_size: tokens per KV-cache block.
+        enable_chunked_prefill: split long prompts across steps.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        accelerator: str = "auto",
+        dtype: str = "bfloat16",
+        max_model_len: int | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        load_format: str = "auto",
+        quant_simulation: bool | None = None,
+        seed: int = 0,
+        block_size: int = 128,
+        enable_chunked_prefill: bool = True,
+    ) -> None:
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS
+            if not enable_chunked_prefill and max_model_len is not None:
+                max_num_batched_tokens = max(max_model_len, max_num_batched_tokens)
+        config = EngineConfig(
+            model=resolve_model(model),
+            accelerator=accelerator,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            gpu_memory_utilization=gpu_memory_utilization,
+            load_format=load_format,
+            quant_simulation=quant_simulation,
+            seed=seed,
+            block_size=block_size,
+            enable_chunked_prefill=enable_chunked_prefill,
+        )
+        loaded = self.load_model(config)
+        self.config = resolve_max_model_len(config, loaded)
+        self.scheduler_config = scheduler_config(self.config, loaded)
+        log_capacity(self.scheduler_config)
+        self._tokenizer = loaded.tokenizer
+        self._vocab_size = loaded.vocab_size
+        self._eos_token_ids = loaded.eos_token_ids
+        scheduler = Scheduler(self.scheduler_config, tokenizer=loaded.tokenizer)
+        self._core = EngineCore(scheduler, loaded.executor)
+        self._outputs = OutputProcessor()
+        self._seeds = seed_stream(seed)
+        self._request_counter = itertools.count()
+
+    def load_model(self, config: EngineConfig) -> LoadedModel:
+        """Load weights and tokenizer, profile, allocate the cache; return what the engine needs.
+
+        The model runner implements this; tests override it with a fake executor.
+        """
+        try:
+            from deepinfer.engine.runner import load_model  # type: ignore[import-not-found]
+        except ImportError as e:
+            raise NotImplementedError(
+                "deepinfer.engine.runner (the model runner) is not available yet"
+            ) from e
+        return load_model(config)
+
+    # ------------------------------------------------------------------ public API
+    def get_tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def generate(
+        self,
+        prompts: str | Sequence[str] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        prompt_token_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; the outputs come back in input order.
+
+        Give ``prompts`` (text), ``prompt_token_ids``, or both (then the ids are used and the
+        text is only reported). ``sampling_params``: one for all, one per prompt, or None for
+        the defaults. Raises :class:`InvalidRequestError` (naming the request index) before
+        any work if an input is invalid.
+        """
+        request_ids = self._submit(prompts, sampling_params, prompt_token_ids)
+        return self._run_to_completion(request_ids, use_tqdm)
+
+    def stream(
+        self,
+        prompts: str | Sequence[str] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        prompt_token_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
+    ) -> Iterator[RequestOutput]:
+        """Like :meth:`generate`, but yield per-step deltas as tokens arrive.
+
+        Each item is a ``RequestOutput`` whose ``outputs`` hold the samples that changed, with
+        only their new text and tokens; the last item of a request has ``finished=True``.
+        Text that could still turn out to be the start of a stop string is held back.
+        """
+        pending = set(self._submit(prompts, sampling_params, prompt_token_ids))
+        try:
+            while pending:
+                for delta in self._step():
+                    if delta.request_id not in pending:
+                        continue
+                    if delta.finished:
+                        pending.discard(delta.request_id)
+                        self._outputs.pop_output(delta.request_id)
+                    yield delta
+        finally:
+            self._abandon(pending)
+
+    def chat(
+        self,
+        conversations: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        thinking: bool = False,
+        reasoning_effort: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Chat completions with the V4 encoding; each sample's text is parsed into
+        ``reasoning_content``, ``content`` and ``tool_calls``.
+
+        ``conversations``: one list of OpenAI-style messages, or a list of them.
+        """
+        from deepinfer.engine.core.chat import encode_conversations, parse_outputs
+
+        token_ids = encode_conversations(
+            self._tokenizer, conversations, thinking, reasoning_effort, tools
+        )
+        request_ids = self._submit(None, sampling_params, token_ids, skip_special_tokens=False)
+        outputs = self._run_to_completion(request_ids, use_tqdm)
+        parse_outputs(outputs, thinking)
+        return outputs
+
+    def abort(self, request_ids: str | Sequence[str]) -> None:
+        """Finish these requests with ``finish_reason="abort"`` (they report at the next step)."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        self._core.abort(ids)
+
+    # ------------------------------------------------------------------ internals
+    def _submit(
+        self,
+        prompts: Any,
+        sampling_params: Any,
+        prompt_token_ids: Any,
+        *,
+        skip_special_tokens: bool = True,
+    ) -> list[str]:
+        texts, token_ids = normalize_prompts(prompts, prompt_token_ids, self._tokenizer)
+        params = normalize_params(sampling_params, len(token_ids))
+        validate_batch(
+            token_ids,
+            params,
+            vocab_size=self._vocab_size,
+            max_model_len=self.scheduler_config.max_model_len,
+            max_num_seqs=self.scheduler_config.max_num_seqs,
+            has_tokenizer=self._tokenizer is not None,
+        )
+        request_ids = []
+        eos = min(self._eos_token_ids) if self._eos_token_ids else None
+        for text, ids, p in zip(texts, token_ids, params):
+            if p.seq_seed is None:
+                p = replace(p, seq_seed=next(self._seeds), seed=None)
+            if p.eos_token_id is None and eos is not None:
+                p = replace(p, eos_token_id=eos)
+            request_id = str(next(self._request_counter))
+            arrival = time.monotonic()
+            self._outputs.add(request_id, text, ids, p, arrival)
+            request = Request(
+                request_id,
+                list(ids),
+                p,
+                seed=p.seq_seed,
+                eos_token_ids=self._eos_token_ids,
+                arrival_time=arrival,
+                skip_special_tokens=skip_special_tokens,
+            )
+            self._core.add_request(request)
+            request_ids.append(request_id)
+        return request_ids
+
+    def _step(self) -> list[RequestOutput]:
+        return self._outputs.process(self._core.step())
+
+    def _run_to_completion(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+
+        pending = set(request_ids)
+        results: dict[str, RequestOutput] = {}
+        bar = ThroughputBar(len(request_ids), enabled=use_tqdm)
+        try:
+            while pending:
+                for delta in self._step():
+                    if delta.finished and delta.request_id in pending:
+                        pending.discard(delta.request_id)
+                        results[delta.request_id] = output = self._outputs.pop_output(
+                            delta.request_id
+                        )
+                        bar.finished(output)
+        finally:
+            bar.close()
+            self._abandon(pending)
+        return [results[request_id] for request_id in request_ids]
+
+    def _abandon(self, request_ids: set[str]) -> None:
+        """Abort requests a caller stopped waiting for (an exception, a closed stream)."""
+        if request_ids:
+            self._core.abort(request_ids)
+            for request_id in request_ids:
+                self._outputs.forget(request_id)
+
+
+__all__ = ["LLM", "InvalidRequestError", "SamplingParams", "resolve_model"]
