@@ -16,8 +16,11 @@ The embedding and the LM head are the target's. How the engine drives DSpark (pe
    ``dspark_target_layer_ids`` (V4.1: the streams entering the layer, after Engram; V4-0731:
    the layer's output -- see :func:`tap_point`) and calls :meth:`DSparkDraft.seed` for all
    processed tokens (prefill chunks included; rows of rejected tokens are overwritten later);
-2. after acceptance, :meth:`DSparkDraft.propose` with each request's last token and position
-   returns ``K`` drafts, their Markov-corrected logits and confidence logits.
+2. after acceptance, :meth:`DSparkDraft.propose` with each request's *anchor* (the token the
+   target just produced, which goes to position ``p + 1`` where ``p`` is the last position the
+   target processed and seeded) returns ``K`` drafts for positions ``p + 2 .. p + K + 1``,
+   their Markov-corrected logits and confidence logits; the target then verifies
+   ``[anchor, drafts]`` at ``p + 1 .. p + K + 1`` (``K + 1`` rows).
 """
 
 from __future__ import annotations
@@ -190,7 +193,7 @@ class DSparkDraft(nn.ModuleList):
 
     def propose(
         self,
-        last_tokens: torch.Tensor,
+        anchor_tokens: torch.Tensor,
         last_positions: torch.Tensor,
         slots: torch.Tensor,
         cache: ModelCache,
@@ -201,20 +204,26 @@ class DSparkDraft(nn.ModuleList):
         block_size: int | None = None,
         sample: Sampler = greedy,
     ) -> DraftProposal:
-        """Draft ``K`` tokens after each request's last accepted token.
+        """Draft ``K`` tokens after each request's anchor token.
 
-        last_tokens, last_positions, slots: ``[B]`` int64 (token at the last accepted position
-        ``p``; the block sits at ``p+1 .. p+K``). ``sample(logits [B, vocab], i) -> [B]`` picks
-        draft ``i`` from its Markov-corrected logits (greedy by default).
+        anchor_tokens ``[B]`` int64: the token the target just produced (block slot 0, at
+        position ``p + 1``; the other slots hold ``dspark_noise_token_id``);
+        last_positions ``[B]``: ``p``, the last position whose taps were seeded (the block
+        attends to the window of main positions ending at ``p`` and sits at ``p+1 .. p+K``);
+        slots ``[B]``: state slots. Draft ``i`` is the prediction for position ``p + 2 + i``:
+        ``sample(logits [B, vocab], i) -> [B]`` picks it from its Markov-corrected logits
+        (greedy by default; key a seeded sampler by that position).
         """
         c = self.config
         k = block_size or c.dspark_block_size
-        streams, ctx = self._block_inputs(last_tokens, last_positions, slots, cache, embed, rope, k)
+        streams, ctx = self._block_inputs(
+            anchor_tokens, last_positions, slots, cache, embed, rope, k
+        )
         streams, pre = self.run_stages(streams, ctx)
         last = self[len(self) - 1]
         hidden = last.collapse(streams, pre)  # [B*K, D] pre-norm
         base = K.linear(last.norm(hidden).float(), head_weight, out_dtype=torch.float32)
-        return self._markov_decode(last, hidden, base, last_tokens, k, sample)
+        return self._markov_decode(last, hidden, base, anchor_tokens, k, sample)
 
     def run_stages(
         self, streams: torch.Tensor, ctx: StepContext
@@ -231,11 +240,11 @@ class DSparkDraft(nn.ModuleList):
             streams, pre = stage.forward_v41(streams, pre, ctx)
         return streams, pre
 
-    def _block_inputs(self, last_tokens, last_positions, slots, cache, embed, rope, k):
+    def _block_inputs(self, anchor_tokens, last_positions, slots, cache, embed, rope, k):
         c = self.config
-        ids = torch.full((last_tokens.shape[0], k), c.dspark_noise_token_id, dtype=torch.long)
-        ids = ids.to(last_tokens.device)
-        ids[:, 0] = last_tokens
+        ids = torch.full((anchor_tokens.shape[0], k), c.dspark_noise_token_id, dtype=torch.long)
+        ids = ids.to(anchor_tokens.device)
+        ids[:, 0] = anchor_tokens
         positions = (last_positions[:, None] + 1 + torch.arange(k, device=ids.device)).reshape(-1)
         md = draft_metadata(
             last_positions, slots, k, c.sliding_window, cache.ring_size, cache.layout.num_slots
@@ -246,11 +255,11 @@ class DSparkDraft(nn.ModuleList):
         return streams, ctx
 
     @staticmethod
-    def _markov_decode(last, hidden, base, last_tokens, k, sample) -> DraftProposal:
+    def _markov_decode(last, hidden, base, anchor_tokens, k, sample) -> DraftProposal:
         """Sequential over the block: correct, pick, score; only the low-rank head is serial."""
-        num_requests = last_tokens.shape[0]
+        num_requests = anchor_tokens.shape[0]
         hidden, base = hidden.unflatten(0, (num_requests, k)), base.unflatten(0, (num_requests, k))
-        prev, tokens, logits, conf = last_tokens, [], [], []
+        prev, tokens, logits, conf = anchor_tokens, [], [], []
         for i in range(k):
             emb = last.markov_head.embedding(prev)
             corrected = base[:, i] + last.markov_head.bias(emb)

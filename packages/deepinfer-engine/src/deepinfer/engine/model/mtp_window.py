@@ -5,7 +5,8 @@ position ``p`` = ``slot * R + p % R``), like any SWA layer. Two things write it:
 
 - *seeding*: for every position the target processed, the stage's window K=V computed from the
   target's tap hidden states (``main_x``), at that main position;
-- *drafting*: the block's own K=V at positions ``p+1 .. p+K`` (``p`` = last accepted position),
+- *drafting*: the block's own K=V at positions ``p+1 .. p+K`` (``p`` = the last position the
+  target processed; slot 0 of the block is the anchor token the target produced after it),
   overwritten by seeding once those positions are verified.
 
 A draft query at ``p+1+i`` attends to the ring rows of main positions ``p-W+1 .. p`` (-1 before
