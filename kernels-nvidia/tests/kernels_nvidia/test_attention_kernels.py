@@ -1,0 +1,109 @@
+"""Sparse MQA-with-sink Triton kernel against the reference: conformance kit, both launch
+paths (split decode, whole-list prefill), batch invariance, model shapes on the GPU."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from deepinfer import kernels
+from deepinfer.kernels.testing import cases_for, check_case
+from deepinfer.kernels.testing.cases.attention_extra import make_index_lists
+from deepinfer.kernels_nvidia import backend
+from deepinfer.kernels_nvidia.attention import AttentionTiles
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"  # cpu: the Triton interpreter (see conftest)
+OP = "sparse_mqa_sink"
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
+reference = kernels.OPS[OP].reference
+
+
+def _inputs(seed, rows, heads, dim, window, entries, num_kv, dtype=torch.bfloat16, kv_dtype=None):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows, heads, dim, generator=g).to(dtype).to(DEVICE)
+    kv = torch.randn(num_kv, dim, generator=g).to(kv_dtype or dtype).to(DEVICE)
+    idx = make_index_lists(g, rows=rows, window=window, entries=entries, num_kv=num_kv)
+    sink = (torch.randn(heads, generator=g) * 2).to(DEVICE)
+    return q, kv, idx.to(DEVICE), sink, dim**-0.5 * 2
+
+
+def test_backend_registers_the_attention_kernel():
+    assert OP in backend.ops
+
+
+@pytest.mark.parametrize("case", cases_for([OP], "small"), ids=str)
+def test_conformance_small(case):
+    check_case(backend.ops[OP], case, DEVICE)
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        AttentionTiles(head_block=16, block_n=16, split_size=32),  # several splits per row
+        AttentionTiles(head_block=16, block_n=16, split_size=48),  # split not a tile multiple
+        AttentionTiles(head_block=16, block_n=16, split_rows_max=0),  # whole-list path
+    ],
+    ids=["split32", "split48", "prefill"],
+)
+def test_launch_paths_match_reference(tiles):
+    q, kv, idx, sink, scale = _inputs(1, 4, 32, 64, 16, 80, 400)
+    got = backend.ops[OP](q, kv, idx, sink, scale, tiles=tiles)
+    torch.testing.assert_close(got, reference(q, kv, idx, sink, scale), atol=1.6e-2, rtol=1.6e-2)
+
+
+def test_int64_indices_and_empty_list():
+    q, kv, idx, sink, scale = _inputs(2, 3, 16, 64, 8, 24, 90, dtype=torch.float32)
+    got = backend.ops[OP](q, kv, idx.long(), sink, scale)
+    torch.testing.assert_close(got, reference(q, kv, idx, sink, scale))
+    empty = idx[:, :0]
+    assert torch.equal(backend.ops[OP](q, kv, empty, sink, scale), torch.zeros_like(q))
+
+
+def test_rejects_bad_shapes():
+    q, kv, idx, sink, scale = _inputs(3, 2, 16, 64, 4, 8, 40)
+    with pytest.raises(ValueError, match="kv: expected"):
+        backend.ops[OP](q, kv[:, :32], idx, sink, scale)
+    with pytest.raises(ValueError, match="sink: expected shape"):
+        backend.ops[OP](q, kv, idx, sink[:8], scale)
+    with pytest.raises(ValueError, match="indices: expected"):
+        backend.ops[OP](q, kv, idx[:1], sink, scale)
+
+
+def test_batch_invariance():
+    """Row 0's output is bitwise identical for batches of 1, 7 and 64 rows."""
+    if HAS_CUDA:
+        heads, dim, window, entries, num_kv = 64, 512, 128, 512, 131072 + 128
+    else:
+        heads, dim, window, entries, num_kv = 16, 64, 8, 24, 200
+    sizes = (1, 7, 64) if HAS_CUDA else (1, 7, 9)
+    q, kv, idx, sink, scale = _inputs(4, max(sizes), heads, dim, window, entries, num_kv)
+    outs = [backend.ops[OP](q[:n], kv, idx[:n], sink, scale)[:1] for n in sizes]
+    for other in outs[1:]:
+        assert torch.equal(other, outs[0])
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("case", cases_for([OP], "real"), ids=str)
+def test_conformance_real(case):
+    check_case(backend.ops[OP], case, DEVICE)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_decode_at_model_shape_with_speed(kv_dtype):
+    q, kv, idx, sink, scale = _inputs(5, 128, 64, 512, 128, 512, 131072 + 128, kv_dtype=kv_dtype)
+    got = backend.ops[OP](q, kv, idx, sink, scale)
+    torch.testing.assert_close(got, reference(q, kv, idx, sink, scale), atol=1.6e-2, rtol=1.6e-2)
+    for name, fn in (("triton", backend.ops[OP]), ("reference", reference)):
+        fn(q, kv, idx, sink, scale)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(10):
+            fn(q, kv, idx, sink, scale)
+        torch.cuda.synchronize()
+        print(f"{name} {kv_dtype}: {(time.perf_counter() - start) / 10 * 1e6:.1f} us")
