@@ -339,3 +339,19 @@ def test_markov_decode_is_sequential_over_the_block():
             prev = (int(logits.argmax()) + i) % VOCAB
             assert int(got.tokens[b, i]) == prev
     assert calls == list(range(BLOCK))
+
+
+@pytest.mark.parametrize("v41", [False, True])
+def test_tap_recorder_keeps_the_configured_side_of_each_tap_layer(v41):
+    from deepinfer.engine.model.mtp_taps import TapRecorder
+
+    recorder = TapRecorder(tiny_config(v41))  # taps at layers 0 and 1
+    states = [torch.randn(3, 2, DIM) for _ in range(3)]  # streams entering layers 0, 1, 2
+    for layer_id in range(2):
+        recorder.before_layer(layer_id, states[layer_id])
+        recorder.after_layer(layer_id, states[layer_id + 1])
+    picked = states[0:2] if v41 else states[1:3]
+    want = torch.cat([s.mean(1) for s in picked], dim=-1)
+    torch.testing.assert_close(recorder.taps(), want)
+    with pytest.raises(RuntimeError, match="not recorded"):
+        TapRecorder(tiny_config(v41)).taps()
