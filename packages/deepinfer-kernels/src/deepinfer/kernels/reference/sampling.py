@@ -35,13 +35,18 @@ def _mix(z: torch.Tensor) -> torch.Tensor:
     return z ^ _shr(z, 31)
 
 
+def row_keys(seeds: torch.Tensor, positions: torch.Tensor, stream: int) -> torch.Tensor:
+    """The per-row hash key ``[B]`` int64 of (seed, position, stream); counters mix into it."""
+    return _mix(
+        seeds.to(torch.int64) * _GOLDEN + positions.to(torch.int64) * _POS + _stream_term(stream)
+    )
+
+
 def gumbel_noise(
     seeds: torch.Tensor, positions: torch.Tensor, stream: int, num: int
 ) -> torch.Tensor:
     """``-log(-log(u))`` float32 ``[B, num]``, u the 24-bit hash uniform of (seed, pos, stream, j)."""
-    key = _mix(
-        seeds.to(torch.int64) * _GOLDEN + positions.to(torch.int64) * _POS + _stream_term(stream)
-    )
+    key = row_keys(seeds, positions, stream)
     counters = torch.arange(num, device=seeds.device, dtype=torch.int64)
     bits = _shr(_mix(key[:, None] + (counters[None, :] + 1) * _GOLDEN), 40)
     u = (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))

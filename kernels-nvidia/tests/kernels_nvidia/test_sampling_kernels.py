@@ -1,0 +1,81 @@
+"""Sampling kernels against their references: the conformance kit under TRITON_INTERPRET=1 at
+small shapes on CPU, and at real shapes on the GPU (with a speed print against torch)."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton kernel modules are imported
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from deepinfer.kernels.testing import cases_for, check_case, patch_triton_interpreter  # noqa: E402
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+if INTERPRETED:
+    patch_triton_interpreter()
+
+from deepinfer.kernels_nvidia import sampling  # noqa: E402
+from deepinfer.kernels_nvidia.registry import IMPLEMENTATIONS  # noqa: E402
+
+OPS = ("apply_token_bitmask", "top_k_top_p_min_p_cutoff", "gumbel_sample")
+needs_gpu = pytest.mark.skipif(
+    INTERPRETED or not torch.cuda.is_available(), reason="needs an NVIDIA GPU (and no interpreter)"
+)
+
+
+def test_every_sampling_op_has_a_kernel():
+    assert sampling.gumbel_sample is IMPLEMENTATIONS["gumbel_sample"]
+    assert set(OPS) <= set(IMPLEMENTATIONS)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="interpreter run")
+@pytest.mark.parametrize("case", cases_for(OPS, "small"), ids=str)
+def test_conformance_small_interpreted(case):
+    for seed in range(2):
+        check_case(IMPLEMENTATIONS[case.op], case, device="cpu", seed=seed)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("case", cases_for(OPS, "real"), ids=str)
+def test_conformance_real_gpu(case):
+    for seed in range(3):
+        check_case(IMPLEMENTATIONS[case.op], case, device="cuda", seed=seed)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_speed_against_torch_sort_and_multinomial():
+    rows, vocab = 256, 129280
+    logits = torch.randn(rows, vocab, device="cuda") * 3
+    temperature = torch.full((rows,), 0.8, device="cuda")
+    top_k = torch.full((rows,), 50, dtype=torch.int32, device="cuda")
+    top_p = torch.full((rows,), 0.9, device="cuda")
+    min_p = torch.zeros(rows, device="cuda")
+    seeds = torch.arange(rows, device="cuda")
+
+    def ours():
+        cut = sampling.top_k_top_p_min_p_cutoff(logits, temperature, top_k, top_p, min_p)
+        return sampling.gumbel_sample(logits, temperature, cut, seeds, seeds, 0)
+
+    def baseline():
+        probs, idx = torch.sort(torch.softmax(logits / 0.8, -1), descending=True)
+        probs = probs.masked_fill(probs.cumsum(-1) - probs > 0.9, 0)
+        return idx.gather(1, torch.multinomial(probs, 1)).squeeze(1)
+
+    def time_ms(fn):
+        for _ in range(3):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 20
+
+    ours_ms, base_ms = time_ms(ours), time_ms(baseline)
+    print(
+        f"\n256x129280 top-k/top-p sample: ours {ours_ms:.3f} ms, torch sort+multinomial {base_ms:.3f} ms"
+    )
+    assert ours_ms > 0
