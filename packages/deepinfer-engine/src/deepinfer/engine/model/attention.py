@@ -13,6 +13,7 @@ from deepinfer.engine.model.compressor import Compressor
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.context import StepContext
 from deepinfer.engine.model.indexer import Indexer
+from deepinfer.engine.model.indexer_v41 import IndexerV41
 from deepinfer.engine.model.layers import LinearFactory, RMSNorm
 
 
@@ -24,6 +25,7 @@ class Attention(nn.Module):
         self.ratio = c.compress_ratios[layer_id]
         self.kind = c.layer_kind(layer_id)
         self.n_heads, self.head_dim, self.groups = c.num_heads, c.head_dim, c.o_groups
+        self.simulate = c.quant_simulation and c.quantization is not None
         self.wq_a = f.quantised(c.hidden_size, c.q_lora_rank)
         self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps, dtype=f.dtype, device=f.device)
         self.wq_b = f.quantised(c.q_lora_rank, c.num_heads * c.head_dim)
@@ -46,6 +48,8 @@ class Attention(nn.Module):
             )
         if self.kind == "csa":
             self.indexer = Indexer(c, layer_id, f)
+        elif c.is_v41 and self.ratio and (c.owns_compressor(layer_id) or c.owns_indexer(layer_id)):
+            self.indexer = IndexerV41(c, layer_id, f)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """x ``[T, D]`` (normed, collapsed streams) -> ``[T, D]``."""
@@ -56,7 +60,7 @@ class Attention(nn.Module):
         if not c.is_v41:
             q = K.rms_norm(q, self.unit_weight, c.rms_norm_eps)
         q = K.apply_rope(q, cos, sin)
-        kv = K.apply_rope(self.kv_norm(self.wkv(x)), cos, sin)
+        kv = self.simulate_kv(K.apply_rope(self.kv_norm(self.wkv(x)), cos, sin))
         md = ctx.metadata
         window = ctx.cache[f"{self.layer_id}.window"]
         sources, indices = [window, kv.to(window.dtype)], [md.window_indices]
@@ -73,6 +77,16 @@ class Attention(nn.Module):
         z = K.grouped_linear(grouped, self.wo_a.weight, self.wo_a.scale, block_size=self.wo_a.block)
         return self.wo_b(z.flatten(1))
 
+    def simulate_kv(self, kv: torch.Tensor) -> torch.Tensor:
+        """Reference KV rounding (spec 2.3 step 7 / 7.1): V4 FP8 on the nope dims (block 64),
+        V4.1 FP8 on the whole row (block 32). Identity without quantisation simulation."""
+        if not self.simulate:
+            return kv
+        if self.config.is_v41:
+            return K.fp8_sim(kv, 32)
+        nope = self.config.nope_head_dim
+        return torch.cat([K.fp8_sim(kv[..., :nope], 64), kv[..., nope:]], dim=-1)
+
     def compressed_entries(
         self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,10 +96,26 @@ class Attention(nn.Module):
         source = c.kv_source_of(self.layer_id)
         arena = ctx.cache[f"{source}.kv"]
         if source == self.layer_id:
-            entries = self.compressor(x, ctx, plan, f"{self.layer_id}.comp")
+            latent = self.compressor(x, ctx, plan, f"{self.layer_id}.comp")
             cos_e, sin_e = ctx.entry_angles(plan.emit_positions)
-            entries = K.apply_rope(entries, cos_e, sin_e)
+            if c.is_v41:
+                keys = ctx.cache[f"{self.layer_id}.index_keys"]
+                self.indexer.write_keys(latent, cos_e, sin_e, keys, plan)
+            entries = self.simulate_entries(K.apply_rope(latent, cos_e, sin_e))
             arena.index_copy_(0, plan.emit_rows, entries.to(arena.dtype))
         if self.kind == "csa":
             return arena, self.indexer(x, qr, ctx, plan)
-        return arena, plan.visible
+        if not c.is_v41:
+            return arena, plan.visible
+        if c.owns_indexer(self.layer_id):
+            keys = ctx.cache[f"{source}.index_keys"]
+            ctx.selected[self.ratio] = self.indexer(x, qr, ctx, plan, keys)
+        return arena, ctx.selected[self.ratio]
+
+    def simulate_entries(self, entries: torch.Tensor) -> torch.Tensor:
+        """Compressed-entry rounding: V4 as the window KV; V4.1 FP4 with e4m3 scales, block 16."""
+        if not self.simulate:
+            return entries
+        if self.config.is_v41:
+            return K.fp4_sim(entries, 16, scale_fmt="e4m3")
+        return self.simulate_kv(entries)

@@ -9,13 +9,15 @@ import deepinfer.kernels as K
 from deepinfer.engine.model.attention import Attention
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.context import StepContext
+from deepinfer.engine.model.engram import Engram, EngramConfig
 from deepinfer.engine.model.hc import HyperConnection
 from deepinfer.engine.model.layers import LinearFactory, RMSNorm
 from deepinfer.engine.model.moe import MoE
 
 
 class Block(nn.Module):
-    """Params: ``attn_norm``, ``ffn_norm``, ``attn``, ``ffn``, ``hc_attn_*``, ``hc_ffn_*``."""
+    """Params: ``attn_norm``, ``ffn_norm``, ``attn``, ``ffn``, ``hc_attn_*``, ``hc_ffn_*`` and,
+    at V4.1 Engram layers, ``engram``."""
 
     def __init__(self, config: ModelConfig, layer_id: int, factory: LinearFactory) -> None:
         super().__init__()
@@ -28,6 +30,10 @@ class Block(nn.Module):
         HyperConnection.register(self, "hc_attn", c, f.device)
         HyperConnection.register(self, "hc_ffn", c, f.device)
         self.hc = HyperConnection(c)
+        self.engram = None
+        if layer_id in c.engram_layer_ids:
+            self.engram = Engram(EngramConfig.from_model_config(c, layer_id), f)
+            self.engram_index = c.engram_layer_ids.index(layer_id)
 
     def attn_coefficients(self, h: torch.Tensor):
         return self.hc.coefficients(h, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale)
@@ -43,3 +49,18 @@ class Block(nn.Module):
         pre, post, comb = self.ffn_coefficients(h)
         f = self.ffn(self.ffn_norm(K.hc_collapse(h, pre)), ctx.input_ids)
         return K.hc_expand(f, h, post, comb)
+
+    def forward_v41(
+        self, h: torch.Tensor, pre: torch.Tensor, ctx: StepContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """V4.1 block with deferred pre-mix (spec 7.1): Engram on the entering streams, then
+        each site's ``pre`` collapses the streams of the *next* sublayer.
+        (h ``[T, nc, D]``, pre ``[T, nc]``) -> (h, this block's FFN-site pre)."""
+        if self.engram is not None:
+            h = self.engram(h, ctx.engram_rows[:, self.engram_index], ctx.token_mask)
+        attn_pre, post, comb = self.attn_coefficients(h)
+        a = self.attn(self.attn_norm(K.hc_collapse(h, pre)), ctx)
+        h = K.hc_expand(a, h, post, comb)
+        ffn_pre, post, comb = self.ffn_coefficients(h)
+        f = self.ffn(self.ffn_norm(K.hc_collapse(h, attn_pre)), ctx.input_ids)
+        return K.hc_expand(f, h, post, comb), ffn_pre

@@ -74,6 +74,11 @@ class ModelCache:
         self.extra: dict[str, torch.Tensor] = {}
         for layer_id in range(config.num_layers):
             self._allocate_layer(layer_id, torch.device(device))
+        if config.engram_layer_ids:
+            from deepinfer.engine.model.engram_history import history_ring_size, new_history
+
+            ring = history_ring_size(config.engram_max_ngram_size, layout.max_draft)
+            self.extra["engram_history"] = new_history(layout.num_slots, ring, device)
 
     def _allocate_layer(self, i: int, device: torch.device) -> None:
         c, lay = self.config, self.layout

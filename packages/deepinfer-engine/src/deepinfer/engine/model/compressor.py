@@ -16,7 +16,8 @@ class Compressor(nn.Module):
 
     V4 ratio 4 overlaps: projections are ``2 dim`` wide; entry ``w`` pools the first halves of
     window ``w - 1`` with the second halves of window ``w``. V4 ratio 128 and V4.1 ratio 1 / 2 use
-    one window of ``dim``-wide rows (V4.1 has no ``ape``). Returns entries before RoPE.
+    one window of ``dim``-wide rows (V4.1 has no ``ape``). V4.1 ratio 1 has no ``wgate``: every
+    token is its own entry, ``norm(wkv(x))`` in the model dtype. Returns entries before RoPE.
     """
 
     def __init__(
@@ -34,7 +35,7 @@ class Compressor(nn.Module):
         coff = 2 if overlap else 1
         hidden = factory.config.hidden_size
         self.wkv = factory.dense(hidden, coff * dim)
-        self.wgate = factory.dense(hidden, coff * dim)
+        self.wgate = factory.dense(hidden, coff * dim) if ratio > 1 else None
         if with_ape:
             ape = torch.empty(ratio, coff * dim, dtype=torch.float32, device=factory.device)
             self.ape = nn.Parameter(ape, requires_grad=False)
@@ -46,6 +47,9 @@ class Compressor(nn.Module):
         self, x: torch.Tensor, ctx: StepContext, plan: CompressionPlan, state: str
     ) -> torch.Tensor:
         """x ``[T, D]`` -> the entries completed this step ``[E, dim]`` in ``x.dtype``."""
+        if self.wgate is None:  # ratio 1: entry w is token w, emitted in this very step
+            state_rows = ctx.cache[f"{state}_kv"].shape[0]
+            return self.norm(self.wkv(x))[plan.emit_src[:, 0] - state_rows]
         kv = self.wkv(x, out_dtype=torch.float32)
         score = self.wgate(x, out_dtype=torch.float32)
         if self.ape is not None:

@@ -229,6 +229,10 @@ def _validate_v41(c: ModelConfig) -> None:
     cand = c.candidate_source_layer_id
     if cand is not None and cand not in c.index_source_layer_ids:
         _fail("candidate_source_layer_id", cand, "one of index_source_layer_ids")
+    if cand is not None:
+        later = [i for i in c.index_source_layer_ids if i > cand]
+        if any(c.compress_ratios[i] != c.compress_ratios[cand] for i in later):
+            _fail("index_source_layer_ids", later, f"the candidate source's ratio after {cand}")
     if len(c.engram_num_embeddings) not in (0, len(c.engram_layer_ids)):
         _fail("engram_num_embeddings", c.engram_num_embeddings, "one entry per engram layer")
 
@@ -260,6 +264,8 @@ def parse_config(raw: Mapping[str, Any], **overrides: Any) -> ModelConfig:
     if arch == V41_ARCH:
         fields["image_token_id"] = raw.get("image_token_id")
         fields["vision_config"] = raw.get("vision_config")
+    # A quantised checkpoint runs the reference numerics unless told otherwise (spec 4.3).
+    fields["quant_simulation"] = fields["quantization"] is not None
     fields.update(overrides)
     return ModelConfig(architecture=arch, **fields)
 

@@ -16,8 +16,10 @@ class StepContext:
     """Per-step state passed explicitly through the stack (never a global).
 
     angles: ``{compressed_table: (cos, sin)}`` ``[T, rd/2]`` at the token positions.
-    selected: V4.1 top-k lists of the latest index-source layer (``layer -> [T, k]``), and
-    candidate_mask its candidate pre-filter ``[T, C]`` bool; filled as layers run.
+    selected: V4.1 top-k arena rows of the latest index-source layer, per compression ratio
+    (``ratio -> [T, k]``); candidate_mask the candidate source's pre-filter ``[T, C]`` bool;
+    both filled as layers run. engram_rows: V4.1 Engram table rows ``[T, L, C]`` (None without
+    Engram layers); token_mask ``[T]`` bool, False for image tokens.
     """
 
     metadata: AttentionMetadata
@@ -28,6 +30,8 @@ class StepContext:
     angles: dict[bool, tuple[torch.Tensor, torch.Tensor]]
     selected: dict[int, torch.Tensor] = field(default_factory=dict)
     candidate_mask: torch.Tensor | None = None
+    engram_rows: torch.Tensor | None = None
+    token_mask: torch.Tensor | None = None
 
     def entry_angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) of the compressed table at compressed-entry positions."""

@@ -7,7 +7,7 @@ import torch
 from deepinfer.kernels.reference import indexer as ref
 from deepinfer.kernels.registry import op
 
-__all__ = ["indexer_scores", "select_topk"]
+__all__ = ["indexer_scores", "select_topk", "candidate_block_mask", "hadamard_rotate"]
 
 
 @op(reference=ref.indexer_scores)
@@ -32,3 +32,23 @@ def select_topk(scores: torch.Tensor, candidates: torch.Tensor, k: int) -> torch
     Returns ``[T, k]`` int64 candidate values, ``-1`` where fewer than ``k`` finite scores
     exist. Order within a row is unspecified (attention does not depend on it).
     """
+
+
+@op(reference=ref.candidate_block_mask)
+def candidate_block_mask(
+    scores: torch.Tensor, visible_count: torch.Tensor, topk_blocks: int, block_size: int
+) -> torch.Tensor:
+    """V4.1 candidate pre-filter: the columns of the ``topk_blocks`` best blocks per query.
+
+    scores: ``[T, C]`` fp32 indexer scores over entries ``0 .. C-1`` (``-inf`` = invisible);
+    visible_count ``[T]`` int: entries visible to each query. Blocks are ``block_size``
+    consecutive entries scored by their max; the block of the newest visible entry
+    (``(count - 1) // block_size``) is always kept; blocks whose score is ``-inf`` never are.
+    Returns ``[T, C]`` bool: True for the entries of kept blocks.
+    """
+
+
+@op(reference=ref.hadamard_rotate)
+def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
+    """Normalised Walsh-Hadamard transform of the last dim (``d`` a power of two):
+    ``y = x H_d / sqrt(d)`` in fp32 (Sylvester order). Returns ``x.dtype``."""

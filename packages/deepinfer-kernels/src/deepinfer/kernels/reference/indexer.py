@@ -23,3 +23,30 @@ def select_topk(scores: torch.Tensor, candidates: torch.Tensor, k: int) -> torch
     if width < k:
         picked = torch.nn.functional.pad(picked, (0, k - width), value=-1)
     return picked
+
+
+def candidate_block_mask(
+    scores: torch.Tensor, visible_count: torch.Tensor, topk_blocks: int, block_size: int
+) -> torch.Tensor:
+    width = scores.shape[-1]
+    padded = torch.nn.functional.pad(scores, (0, -width % block_size), value=float("-inf"))
+    blocks = padded.unflatten(-1, (-1, block_size)).amax(-1)  # [T, nb]
+    newest = ((visible_count - 1) // block_size).unsqueeze(-1)  # -1 when nothing is visible
+    ids = torch.arange(blocks.shape[-1], device=scores.device)
+    blocks = blocks.masked_fill(ids == newest, float("inf"))
+    top = blocks.topk(min(topk_blocks, blocks.shape[-1]), dim=-1)
+    keep = torch.zeros_like(blocks, dtype=torch.bool)
+    keep.scatter_(-1, top.indices, top.values > float("-inf"))
+    return keep.repeat_interleave(block_size, dim=-1)[:, :width]
+
+
+def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1]
+    y = x.float().reshape(-1, d)
+    h = 1
+    while h < d:
+        y = y.unflatten(-1, (-1, 2, h))
+        a, b = y[..., 0, :], y[..., 1, :]
+        y = torch.stack((a + b, a - b), dim=-2).flatten(-3)
+        h *= 2
+    return (y * d**-0.5).reshape(x.shape).to(x.dtype)

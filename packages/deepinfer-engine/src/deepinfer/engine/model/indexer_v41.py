@@ -1,0 +1,79 @@
+"""V4.1 indexer (CSA2): keys derived once per kv-source group from the compressor's latent,
+queries scored at index-source layers, a candidate-block pre-filter from the candidate source.
+
+Checkpoint tensors (``layers.{i}.attn.indexer.``): ``wk`` ``[index_head_dim, head_dim]`` and
+``k_norm`` at kv sources; ``wq_b`` (FP8) and ``weights_proj`` at index sources.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import deepinfer.kernels as K
+from deepinfer.engine.model.config import ModelConfig
+from deepinfer.engine.model.context import StepContext
+from deepinfer.engine.model.layers import LinearFactory, RMSNorm
+from deepinfer.engine.model.metadata import CompressionPlan
+
+
+class IndexerV41(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int, factory: LinearFactory) -> None:
+        super().__init__()
+        c, f = config, factory
+        self.layer_id = layer_id
+        self.n_heads, self.head_dim, self.topk = c.index_n_heads, c.index_head_dim, c.index_topk
+        self.simulate = c.quant_simulation and c.quantization is not None
+        self.owns_keys = c.owns_compressor(layer_id)
+        self.owns_queries = c.owns_indexer(layer_id)
+        cand = c.candidate_source_layer_id
+        self.is_candidate_source = cand == layer_id
+        self.uses_candidates = cand is not None and cand < layer_id
+        self.candidate_topk_blocks, self.candidate_block_size = (
+            c.candidate_topk_blocks,
+            c.candidate_block_size,
+        )
+        if self.owns_keys:
+            self.wk = f.dense(c.head_dim, self.head_dim)
+            self.k_norm = RMSNorm(self.head_dim, c.rms_norm_eps, dtype=f.dtype, device=f.device)
+        if self.owns_queries:
+            self.wq_b = f.quantised(c.q_lora_rank, self.n_heads * self.head_dim)
+            self.weights_proj = f.dense(c.hidden_size, self.n_heads)
+        self.weight_scale = (self.head_dim * self.n_heads) ** -0.5
+
+    def write_keys(
+        self,
+        latent: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        keys: torch.Tensor,
+        plan: CompressionPlan,
+    ) -> None:
+        """Index keys of the entries completed this step, from the pre-RoPE latent."""
+        k = K.apply_rope(self.k_norm(self.wk(latent)), cos, sin)
+        if self.simulate:
+            k = K.fp4_sim(k, 32)
+        keys.index_copy_(0, plan.emit_rows, k.to(keys.dtype))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        qr: torch.Tensor,
+        ctx: StepContext,
+        plan: CompressionPlan,
+        keys: torch.Tensor,
+    ) -> torch.Tensor:
+        """Chosen arena rows ``[T, index_topk]`` (``-1`` = none) of this index source."""
+        cos, sin = ctx.angles[True]
+        q = K.apply_rope(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)), cos, sin)
+        if self.simulate:
+            q = K.fp4_sim(q, 32)
+        weights = self.weights_proj(x, out_dtype=torch.float32) * self.weight_scale
+        scores = K.indexer_scores(q, weights, keys, plan.visible)
+        if self.is_candidate_source:
+            ctx.candidate_mask = K.candidate_block_mask(
+                scores, plan.visible_count, self.candidate_topk_blocks, self.candidate_block_size
+            )
+        elif self.uses_candidates and ctx.candidate_mask is not None:
+            scores = scores.masked_fill(~ctx.candidate_mask, float("-inf"))
+        return K.select_topk(scores, plan.visible, self.topk)
