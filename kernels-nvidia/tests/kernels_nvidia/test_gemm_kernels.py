@@ -1,0 +1,81 @@
+"""FP8 block-scaled GEMM and the FP8 linear path against the reference (conformance kit), plus
+batch invariance and contract errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.kernels import OPS
+from deepinfer.kernels.reference import quant as ref_quant
+from deepinfer.kernels.testing import cases_for, check_case
+from deepinfer.kernels.testing.cases.gemm import random_fp8_weight
+from deepinfer.kernels_nvidia import gemm
+from deepinfer.kernels_nvidia.registry import IMPLEMENTATIONS
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+OPS_HERE = ["fp8_gemm_nt", "linear"]
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
+
+
+def test_gemm_kernels_are_registered():
+    assert IMPLEMENTATIONS["fp8_gemm_nt"] is gemm.fp8_gemm_nt
+    assert IMPLEMENTATIONS["linear"] is gemm.linear
+
+
+@pytest.mark.parametrize("case", cases_for(OPS_HERE, "small"), ids=str)
+def test_conformance_small(case):
+    check_case(IMPLEMENTATIONS[case.op], case, DEVICE)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("case", cases_for(OPS_HERE, "real"), ids=str)
+def test_conformance_real(case):
+    check_case(IMPLEMENTATIONS[case.op], case, DEVICE)
+
+
+def test_linear_other_formats_fall_back_to_the_reference():
+    x = torch.randn(3, 64, device=DEVICE)
+    w = torch.randn(32, 64, device=DEVICE)
+    torch.testing.assert_close(gemm.linear(x, w), OPS["linear"].reference(x, w))
+
+
+def test_linear_keeps_leading_dims():
+    gen = torch.Generator().manual_seed(0)
+    w, s = random_fp8_weight(gen, 64, 128, (32, 32), torch.device(DEVICE))
+    x = torch.randn(2, 3, 128, device=DEVICE).bfloat16()
+    got = gemm.linear(x, w, s, block_size=(32, 32), act_quant_group=32)
+    assert got.shape == (2, 3, 64) and got.dtype == torch.bfloat16
+    flat = gemm.linear(x.view(6, 128), w, s, block_size=(32, 32), act_quant_group=32)
+    assert torch.equal(got.view(6, 64), flat)
+
+
+def test_rejects_scale_of_the_wrong_shape():
+    a = torch.randn(4, 128, device=DEVICE).to(torch.float8_e4m3fn)
+    sa = torch.ones(4, 1, device=DEVICE)
+    sb = torch.full((2, 2), 127, dtype=torch.uint8, device=DEVICE)
+    with pytest.raises(ValueError, match="b_scale"):
+        gemm.fp8_gemm_nt(a, sa, a, sb, (128, 128))
+
+
+@pytest.mark.parametrize("block", [(128, 128), (32, 32)])
+def test_batch_invariance(block, monkeypatch):
+    """With DEEPINFER_BATCH_INVARIANT=1 a row's output is bitwise identical for every batch."""
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+    n, k = (4096, 4096) if HAS_CUDA else (64, 256)
+    sizes = (1, 7, 64, 1000) if HAS_CUDA else (1, 7, 40)
+    gen = torch.Generator().manual_seed(1)
+    w, s = random_fp8_weight(gen, n, k, block, torch.device(DEVICE))
+    x = torch.randn(max(sizes), k, device=DEVICE)
+    a, sa = ref_quant.fp8_act_quant(x, block[1])
+    rows = [gemm.fp8_gemm_nt(a[:m], sa[:m], w, s, block)[0] for m in sizes]
+    for row in rows[1:]:
+        assert torch.equal(row, rows[0])
+    lin = [
+        gemm.linear(x[:m].bfloat16(), w, s, block_size=block, act_quant_group=block[1])[0]
+        for m in sizes
+    ]
+    for row in lin[1:]:
+        assert torch.equal(row, lin[0])
