@@ -9,10 +9,10 @@ from deepinfer.spec import StepCostCurve
 from deepinfer.spec.testing import blend, generate_plain, generate_speculative, random_transition
 
 VOCAB = 16
-ROWS = 512
-LENGTH = 24
+ROWS = 256
+LENGTH = 16
 # Rising cost: verifying every draft of every row is not worth it, so plans vary per step.
-CURVE = StepCostCurve((1, 512, 1024, 4096), (1.0, 1.1, 1.3, 6.0))
+CURVE = StepCostCurve((1, 256, 512, 2048), (1.0, 1.1, 1.3, 6.0))
 
 
 def _chains(seed):
