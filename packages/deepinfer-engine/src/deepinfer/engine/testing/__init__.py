@@ -7,6 +7,7 @@ plus the tiny test tokenizer.
 """
 
 from deepinfer.engine.testing.configs import tiny_v4_config, tiny_v41_config
+from deepinfer.engine.testing.modules import module_with_tensors
 from deepinfer.engine.testing.random_checkpoint import (
     make_random_checkpoint,
     random_state_dict,
@@ -16,6 +17,7 @@ from deepinfer.engine.testing.writer import with_quantization, write_checkpoint
 
 __all__ = [
     "make_random_checkpoint",
+    "module_with_tensors",
     "random_state_dict",
     "tiny_v41_config",
     "tiny_v4_config",
