@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -182,3 +183,27 @@ def test_request_that_can_never_fit_fails_alone():
     assert finals["big"].finish_reason == "error"
     assert "needs 24 KV-cache blocks" in finals["big"].error
     assert finals["small"].finish_reason == "length"
+
+
+@pytest.mark.parametrize("config_name", ["roomy", "chunked", "preempting"])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_draft_verification_gives_the_same_tokens(config_name, greedy):
+    rng = random.Random(12)
+    prompts = _prompts(16, seed=13)
+    params = [_params(rng, rng.randint(1, 20), greedy) for _ in prompts]
+    config = replace(CONFIGS[config_name], num_lookahead_tokens=3)
+    got = _run(config, prompts, params, num_draft_tokens=3)
+    assert got == _expected(prompts, params)
+
+
+def test_drafts_are_both_accepted_and_rejected():
+    rng = random.Random(1)
+    prompts = _prompts(8, seed=2)
+    params = [_params(rng, 16, greedy=True) for _ in prompts]
+    core = build_engine_core(CONFIGS["roomy"], vocab_size=VOCAB, num_draft_tokens=3)
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        core.add_request(Request(f"r{i}", prompt, p, seed=p.seq_seed))
+    run_until_done(core)
+    assert core.executor.num_accepted_drafts > 10 and core.executor.num_rejected_drafts > 10
+    # fewer steps than tokens: accepted drafts advance several positions per step
+    assert core.num_steps < 16

@@ -112,8 +112,8 @@ def test_spec_tokens_are_scheduled_and_rejected_ones_uncomputed():
     sched = Scheduler(_config(num_lookahead_tokens=3))
     req = _add(sched, "a", 5)
     out = sched.schedule()
-    sched.update(out, _sample_all(sched, out))
-    req.spec_token_ids = [7, 8, 9]
+    sched.update(out, ModelRunnerOutput({"a": [3]}, draft_token_ids={"a": [7, 8, 9]}))
+    assert req.spec_token_ids == [7, 8, 9]
     out = sched.schedule()
     assert out.num_scheduled_tokens == {"a": 4}
     assert out.scheduled_spec_token_ids == {"a": [7, 8, 9]}
@@ -152,3 +152,11 @@ def test_fork_shares_blocks_and_copies_on_first_write():
     children = [d for d in out.new_requests]
     assert [d.request_id for d in children] == ["g#1", "g#2"]
     assert all(d.num_computed_tokens == 6 for d in children)
+
+
+def test_drafts_are_trimmed_to_max_model_len():
+    sched = Scheduler(_config(max_model_len=8))
+    req = _add(sched, "a", 5)
+    out = sched.schedule()
+    sched.update(out, ModelRunnerOutput({"a": [3]}, draft_token_ids={"a": [7, 8, 9]}))
+    assert req.spec_token_ids == [7, 8]  # positions 5..7 are the last ones under 8

@@ -308,7 +308,12 @@ class Scheduler:
                 apply_sampled_tokens(self, seq, [tok], logprobs[k : k + 1], now)
                 for k, (seq, tok) in enumerate(zip(sequences, sampled))
             ]
-        return [apply_sampled_tokens(self, request, sampled, logprobs, now)]
+        update = apply_sampled_tokens(self, request, sampled, logprobs, now)
+        drafts = runner_output.draft_token_ids.get(request_id)
+        if drafts and not request.is_finished:
+            room = self.config.max_model_len - request.num_tokens
+            request.spec_token_ids = list(drafts[: max(0, room)])
+        return [update]
 
     def _finish(
         self, request: Request, reason: str, *, stop_reason=None, error: str | None = None

@@ -105,12 +105,15 @@ class ModelRunnerOutput:
         kind of dict for prompt token ``i`` (only when asked).
     errors: requests that failed this step (a grammar that will not compile, say), with the
         message; each fails alone with finish reason ``"error"``.
+    draft_token_ids: draft tokens proposed for the next step (speculative decoding); the
+        scheduler verifies them next step as ``scheduled_spec_token_ids``.
     """
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,17 @@
 
 ``HashModelExecutor`` honours the executor protocol exactly as a real runner must: it keeps
 its own copy of each sequence from the ``SchedulerOutput`` diffs, writes every computed
-position's token into a simulated paged arena through the block table, folds it into a
-simulated per-sequence state slot, performs block and state copies before the "forward", and
-derives the next token from what it reads back from the arena and the slot. A wrong block
-table, a missed copy or a wrong computed count therefore changes the output, which
-:func:`reference_next_token` (computed from the plain token list) would not.
+position's token into a simulated paged arena through the block table and into a simulated
+sliding-window ring in the sequence's state slot (``window + num_draft_tokens`` entries, like
+the model's SWA rings), performs block and state copies before the "forward", and derives each
+next token from what it reads back: the whole context from the arena and the last ``window``
+tokens from the ring. A wrong block table, a missed copy, a wrong computed count or a ring
+entry overwritten too early changes the output, which :func:`reference_next_token` (computed
+from the plain token list) would not.
+
+With ``num_draft_tokens > 0`` it also proposes drafts (the true continuation, with some tokens
+deliberately wrong) and verifies scheduled drafts seed-exactly: a draft is accepted iff it is
+the token the model itself would produce there, so outputs equal those without drafts.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from deepinfer.engine.core.scheduler_output import (
 
 _M64 = (1 << 64) - 1
 EMPTY = -1
+POISON = -2  # what a stale ring entry reads as
 
 
 def _mix(z: int) -> int:
@@ -31,16 +38,11 @@ def _mix(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def fold_state(state: int, token_id: int) -> int:
-    """The simulated state slot after one more token."""
-    return _mix(state ^ (token_id * 0x2545F4914F6CDD1D & _M64))
-
-
 def content_hash(token_ids: list[int]) -> int:
-    """Order-sensitive hash of the tokens read back from the arena."""
+    """Order-sensitive hash of a token list."""
     h = 0x1234
     for position, token_id in enumerate(token_ids):
-        h = _mix(h + (token_id + 1) * (position + 7))
+        h = _mix(h + (token_id + 3) * (position + 7))
     return h
 
 
@@ -48,14 +50,22 @@ def is_greedy(params: Any) -> bool:
     return float(getattr(params, "temperature", 1.0) or 0.0) == 0.0
 
 
-def reference_next_token(
-    state: int, token_ids: list[int], seed: int, greedy: bool, vocab_size: int
+def next_token(
+    context: list[int], recent: list[int], seed: int, greedy: bool, vocab_size: int
 ) -> int:
-    """The fake model's next token: a hash of the context (and, when sampling, seed and position)."""
-    h = _mix(state ^ content_hash(token_ids))
+    """The fake model: a hash of the context and of its last tokens (the "window"); when
+    sampling, also of the seed and the position."""
+    h = _mix(content_hash(context) ^ (content_hash(recent) * 3 & _M64))
     if not greedy:
-        h = _mix(h ^ _mix(seed) ^ (len(token_ids) * 0x9E37))
+        h = _mix(h ^ _mix(seed) ^ (len(context) * 0x9E37))
     return h % vocab_size
+
+
+def reference_next_token(
+    context: list[int], seed: int, greedy: bool, vocab_size: int, window: int = 4
+) -> int:
+    """:func:`next_token` computed from the plain token list."""
+    return next_token(context, context[-window:], seed, greedy, vocab_size)
 
 
 def token_logprob(token_id: int, position: int) -> float:
@@ -64,20 +74,22 @@ def token_logprob(token_id: int, position: int) -> float:
 
 
 def reference_generate(
-    prompt: list[int], params: Any, seed: int, vocab_size: int, num_tokens: int
+    prompt: list[int],
+    params: Any,
+    seed: int,
+    vocab_size: int,
+    num_tokens: int,
+    window: int = 4,
 ) -> list[int]:
     """``num_tokens`` tokens of the fake model by a plain loop over the full context."""
     tokens = list(prompt)
-    state = 0
-    for token_id in tokens:
-        state = fold_state(state, token_id)
-    out = []
     for _ in range(num_tokens):
-        token_id = reference_next_token(state, tokens, seed, is_greedy(params), vocab_size)
-        tokens.append(token_id)
-        state = fold_state(state, token_id)
-        out.append(token_id)
-    return out
+        tokens.append(reference_next_token(tokens, seed, is_greedy(params), vocab_size, window))
+    return tokens[len(prompt) :]
+
+
+def _is_wrong_draft(seed: int, position: int) -> bool:
+    return _mix(seed ^ (position * 0xA0761D64)) % 3 == 0
 
 
 @dataclass
@@ -93,9 +105,10 @@ class _Seq:
 
 @dataclass
 class HashModelExecutor:
-    """A fake executor over a simulated KV arena (see the module docstring).
+    """A fake executor over a simulated KV arena and state slots (see the module docstring).
 
     fail_request_ids: requests for which every step reports an error.
+    window: tokens the "sliding window" covers; num_draft_tokens: drafts proposed per step.
     """
 
     num_blocks: int
@@ -103,12 +116,20 @@ class HashModelExecutor:
     num_state_slots: int
     vocab_size: int = 256
     fail_request_ids: set[str] = field(default_factory=set)
+    window: int = 4
+    num_draft_tokens: int = 0
 
     def __post_init__(self) -> None:
+        self.ring_size = self.window + self.num_draft_tokens
         self.arena = [[EMPTY] * self.block_size for _ in range(self.num_blocks)]
-        self.states = [0] * self.num_state_slots
+        self.states = [self._empty_ring() for _ in range(self.num_state_slots)]
         self.seqs: dict[str, _Seq] = {}
         self.num_steps = 0
+        self.num_accepted_drafts = 0
+        self.num_rejected_drafts = 0
+
+    def _empty_ring(self) -> list[tuple[int, int]]:
+        return [(EMPTY, EMPTY)] * self.ring_size
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self.num_steps += 1
@@ -129,11 +150,11 @@ class HashModelExecutor:
         for src, dst in so.block_copies:
             self.arena[dst] = list(self.arena[src])
         for src, dst in so.state_copies:
-            self.states[dst] = self.states[src]
+            self.states[dst] = list(self.states[src])
         for new in so.new_requests:
             self.seqs[new.request_id] = _new_seq(new)
             if new.num_computed_tokens == 0:
-                self.states[new.state_slot] = 0
+                self.states[new.state_slot] = self._empty_ring()
         for cached in so.cached_requests:
             seq = self.seqs[cached.request_id]
             seq.token_ids.extend(cached.new_token_ids)
@@ -149,30 +170,74 @@ class HashModelExecutor:
         end = start + num_new
         for position in range(start, end):
             self._write(seq, position, tokens[position])
-        seq.num_computed_tokens = end
         self._prompt_logprobs(seq, request_id, start, end, out)
         if end < len(tokens):
+            seq.num_computed_tokens = end
             return  # a prefill chunk that does not reach the end samples nothing
-        sampled = self._sample_tokens(seq, self._read(seq, end), seeds or [seq.seed])
+        if seeds:  # the prompt ends here and forks: one first token per sample
+            sampled = self._sample_tokens(seq, end, seeds)
+            seq.num_computed_tokens = end
+        else:
+            sampled = self._verify(seq, end - len(drafts), drafts)
+            seq.num_computed_tokens = end - len(drafts) + len(sampled) - 1
         out.sampled_token_ids[request_id] = sampled
         if getattr(seq.params, "logprobs", None) is not None:
-            out.logprobs[request_id] = [{t: token_logprob(t, end)} for t in sampled]
+            out.logprobs[request_id] = [
+                {t: token_logprob(t, end - len(drafts) + i)} for i, t in enumerate(sampled)
+            ]
+        if self.num_draft_tokens and not seeds:
+            out.draft_token_ids[request_id] = self._propose(
+                seq, tokens[: end - len(drafts)] + sampled
+            )
 
-    def _sample_tokens(self, seq: _Seq, context: list[int], seeds: list[int]) -> list[int]:
-        """One token per seed from the context read back from the arena and the state slot."""
-        state = self.states[seq.state_slot]
+    def _verify(self, seq: _Seq, num_known: int, drafts: list[int]) -> list[int]:
+        """Accept drafts while each equals the model's own token; end with the model's token."""
+        accepted: list[int] = []
+        for j in range(len(drafts) + 1):
+            (target,) = self._sample_tokens(seq, num_known + j, [seq.seed])
+            if j == len(drafts) or drafts[j] != target:
+                self.num_rejected_drafts += len(drafts) - j
+                return [*accepted, target]
+            accepted.append(target)
+            self.num_accepted_drafts += 1
+        raise AssertionError("unreachable")
+
+    def _propose(self, seq: _Seq, context: list[int]) -> list[int]:
         greedy = is_greedy(seq.params)
-        return [reference_next_token(state, context, s, greedy, self.vocab_size) for s in seeds]
+        context = list(context)
+        drafts = []
+        for _ in range(self.num_draft_tokens):
+            token = reference_next_token(context, seq.seed, greedy, self.vocab_size, self.window)
+            if _is_wrong_draft(seq.seed, len(context)):
+                token = (token + 1) % self.vocab_size
+            drafts.append(token)
+            context.append(token)
+        return drafts
+
+    def _sample_tokens(self, seq: _Seq, length: int, seeds: list[int]) -> list[int]:
+        """One token per seed for the context ``[0, length)`` read back from arena and ring."""
+        context = self._read(seq, length)
+        recent = self._read_ring(seq, length)
+        greedy = is_greedy(seq.params)
+        return [next_token(context, recent, s, greedy, self.vocab_size) for s in seeds]
 
     def _write(self, seq: _Seq, position: int, token_id: int) -> None:
         block_id = seq.block_ids[position // self.block_size]
         assert block_id != 0, "wrote into the reserved null block"
         self.arena[block_id][position % self.block_size] = token_id
-        self.states[seq.state_slot] = fold_state(self.states[seq.state_slot], token_id)
+        self.states[seq.state_slot][position % self.ring_size] = (position, token_id)
 
     def _read(self, seq: _Seq, end: int) -> list[int]:
         bs = self.block_size
         return [self.arena[seq.block_ids[p // bs]][p % bs] for p in range(end)]
+
+    def _read_ring(self, seq: _Seq, end: int) -> list[int]:
+        ring = self.states[seq.state_slot]
+        recent = []
+        for p in range(max(0, end - self.window), end):
+            stored_position, token_id = ring[p % self.ring_size]
+            recent.append(token_id if stored_position == p else POISON)
+        return recent
 
     def _prompt_logprobs(self, seq, request_id, start, end, out) -> None:
         if getattr(seq.params, "prompt_logprobs", None) is None:
@@ -192,9 +257,9 @@ class ScriptedExecutor(HashModelExecutor):
     script: list[int] = field(default_factory=list)
     eos_token_id: int = 1
 
-    def _sample_tokens(self, seq: _Seq, context: list[int], seeds: list[int]) -> list[int]:
-        assert context == seq.token_ids[: len(context)], "the arena lost tokens"
-        k = len(context) - seq.num_prompt_tokens
+    def _sample_tokens(self, seq: _Seq, length: int, seeds: list[int]) -> list[int]:
+        assert self._read(seq, length) == seq.token_ids[:length], "the arena lost tokens"
+        k = length - seq.num_prompt_tokens
         return [self.script[k] if k < len(self.script) else self.eos_token_id] * len(seeds)
 
 
@@ -237,7 +302,12 @@ class ByteTokenizer:
 
 
 def build_engine_core(
-    config: Any, *, tokenizer: Any = None, vocab_size: int = 256, fail_request_ids=()
+    config: Any,
+    *,
+    tokenizer: Any = None,
+    vocab_size: int = 256,
+    fail_request_ids=(),
+    num_draft_tokens: int = 0,
 ) -> Any:
     """An ``EngineCore`` over a :class:`HashModelExecutor` sized from ``config``."""
     from deepinfer.engine.core.engine_core import EngineCore
@@ -249,6 +319,7 @@ def build_engine_core(
         num_state_slots=config.num_state_slots,
         vocab_size=vocab_size,
         fail_request_ids=set(fail_request_ids),
+        num_draft_tokens=num_draft_tokens,
     )
     return EngineCore(Scheduler(config, tokenizer=tokenizer), executor)
 
