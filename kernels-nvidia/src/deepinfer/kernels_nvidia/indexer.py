@@ -1,0 +1,110 @@
+"""Lightning-indexer scoring in Triton, and top-k selection.
+
+Scoring: one program per (query row, block of ``BLOCK_C`` candidates) gathers the candidate key
+rows once and multiplies all ``Hi`` indexer heads of the row against them in one matrix product
+(``[Hi, d] x [d, BLOCK_C]``), then applies ReLU and the per-head weights and reduces over heads
+in registers: the ``[T, Hi, C]`` dot products never reach memory. Keys may be stored in the
+queries' dtype, fp32, or ``float8_e4m3fn`` (upcast in registers).
+
+Selection uses ``torch.topk`` without sorting (the contract leaves the order within a row
+open), which skips the sort the reference pays for.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer.kernels_nvidia.registry import implements
+
+BLOCK_C = 64
+
+
+@triton.jit
+def _indexer_scores_kernel(
+    q_ptr, w_ptr, keys_ptr, cand_ptr, out_ptr,
+    num_heads, head_dim, num_cand,
+    stride_qt, stride_qh, stride_wt, stride_k, stride_ct, stride_ot,
+    HB: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    heads = tl.arange(0, HB)
+    hmask = heads < num_heads
+    dcols = tl.arange(0, BLOCK_D)
+    dmask = dcols < head_dim
+    q = tl.load(
+        q_ptr + row * stride_qt + heads[:, None] * stride_qh + dcols[None, :],
+        mask=hmask[:, None] & dmask[None, :],
+        other=0.0,
+    )
+    w = tl.load(w_ptr + row * stride_wt + heads, mask=hmask, other=0.0).to(tl.float32)
+    cand = tl.load(cand_ptr + row * stride_ct + offs, mask=offs < num_cand, other=-1)
+    valid = cand >= 0
+    keys = tl.load(
+        keys_ptr + cand.to(tl.int64)[:, None] * stride_k + dcols[None, :],
+        mask=valid[:, None] & dmask[None, :],
+        other=0.0,
+    ).to(q.dtype)
+    if IEEE:
+        dots = tl.dot(q, tl.trans(keys), input_precision="ieee")
+    else:
+        dots = tl.dot(q, tl.trans(keys))
+    scores = tl.sum(tl.maximum(dots, 0.0) * w[:, None], axis=0)
+    scores = tl.where(valid, scores, float("-inf"))
+    tl.store(out_ptr + row * stride_ot + offs, scores, mask=offs < num_cand)
+
+
+def _check(q, weights, keys, candidates):
+    if q.dim() != 3:
+        raise ValueError(f"q: expected [T, Hi, d], got shape {tuple(q.shape)}")
+    t, h, d = q.shape
+    if weights.shape != (t, h):
+        raise ValueError(f"weights: expected shape {(t, h)}, got {tuple(weights.shape)}")
+    if keys.dim() != 2 or keys.shape[1] != d:
+        raise ValueError(f"keys: expected [M, {d}], got shape {tuple(keys.shape)}")
+    if candidates.dim() != 2 or candidates.shape[0] != t:
+        raise ValueError(f"candidates: expected [{t}, C], got shape {tuple(candidates.shape)}")
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+@implements("indexer_scores")
+def indexer_scores(q, weights, keys, candidates):
+    _check(q, weights, keys, candidates)
+    if torch.float32 in (q.dtype, keys.dtype) or q.dtype not in (torch.bfloat16, torch.float16):
+        q = q.float()  # compute in fp32 whenever either side is fp32 (as the reference does)
+    q, keys, candidates = _unit_last(q), _unit_last(keys), _unit_last(candidates)
+    weights = _unit_last(weights)
+    t, h, d = q.shape
+    num_cand = candidates.shape[1]
+    out = torch.empty(t, num_cand, dtype=torch.float32, device=q.device)
+    if t == 0 or num_cand == 0:
+        return out
+    grid = (t, triton.cdiv(num_cand, BLOCK_C))
+    _indexer_scores_kernel[grid](
+        q, weights, keys, candidates, out, h, d, num_cand,
+        q.stride(0), q.stride(1), weights.stride(0), keys.stride(0), candidates.stride(0),
+        out.stride(0),
+        HB=max(16, triton.next_power_of_2(h)), BLOCK_D=max(16, triton.next_power_of_2(d)),
+        BLOCK_C=BLOCK_C, IEEE=q.dtype == torch.float32, num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+@implements("select_topk")
+def select_topk(scores, candidates, k):
+    if scores.shape != candidates.shape:
+        raise ValueError(
+            f"candidates: expected shape {tuple(scores.shape)}, got {tuple(candidates.shape)}"
+        )
+    width = min(k, scores.shape[-1])
+    top = scores.topk(width, dim=-1, sorted=False)
+    picked = candidates.long().gather(-1, top.indices)
+    picked = picked.masked_fill(~torch.isfinite(top.values), -1)
+    if width < k:
+        picked = torch.nn.functional.pad(picked, (0, k - width), value=-1)
+    return picked

@@ -1,0 +1,62 @@
+"""Lightning-indexer scoring kernel and top-k selection against the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer import kernels
+from deepinfer.kernels.testing import cases_for, check_case
+from deepinfer.kernels.testing.cases.indexer_extra import make_candidates
+from deepinfer.kernels_nvidia import backend
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"  # cpu: the Triton interpreter (see conftest)
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
+
+
+def test_backend_registers_the_indexer_kernels():
+    assert {"indexer_scores", "select_topk"} <= set(backend.ops)
+
+
+@pytest.mark.parametrize("case", cases_for(["indexer_scores"], "small"), ids=str)
+def test_conformance_small(case):
+    check_case(backend.ops[case.op], case, DEVICE)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("case", cases_for(["indexer_scores"], "real"), ids=str)
+def test_conformance_real(case):
+    check_case(backend.ops[case.op], case, DEVICE)
+
+
+@pytest.mark.parametrize("width,k", [(40, 16), (40, 64), (16384, 512)], ids=str)
+def test_select_topk_picks_the_same_set(width, k):
+    g = torch.Generator().manual_seed(width + k)
+    rows = 6
+    cand = make_candidates(g, rows=rows, width=width, num_keys=10 * width).to(DEVICE)
+    scores = torch.randn(rows, width, generator=g).to(DEVICE)
+    scores = scores.masked_fill(cand < 0, float("-inf"))
+    got = backend.ops["select_topk"](scores, cand, k)
+    want = kernels.OPS["select_topk"].reference(scores, cand, k)
+    assert got.shape == want.shape == (rows, k) and got.dtype == torch.int64
+    assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+
+
+def test_scores_are_batch_invariant():
+    g = torch.Generator().manual_seed(3)
+    heads, dim, width = (64, 128, 16384) if HAS_CUDA else (16, 32, 100)
+    q = torch.randn(64, heads, dim, generator=g).bfloat16().to(DEVICE)
+    w = torch.randn(64, heads, generator=g).to(DEVICE)
+    keys = torch.randn(width, dim, generator=g).bfloat16().to(DEVICE)
+    cand = make_candidates(g, rows=64, width=width, num_keys=width).to(DEVICE)
+    fn = backend.ops["indexer_scores"]
+    outs = [fn(q[:n], w[:n], keys, cand[:n])[:1] for n in (1, 7, 64)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_rejects_bad_shapes():
+    q = torch.randn(2, 16, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="weights: expected shape"):
+        backend.ops["indexer_scores"](q, q[:, :, 0].t(), q[0], torch.zeros(2, 3, dtype=torch.long))
