@@ -206,3 +206,35 @@ def test_constructor_validates_and_resolves(monkeypatch):
     assert resolve_model(None) == "/models/v4" and resolve_model("x/y") == "x/y"
     monkeypatch.delenv("DEEPINFER_HF_MODEL_DIR")
     assert resolve_model(None) == "deepseek-ai/DeepSeek-V4.1-Flash-1017"
+
+
+def test_logprobs_and_prompt_logprobs_cover_every_token():
+    from deepinfer.engine.core.testing import token_logprob
+
+    llm = FakeLLM(max_num_batched_tokens=5)  # the prompt is computed in several chunks
+    p = SamplingParams(
+        temperature=1.0, n=2, max_tokens=6, ignore_eos=True, logprobs=0, prompt_logprobs=0
+    )
+    (out,) = llm.generate("a prompt of some length", p, use_tqdm=False)
+    ids = out.prompt_token_ids
+    assert out.prompt_logprobs[0] is None
+    assert out.prompt_logprobs[1:] == [{t: token_logprob(t, i)} for i, t in enumerate(ids) if i]
+    for sample in out.outputs:
+        assert len(sample.logprobs) == len(sample.token_ids) == 6
+        assert [next(iter(lp)) for lp in sample.logprobs] == sample.token_ids
+    (plain,) = llm.generate("a prompt", SamplingParams(max_tokens=2), use_tqdm=False)
+    assert plain.prompt_logprobs is None and plain.outputs[0].logprobs is None
+
+
+def test_streaming_n_samples_reassembles_each_sample():
+    llm = FakeLLM()
+    p = SamplingParams(temperature=1.0, n=3, max_tokens=7, ignore_eos=True, seq_seed=3)
+    (final,) = llm.generate("stream me", p, use_tqdm=False)
+    tokens = {0: [], 1: [], 2: []}
+    texts = {0: "", 1: "", 2: ""}
+    for delta in llm.stream("stream me", p):
+        for sample in delta.outputs:
+            tokens[sample.index] += sample.token_ids
+            texts[sample.index] += sample.text
+    assert [tokens[k] for k in range(3)] == [c.token_ids for c in final.outputs]
+    assert [texts[k] for k in range(3)] == [c.text for c in final.outputs]

@@ -23,6 +23,7 @@ class _Group:
     samples: list[CompletionOutput]
     holdback: int
     metrics: RequestMetrics
+    wants_prompt_logprobs: bool = False
     prompt_logprobs: list[dict[int, float] | None] | None = None
     streamed_chars: list[int] = field(default_factory=list)
     streamed_tokens: list[int] = field(default_factory=list)
@@ -57,6 +58,7 @@ class OutputProcessor:
             ],
             holdback=max(0, StopConditions.from_sampling_params(params).max_stop_len - 1),
             metrics=RequestMetrics(arrival_time, num_prompt_tokens=len(prompt_token_ids)),
+            wants_prompt_logprobs=getattr(params, "prompt_logprobs", None) is not None,
             streamed_chars=[0] * n,
             streamed_tokens=[0] * n,
         )
@@ -108,7 +110,7 @@ class OutputProcessor:
             sample.stop_reason = update.stop_reason
             sample.error = update.error
             metrics.num_preemptions += update.num_preemptions
-            if update.prompt_logprobs is not None and update.prompt_logprobs:
+            if update.prompt_logprobs is not None and group.wants_prompt_logprobs:
                 group.prompt_logprobs = [None, *update.prompt_logprobs]
             if group.finished:
                 metrics.finished_time = now
