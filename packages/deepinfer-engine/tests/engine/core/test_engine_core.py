@@ -75,7 +75,7 @@ CONFIGS = {
 @pytest.mark.parametrize("config_name", list(CONFIGS))
 def test_batched_outputs_equal_the_plain_loop(config_name, greedy):
     rng = random.Random(7)
-    prompts = _prompts(30, seed=3)
+    prompts = _prompts(50, seed=3)
     params = [_params(rng, rng.randint(1, 24), greedy) for _ in prompts]
     got = _run(CONFIGS[config_name], prompts, params)
     assert got == _expected(prompts, params)
