@@ -161,8 +161,14 @@ class LLM:
         Each item is a ``RequestOutput`` whose ``outputs`` hold the samples that changed, with
         only their new text and tokens; the last item of a request has ``finished=True``.
         Text that could still turn out to be the start of a stop string is held back.
+        Inputs are validated (and the requests queued) on the call, before iteration; closing
+        the iterator early aborts the requests still running.
         """
         pending = set(self._submit(prompts, sampling_params, prompt_token_ids))
+        return self._stream(pending)
+
+    def _stream(self, pending: set[str]) -> Iterator[RequestOutput]:
+        """Deltas of the ``pending`` requests until all finish; aborts them if abandoned."""
         try:
             while pending:
                 for delta in self._step():
@@ -199,6 +205,26 @@ class LLM:
         outputs = self._run_to_completion(request_ids, use_tqdm)
         parse_outputs(outputs, thinking)
         return outputs
+
+    def stream_chat(
+        self,
+        conversations: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        thinking: bool = False,
+        reasoning_effort: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Iterator[RequestOutput]:
+        """Like :meth:`chat`, streamed as :meth:`stream` does; each delta's samples carry the
+        ``reasoning_content`` / ``content`` / ``tool_calls`` their new text completed."""
+        from deepinfer.engine.core.chat import ChatStreamParser, encode_conversations
+
+        token_ids = encode_conversations(
+            self._tokenizer, conversations, thinking, reasoning_effort, tools
+        )
+        parser = ChatStreamParser(thinking)
+        pending = set(self._submit(None, sampling_params, token_ids, skip_special_tokens=False))
+        return parser.annotate_stream(self._stream(pending))
 
     def abort(self, request_ids: str | Sequence[str]) -> None:
         """Finish these requests with ``finish_reason="abort"`` (they report at the next step)."""

@@ -238,3 +238,26 @@ def test_streaming_n_samples_reassembles_each_sample():
             texts[sample.index] += sample.text
     assert [tokens[k] for k in range(3)] == [c.token_ids for c in final.outputs]
     assert [texts[k] for k in range(3)] == [c.text for c in final.outputs]
+
+
+def test_stream_chat_parses_incrementally():
+    llm = FakeLLM(executor_factory=scripted("Let me think.</think>Four, of course."))
+    conversation = [{"role": "user", "content": "What is 2+2?"}]
+    deltas = list(llm.stream_chat(conversation, SamplingParams(max_tokens=40), thinking=True))
+    samples = [c for d in deltas for c in d.outputs]
+    assert "".join(c.reasoning_content for c in samples) == "Let me think."
+    assert "".join(c.content for c in samples) == "Four, of course."
+    assert sum(1 for c in samples if c.content) > 1  # content arrived in several pieces
+
+
+def test_stream_validates_on_call_and_closing_aborts():
+    llm = FakeLLM()
+    with pytest.raises(InvalidRequestError, match="request 0: the prompt is empty"):
+        llm.stream("")
+    stream = llm.stream(["a", "b"], SamplingParams(max_tokens=50, ignore_eos=True))
+    next(stream)
+    stream.close()
+    llm._core.step()  # reports the aborts and frees the resources
+    assert not llm._core.has_unfinished_requests()
+    sched = llm._core.scheduler
+    assert sched.block_manager.num_free_blocks == sched.block_manager.num_usable_blocks

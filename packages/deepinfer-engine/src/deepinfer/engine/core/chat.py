@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from deepinfer.engine.core.outputs import RequestOutput
@@ -49,3 +49,45 @@ def parse_outputs(outputs: list[RequestOutput], thinking: bool) -> None:
             sample.reasoning_content = parsed.reasoning_content
             sample.content = parsed.content
             sample.tool_calls = list(parsed.tool_calls)
+
+
+class ChatStreamParser:
+    """Parses streamed chat deltas incrementally, one parser per (request, sample)."""
+
+    def __init__(self, thinking: bool) -> None:
+        self.thinking = thinking
+        self._parsers: dict[tuple[str, int], Any] = {}
+
+    def annotate(self, delta: RequestOutput) -> RequestOutput:
+        """Fill each sample's ``reasoning_content`` / ``content`` / ``tool_calls`` with what
+        its new text completed (the rest is flushed when the sample finishes)."""
+        from deepinfer.engine.tokenizer import CompletionParser
+
+        for sample in delta.outputs:
+            key = (delta.request_id, sample.index)
+            parser = self._parsers.get(key)
+            if parser is None:
+                parser = self._parsers[key] = CompletionParser(thinking=self.thinking)
+            parsed = parser.feed(sample.text)
+            if sample.finished:
+                tail = parser.finish()
+                parsed = type(parsed)(
+                    reasoning_content=parsed.reasoning_content + tail.reasoning_content,
+                    content=parsed.content + tail.content,
+                    tool_calls=parsed.tool_calls + tail.tool_calls,
+                )
+                del self._parsers[key]
+            sample.reasoning_content = parsed.reasoning_content
+            sample.content = parsed.content
+            sample.tool_calls = list(parsed.tool_calls)
+        return delta
+
+    def annotate_stream(self, deltas: Iterator[RequestOutput]) -> Iterator[RequestOutput]:
+        """:meth:`annotate` each delta; closing this closes ``deltas``."""
+        try:
+            for delta in deltas:
+                yield self.annotate(delta)
+        finally:
+            close = getattr(deltas, "close", None)
+            if close is not None:
+                close()
