@@ -1,0 +1,78 @@
+"""Partial interleaved RoPE (and its inverse) in Triton.
+
+One program copies a block of heads of one row: the leading ``D - rd`` channels pass through,
+the trailing ``rd / 2`` interleaved pairs are rotated by the row's angles in fp32. The two
+stores cover disjoint channels, so no ordering between them is needed.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer.kernels_nvidia.registry import implements
+
+
+@triton.jit
+def _rope_kernel(
+    x_ptr, cos_ptr, sin_ptr, out_ptr,
+    num_heads, dim, half, stride_xn, stride_xh, stride_on, stride_oh, stride_cn, stride_sn,
+    INVERSE: tl.constexpr, HB: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    n = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    hmask = heads < num_heads
+    passthrough = dim - 2 * half
+    cols = tl.arange(0, BLOCK_D)
+    x_row = x_ptr + n * stride_xn + heads[:, None] * stride_xh
+    o_row = out_ptr + n * stride_on + heads[:, None] * stride_oh
+    keep = hmask[:, None] & (cols < passthrough)[None, :]
+    tl.store(o_row + cols[None, :], tl.load(x_row + cols[None, :], mask=keep), mask=keep)
+
+    pairs = tl.arange(0, BLOCK_R)
+    pmask = pairs < half
+    cos = tl.load(cos_ptr + n * stride_cn + pairs, mask=pmask, other=1.0)
+    sin = tl.load(sin_ptr + n * stride_sn + pairs, mask=pmask, other=0.0)
+    if INVERSE:
+        sin = -sin
+    even_cols = passthrough + 2 * pairs
+    m2 = hmask[:, None] & pmask[None, :]
+    a = tl.load(x_row + even_cols[None, :], mask=m2, other=0.0).to(tl.float32)
+    b = tl.load(x_row + even_cols[None, :] + 1, mask=m2, other=0.0).to(tl.float32)
+    ty = out_ptr.dtype.element_ty
+    tl.store(o_row + even_cols[None, :], (a * cos[None, :] - b * sin[None, :]).to(ty), mask=m2)
+    tl.store(o_row + even_cols[None, :] + 1, (a * sin[None, :] + b * cos[None, :]).to(ty), mask=m2)
+
+
+@implements("apply_rope")
+def apply_rope(x, cos, sin, *, inverse=False):
+    if x.dim() < 2:
+        raise ValueError(f"x: expected [N, ..., D], got shape {tuple(x.shape)}")
+    n, dim = x.shape[0], x.shape[-1]
+    if cos.dim() != 2 or cos.shape[0] != n or sin.shape != cos.shape:
+        raise ValueError(
+            f"cos/sin: expected [{n}, rd/2] each, got {tuple(cos.shape)}/{tuple(sin.shape)}"
+        )
+    half = cos.shape[1]
+    if 2 * half > dim:
+        raise ValueError(f"cos: rd = {2 * half} rotary dims exceed the head dim {dim}")
+    x3 = x.reshape(n, -1, dim)
+    if x3.stride(2) != 1:
+        x3 = x3.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out3 = out.view(n, -1, dim)
+    heads = x3.shape[1]
+    if n == 0 or heads == 0:
+        return out
+    cos = cos.float() if cos.stride(1) == 1 else cos.float().contiguous()
+    sin = sin.float() if sin.stride(1) == 1 else sin.float().contiguous()
+    hb = min(16, triton.next_power_of_2(heads))
+    _rope_kernel[(n, triton.cdiv(heads, hb))](
+        x3, cos, sin, out3,
+        heads, dim, half, x3.stride(0), x3.stride(1), out3.stride(0), out3.stride(1),
+        cos.stride(0), sin.stride(0),
+        INVERSE=inverse, HB=hb, BLOCK_D=triton.next_power_of_2(dim),
+        BLOCK_R=max(1, triton.next_power_of_2(half)), num_warps=4,
+    )  # fmt: skip
+    return out
