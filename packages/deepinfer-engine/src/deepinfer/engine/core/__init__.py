@@ -6,8 +6,10 @@ one in :mod:`deepinfer.engine.core.testing`) is the only part that touches tenso
 """
 
 from deepinfer.engine.core.block_manager import BlockManager
+from deepinfer.engine.core.capacity import CacheCapacity, plan_cache_capacity
 from deepinfer.engine.core.config import SchedulerConfig
 from deepinfer.engine.core.detokenizer import IncrementalDetokenizer
+from deepinfer.engine.core.engine_config import EngineConfig, LoadedModel
 from deepinfer.engine.core.engine_core import EngineCore
 from deepinfer.engine.core.executor import Executor
 from deepinfer.engine.core.output_processor import OutputProcessor
@@ -26,12 +28,15 @@ from deepinfer.engine.core.validation import InvalidRequestError, validate_batch
 
 __all__ = [
     "BlockManager",
+    "CacheCapacity",
     "CachedRequestData",
     "CompletionOutput",
+    "EngineConfig",
     "EngineCore",
     "Executor",
     "IncrementalDetokenizer",
     "InvalidRequestError",
+    "LoadedModel",
     "ModelRunnerOutput",
     "NewRequestData",
     "OutputProcessor",
@@ -45,5 +50,6 @@ __all__ = [
     "SequenceUpdate",
     "StateSlotPool",
     "StopConditions",
+    "plan_cache_capacity",
     "validate_batch",
 ]
