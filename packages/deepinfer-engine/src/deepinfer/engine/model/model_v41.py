@@ -39,6 +39,8 @@ class DeepseekV41Model(nn.Module):
         from deepinfer.engine.model.engram_hashing import EngramHashLayout
 
         c = self.config
+        if not c.engram_layer_ids:
+            return
         pad = c.engram_pad_token_id if c.engram_pad_token_id is not None else c.pad_token_id
         layout = EngramHashLayout.from_model_config(c)
         device = self.embed.weight.device
