@@ -169,10 +169,11 @@ def test_a_failing_request_fails_alone():
 
     llm = FakeLLM(executor_factory=failing)
     p = SamplingParams(max_tokens=4, ignore_eos=True)
-    outputs = llm.generate(["a", "b", "c"], p, use_tqdm=False)
-    reasons = [o.outputs[0].finish_reason for o in outputs]
-    assert reasons == ["length", "error", "length"]
-    assert "simulated failure" in outputs[1].outputs[0].error
+    p2 = SamplingParams(max_tokens=4, ignore_eos=True, n=2)  # fails before its samples fork
+    outputs = llm.generate(["a", "b", "c"], [p, p2, p], use_tqdm=False)
+    reasons = [[c.finish_reason for c in o.outputs] for o in outputs]
+    assert reasons == [["length"], ["error", "error"], ["length"]]
+    assert "simulated failure" in outputs[1].outputs[1].error
 
 
 def test_abort_while_streaming():

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from deepinfer.engine.core.block_manager import BlockManager, cdiv
@@ -318,9 +319,23 @@ class Scheduler:
     def _finish(
         self, request: Request, reason: str, *, stop_reason=None, error: str | None = None
     ) -> None:
-        """Finish ``request`` outside ``update``'s token path (abort, error, never fits)."""
+        """Finish ``request`` outside ``update``'s token path (abort, error, never fits).
+
+        A request that ends before its ``n > 1`` samples forked reports them finished too.
+        """
+        num_unborn = request.num_pending_samples - 1
         self.mark_finished(request, reason, stop_reason=stop_reason, error=error)
         self._pending_updates.append(sequence_update(request, [], []))
+        for index in range(1, num_unborn + 1):
+            self._pending_updates.append(
+                replace(
+                    sequence_update(request, [], []),
+                    request_id=f"{request.group_id}#{index}",
+                    index=index,
+                    text="",
+                    prompt_logprobs=None,
+                )
+            )
 
     def mark_finished(
         self, request: Request, reason: str, *, stop_reason=None, error: str | None = None
