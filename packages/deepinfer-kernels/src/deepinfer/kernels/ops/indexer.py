@@ -29,8 +29,8 @@ def select_topk(scores: torch.Tensor, candidates: torch.Tensor, k: int) -> torch
     """The candidate values of the ``k`` highest scores of each row.
 
     scores: ``[T, C]`` fp32 (``-inf`` = not selectable); candidates ``[T, C]`` int.
-    Returns ``[T, k]`` int64 candidate values, ``-1`` where fewer than ``k`` finite scores
-    exist. Order within a row is unspecified (attention does not depend on it).
+    Returns ``[T, k]`` int64 candidate values in descending score order (ties in any order),
+    ``-1`` where fewer than ``k`` finite scores exist.
     """
 
 
