@@ -92,7 +92,7 @@ def test_four_kinds_of_mismatch_fail_before_any_data_is_read(broken_checkpoint, 
         assert name in message
     assert "1 missing, 1 unexpected, 1 mis-shaped, 1 with the wrong dtype" in message
     assert "found BF16, expected F8_E4M3" in message
-    assert "found [3] BF16" in message and "expected [128]" in message
+    assert "found [3] BF16" in message and "expected [96]" in message
     mismatch = info.value.mismatch
     assert mismatch.missing == (MISSING,)
     assert mismatch.unexpected == (EXTRA,)

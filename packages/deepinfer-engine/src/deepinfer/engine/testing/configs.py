@@ -5,7 +5,7 @@ primes, the compressed vocabulary from the test tokenizer ``make_random_checkpoi
 
 Sizes respect the quantised formats: every width an FP8 activation group (128 in V4, 32 in
 V4.1) or an FP4 block (32) divides; the V4 no-RoPE head part is a multiple of the KV FP8 block
-(64). ``overrides`` replace top-level keys (V4) or ``text_config`` keys (V4.1).
+(64), and the RoPE part fits in the indexer head. ``overrides`` replace top-level keys (V4) or ``text_config`` keys (V4.1).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def tiny_v4_config(**overrides: Any) -> dict[str, Any]:
         "num_hidden_layers": 4,
         "num_attention_heads": 4,
         "num_key_value_heads": 1,
-        "head_dim": 128,
-        "qk_rope_head_dim": 64,
+        "head_dim": 96,
+        "qk_rope_head_dim": 32,
         "q_lora_rank": 128,
         "o_groups": 2,
         "o_lora_rank": 64,
@@ -42,7 +42,7 @@ def tiny_v4_config(**overrides: Any) -> dict[str, Any]:
         },
         "max_position_embeddings": 1048576,
         "index_n_heads": 2,
-        "index_head_dim": 32,
+        "index_head_dim": 64,
         "index_topk": 4,
         "n_routed_experts": 4,
         "n_shared_experts": 1,
