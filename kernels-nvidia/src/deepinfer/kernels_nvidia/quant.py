@@ -46,6 +46,17 @@ def to_e4m3(v, SOFT_ROUND: tl.constexpr):
 
 
 @triton.jit
+def to_bf16(v, SOFT_ROUND: tl.constexpr):
+    """fp32 -> bf16, round to nearest even (``SOFT_ROUND``: in bit arithmetic, since the Triton
+    interpreter truncates this cast). Finite inputs."""
+    if SOFT_ROUND:
+        bits = v.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        v = bits.to(tl.float32, bitcast=True)
+    return v.to(tl.bfloat16)
+
+
+@triton.jit
 def _act_quant_kernel(
     x_ptr, q_ptr, s_ptr, n_rows, stride_x, stride_q, stride_s,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, DEQUANT: tl.constexpr, SOFT_ROUND: tl.constexpr,

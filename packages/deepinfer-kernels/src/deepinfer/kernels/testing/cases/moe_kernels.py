@@ -46,7 +46,7 @@ def random_fp4_weight(g, shape, device):
     """``(packed int8 [..., K/2], scale e8m0 [..., K/32])`` with entries of spread ~1/sqrt(K)."""
     *lead, k = shape
     packed = torch.randint(-128, 128, (*lead, k // 2), generator=g, device=device, dtype=torch.int8)
-    centre = 127 - 1 - round(0.5 * torch.log2(torch.tensor(float(k))).item())
+    centre = 127 - 2 - round(0.5 * torch.log2(torch.tensor(float(k))).item())
     exps = torch.randint(centre - 1, centre + 2, (*lead, k // 32), generator=g, device=device)
     return packed, exps.to(torch.uint8).view(torch.float8_e8m0fnu)
 

@@ -1,0 +1,180 @@
+"""``fp4_moe_experts``: the routed experts of an MoE layer, as four launches.
+
+1. FP8 quantisation of the expert input per group (``quant.quantize_rows``), once per token.
+2. Permutation (:func:`align_by_expert`, device-side torch ops, no host sync): the ``T * k``
+   (token, slot) pairs sorted by expert, each expert's rows padded to whole ``BLOCK_M`` blocks.
+3. ``moe_gate_up_kernel`` then ``moe_down_kernel`` (``moe_gemm``): grouped GEMMs over the FP4
+   weights, SwiGLU, router weight and FP8 re-quantisation fused in the first one's epilogue.
+4. ``moe_combine_kernel``: each token's ``k`` expert outputs summed in slot order (fp32).
+
+A row's result depends only on its own token, its expert and the tile shape, never on which
+other rows share its block; with ``DEEPINFER_BATCH_INVARIANT=1`` the tile shape is fixed too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from deepinfer.kernels import envs
+from deepinfer.kernels_nvidia.moe_gemm import (
+    moe_combine_kernel,
+    moe_down_kernel,
+    moe_gate_up_kernel,
+)
+from deepinfer.kernels_nvidia.quant import quantize_rows
+from deepinfer.kernels_nvidia.registry import implements
+
+
+@dataclass(frozen=True)
+class MoeTiles:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Rows grouped by expert: ``row_slot [capacity]`` int32 (``num_slots`` marks padding),
+    ``block_expert [capacity / block_m]`` int32 (-1: unused block)."""
+
+    row_slot: torch.Tensor
+    block_expert: torch.Tensor
+    block_m: int
+
+
+def choose_tiles(
+    num_slots: int, num_experts: int, *, batch_invariant: bool, on_cpu: bool
+) -> MoeTiles:
+    if on_cpu:
+        return MoeTiles(16, 64, 4, 1)
+    if batch_invariant:
+        return MoeTiles(64, 128, 4, 3)
+    rows_per_expert = num_slots / num_experts
+    if rows_per_expert <= 4:
+        return MoeTiles(16, 64, 4, 4)
+    if rows_per_expert <= 96:
+        return MoeTiles(64, 128, 4, 3)
+    return MoeTiles(128, 128, 8, 3)
+
+
+def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertLayout:
+    """Sort the flat (token, slot) pairs by expert (stable) into ``block_m``-row blocks."""
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    num_slots = flat.numel()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
+    sorted_experts = flat[order]
+    rank = (
+        torch.arange(num_slots, device=flat.device)
+        - (torch.cumsum(counts, 0) - counts)[sorted_experts]
+    )
+    dest = (padded_end - padded)[sorted_experts] + rank
+    capacity = (
+        triton.cdiv(num_slots + min(num_experts, num_slots) * (block_m - 1), block_m) * block_m
+    )
+    row_slot = torch.full((capacity,), num_slots, dtype=torch.int32, device=flat.device)
+    row_slot[dest] = order.to(torch.int32)
+    starts = torch.arange(0, capacity, block_m, device=flat.device)
+    block_expert = torch.searchsorted(padded_end, starts, right=True)
+    block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
+    return ExpertLayout(row_slot, block_expert, block_m)
+
+
+def _block_k(k: int, group: int | None) -> int:
+    for block_k in (128, 64, 32):
+        if k % block_k == 0 and (group is None or (block_k % group == 0)):
+            return block_k
+    raise ValueError(
+        f"K={k} with act_quant_group={group}: expected K a multiple of 32 and of the group"
+    )
+
+
+def _block_n(n: int, wanted: int, group: int | None) -> int:
+    for block_n in (wanted, 128, 64, 32, 256):
+        if n % block_n == 0 and (group is None or block_n % group == 0):
+            return block_n
+    raise ValueError(f"intermediate size {n}: expected a multiple of 32 and of the group {group}")
+
+
+def _check(x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, group):
+    tokens, dim = x.shape
+    experts, two_inter, half_dim = w13.shape
+    inter = two_inter // 2
+    expected = {
+        "topk_weights": (topk_weights, (tokens, topk_ids.shape[1])),
+        "w13": (w13, (experts, 2 * inter, dim // 2)),
+        "w13_scale": (w13_scale, (experts, 2 * inter, dim // 32)),
+        "w2": (w2, (experts, dim, inter // 2)),
+        "w2_scale": (w2_scale, (experts, dim, inter // 32)),
+    }
+    for name, (tensor, shape) in expected.items():
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{name}: expected shape {shape}, got {tuple(tensor.shape)}")
+    if topk_ids.shape[0] != tokens:
+        raise ValueError(f"topk_ids: expected [{tokens}, k], got {tuple(topk_ids.shape)}")
+    if group is not None and group not in (32, 64, 128):
+        raise ValueError(f"act_quant_group={group}: expected 32, 64, 128 or None")
+    return tokens, dim, experts, inter
+
+
+def _quantised_input(x, group):
+    if group is None:
+        return x.to(torch.bfloat16).contiguous(), x.new_empty((1, 1), dtype=torch.float32)
+    return quantize_rows(x if x.stride(-1) == 1 else x.contiguous(), group)
+
+
+@implements("fp4_moe_experts")
+def fp4_moe_experts(
+    x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, *, swiglu_limit, act_quant_group
+):  # fmt: skip
+    group = act_quant_group
+    tokens, dim, experts, inter = _check(
+        x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, group
+    )
+    top_k = topk_ids.shape[1]
+    num_slots = tokens * top_k
+    out = torch.empty((tokens, dim), dtype=torch.float32, device=x.device)
+    if num_slots == 0:
+        return out
+    on_cpu = x.device.type == "cpu"
+    tiles = choose_tiles(num_slots, experts, batch_invariant=envs.batch_invariant(), on_cpu=on_cpu)
+    layout = align_by_expert(topk_ids, experts, tiles.block_m)
+    num_blocks = layout.block_expert.numel()
+    xq, xs = _quantised_input(x, group)
+    fp8 = group is not None
+    capacity = layout.row_slot.numel()
+    h = torch.empty(
+        (capacity, inter), dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16, device=x.device
+    )
+    hs = torch.empty((capacity, inter // group if fp8 else 1), dtype=torch.float32, device=x.device)
+    w13s, w2s = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
+    weights = topk_weights.float().contiguous().view(-1)
+    n1 = _block_n(inter, tiles.block_n, group)
+    moe_gate_up_kernel[(num_blocks, inter // n1)](
+        xq, xs, w13, w13s, h, hs, layout.row_slot, layout.block_expert, weights,
+        num_slots, top_k, dim, inter, float(swiglu_limit),
+        xq.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0), w13s.stride(1),
+        h.stride(0), hs.stride(0),
+        A_FP8=fp8, A_GROUP=group or 1, OUT_GROUP=group or 0, SOFT_ROUND=on_cpu,
+        BLOCK_M=tiles.block_m, BLOCK_N=n1, BLOCK_K=_block_k(dim, group),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    y = torch.empty((num_slots, dim), dtype=torch.bfloat16, device=x.device)
+    n2 = _block_n(dim, tiles.block_n, None)
+    moe_down_kernel[(num_blocks, dim // n2)](
+        h, hs, w2, w2s, y, layout.row_slot, layout.block_expert, num_slots, inter, dim,
+        h.stride(0), hs.stride(0), w2.stride(0), w2.stride(1), w2s.stride(0), w2s.stride(1),
+        y.stride(0),
+        A_FP8=fp8, A_GROUP=group or 1, SOFT_ROUND=on_cpu,
+        BLOCK_M=tiles.block_m, BLOCK_N=n2, BLOCK_K=_block_k(inter, group),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    block = min(1024, triton.next_power_of_2(dim))
+    moe_combine_kernel[(tokens, triton.cdiv(dim, block))](y, out, dim, TOP_K=top_k, BLOCK=block)
+    return out
