@@ -8,7 +8,7 @@ from deepinfer.engine.core.request import Request
 from deepinfer.engine.core.scheduler_output import CachedRequestData, NewRequestData
 
 
-@dataclass
+@dataclass(slots=True)
 class _Known:
     num_tokens: int
     num_blocks: int

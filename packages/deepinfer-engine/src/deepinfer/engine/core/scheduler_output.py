@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NewRequestData:
     """A sequence the executor has not seen, or sees again after preemption or a fork.
 
@@ -37,7 +37,7 @@ class NewRequestData:
     state_slot: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CachedRequestData:
     """A sequence the executor already holds.
 
@@ -55,7 +55,7 @@ class CachedRequestData:
     num_computed_tokens: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SchedulerOutput:
     """What to run this step.
 
@@ -92,7 +92,7 @@ class SchedulerOutput:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ModelRunnerOutput:
     """Results of one step, per request id (plain Python values).
 
@@ -116,7 +116,7 @@ class ModelRunnerOutput:
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SequenceUpdate:
     """What one step changed in one sequence, as ``Scheduler.update`` reports it.
 
