@@ -101,8 +101,8 @@ def test_drafts_after_chunked_prefill_equal_whole_prefill(v41):
         anchors = target_step(cfg, model, draft, cache, chunks)
         start += n
     chunked = propose(model, draft, cache, anchors, [8, 8], [1, 0])
-    torch.testing.assert_close(chunked.logits[1:], whole.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(chunked.logits[1:], whole.logits, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(
-        chunked.confidence_logits[1:], whole.confidence_logits, atol=1e-5, rtol=1e-5
+        chunked.confidence_logits[1:], whole.confidence_logits, atol=1e-4, rtol=1e-4
     )
     assert torch.equal(chunked.tokens[1:], whole.tokens)

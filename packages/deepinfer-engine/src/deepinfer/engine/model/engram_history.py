@@ -98,6 +98,20 @@ def own_history_values(
     return torch.where(is_barrier, torch.full_like(compressed, BARRIER), compressed)
 
 
+def last_writers(cells: torch.Tensor, num_cells: int) -> torch.Tensor:
+    """``[T]``: for each token, the batch row whose write to the same cell wins (the latest).
+
+    cells ``[T]`` int64 in ``[0, num_cells)``. Writing ``values[last_writers(cells)]`` to
+    ``cells`` makes every duplicate write the same value, so the result is deterministic on any
+    device without a host sync (no boolean-mask indexing). Assumes later rows of a cell hold
+    later positions, as they do for a sequence's contiguous run in a flat batch.
+    """
+    rows = torch.arange(cells.shape[0], device=cells.device)
+    winner = torch.full((num_cells,), -1, dtype=torch.int64, device=cells.device)
+    winner = winner.scatter_reduce(0, cells, rows, reduce="amax")
+    return winner[cells]
+
+
 def update_history(
     history: torch.Tensor,
     token_ids: torch.Tensor,
@@ -108,12 +122,10 @@ def update_history(
 ) -> None:
     """Write the batch's tokens into their sequences' rings (after :func:`ngram_token_ids`).
 
-    Only the last ``R`` positions of each sequence in the batch are written, so every ring
-    entry has exactly one writer (deterministic for chunks longer than the ring).
+    When a chunk is longer than the ring, the latest position of each ring entry wins.
     """
     ring_size = history.shape[1]
     values = own_history_values(token_ids, token_map, is_barrier)
-    last = torch.full((history.shape[0],), -1, dtype=torch.int64, device=history.device)
-    last = last.scatter_reduce(0, slots, positions, reduce="amax")
-    keep = positions > last[slots] - ring_size
-    history[slots[keep], positions[keep].remainder(ring_size)] = values[keep]
+    cells = slots * ring_size + positions.remainder(ring_size)
+    flat = history.view(-1)
+    flat[cells] = values[last_writers(cells, flat.shape[0])]

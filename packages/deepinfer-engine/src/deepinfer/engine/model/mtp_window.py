@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer.engine.model.engram_history import last_writers
 from deepinfer.engine.model.metadata import AttentionMetadata
 
 
@@ -69,14 +70,10 @@ def draft_metadata(
 def seed_rows(
     positions: torch.Tensor, token_slots: torch.Tensor, ring_size: int, num_slots: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token rows, ring rows) to seed: the last ``ring_size`` positions of each slot.
+    """(source token rows, ring rows) of the seeding writes, one pair per token.
 
-    positions, token_slots ``[T]`` int64. Keeping only the last ``R`` positions per slot gives
-    every ring row one writer, so a long prefill chunk seeds deterministically.
+    positions, token_slots ``[T]`` int64. Tokens that share a ring row (a chunk longer than the
+    ring) all copy the latest position's row, so the write is deterministic and sync-free.
     """
-    last = torch.full((num_slots,), -1, dtype=torch.int64, device=positions.device)
-    last = last.scatter_reduce(0, token_slots, positions, reduce="amax")
-    keep = positions > last[token_slots] - ring_size
-    src = torch.nonzero(keep).squeeze(-1)
-    dst = token_slots[keep] * ring_size + positions[keep].remainder(ring_size)
-    return src, dst
+    dst = token_slots * ring_size + positions.remainder(ring_size)
+    return last_writers(dst, num_slots * ring_size), dst
