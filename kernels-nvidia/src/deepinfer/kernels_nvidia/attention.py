@@ -46,6 +46,8 @@ class AttentionTiles:
 
 
 DEFAULT_TILES = AttentionTiles()
+# fp32 operands take twice the shared memory per tile and run the exact (FMA) dot path.
+FP32_TILES = AttentionTiles(head_block=16, block_n=16, num_warps=4)
 
 
 @triton.jit
@@ -177,7 +179,7 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 def sparse_mqa_sink(q, kv, indices, sink, scale, *, tiles: AttentionTiles | None = None):
     """See :func:`deepinfer.kernels.sparse_mqa_sink`. ``kv`` may also be ``float8_e4m3fn``."""
     _check_inputs(q, kv, indices, sink)
-    tiles = tiles or DEFAULT_TILES
+    tiles = tiles or (FP32_TILES if q.dtype == torch.float32 else DEFAULT_TILES)
     q, kv, indices = _unit_last(q), _unit_last(kv), _unit_last(indices)
     sink = sink.float().contiguous()
     t, h, d = q.shape

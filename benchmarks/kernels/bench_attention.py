@@ -1,0 +1,151 @@
+"""Sparse MQA with sink over index lists on the GPU, at V4-Flash / V4.1-Flash attention shapes
+(64 query heads, one K=V head of 512, 640 entries per row = 128 window + 512 compressed, a
+128k-position arena), plus partial RoPE: Triton kernels vs the reference vs the best torch
+built-in (gather the rows, then SDPA with a mask; no sink, so a lower bound on its cost).
+
+Counted: decode = KV bytes gathered (rows x 640 x 512 x bytes per element, each row's own
+list); prefill = FLOPs, 4 x T x H x K x D (QK^T and PV), "bf16-equivalent". Ceilings: the copy
+rate measured in the same run; 790 TFLOP/s bf16 dense (KINDS.md measured rate).
+A small sweep of launch tiles runs first; the best is reported with its parameters.
+
+    python benchmarks/kernels/bench_attention.py --out bench-out/attention.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import copy_bandwidth_tbs, environment, print_table, time_cuda, write_json  # noqa: E402
+
+from deepinfer import kernels  # noqa: E402
+from deepinfer.kernels_nvidia import backend  # noqa: E402
+from deepinfer.kernels_nvidia.attention import AttentionTiles  # noqa: E402
+
+HEADS, DIM, WINDOW, ENTRIES, ARENA = 64, 512, 128, 512, 131072
+BF16_TFLOPS = 790.0
+DECODE_SWEEP = [
+    AttentionTiles(),
+    AttentionTiles(head_block=64, block_n=32, num_warps=8),
+    AttentionTiles(head_block=16, block_n=32, num_warps=4),
+    AttentionTiles(head_block=32, block_n=64, num_warps=8),
+    AttentionTiles(head_block=64, block_n=16, split_size=64, num_warps=4),
+]
+PREFILL_SWEEP = [
+    AttentionTiles(),
+    AttentionTiles(head_block=64, block_n=32, num_warps=8),
+    AttentionTiles(head_block=64, block_n=64, num_warps=8, num_stages=3),
+]
+
+
+def make_inputs(rows: int, kv_dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(rows, HEADS, DIM, device="cuda", generator=g, dtype=torch.bfloat16)
+    kv = torch.randn(ARENA + WINDOW * 4, DIM, device="cuda", generator=g).to(kv_dtype)
+    win = torch.randint(ARENA, ARENA + WINDOW * 4, (rows, WINDOW), device="cuda", generator=g)
+    comp = torch.randint(0, ARENA, (rows, ENTRIES), device="cuda", generator=g)
+    idx = torch.cat([win, comp], 1).int()
+    sink = torch.randn(HEADS, device="cuda", generator=g)
+    return q, kv, idx, sink, DIM**-0.5
+
+
+def sdpa_baseline(q, kv, idx, sink, scale):
+    """Gather each row's entries, then SDPA with the 64 heads as 64 queries of one head."""
+    gathered = kv[idx.clamp(min=0).long()].to(q.dtype)[:, None]  # [T, 1, K, D]
+    mask = (idx >= 0)[:, None, None, :]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q[:, None], gathered, gathered, attn_mask=mask, scale=scale
+    )
+
+
+def try_time(fn, **kw) -> float:
+    """Median ms, or NaN (with the reason printed) when a baseline cannot run at this shape."""
+    try:
+        return time_cuda(fn, **kw)
+    except Exception as e:
+        print(f"baseline failed: {type(e).__name__}: {str(e)[:160]}")
+        return float("nan")
+
+
+def best_tiles(args, sweep, iters):
+    fn = backend.ops["sparse_mqa_sink"]
+    timed = []
+    for tiles in sweep:
+        try:
+            timed.append((time_cuda(lambda t=tiles: fn(*args, tiles=t), iters=iters), tiles))
+        except Exception as e:  # a tile shape that does not compile (shared memory) is skipped
+            print(f"tiles {tiles} failed: {type(e).__name__}: {str(e)[:120]}")
+    return min(timed, key=lambda x: x[0])
+
+
+def bench_decode(rows: int, kv_dtype: torch.dtype, ceiling: float) -> dict:
+    args = make_inputs(rows, kv_dtype)
+    ms, tiles = best_tiles(args, DECODE_SWEEP, iters=50)
+    gathered = rows * (WINDOW + ENTRIES) * DIM * args[1].element_size()
+    row = {"case": f"decode T={rows} kv={str(kv_dtype).removeprefix('torch.')}",
+           "triton_us": ms * 1e3, "triton_TB/s": gathered / ms / 1e9,
+           "%ceiling": 100 * gathered / ms / 1e9 / ceiling, "tiles": _tiles_str(tiles)}  # fmt: skip
+    ref_ms = try_time(lambda: kernels.OPS["sparse_mqa_sink"].reference(*args), iters=10)
+    sdpa_ms = try_time(lambda: sdpa_baseline(*args), iters=10)
+    row.update(reference_us=ref_ms * 1e3, torch_sdpa_us=sdpa_ms * 1e3)
+    return row
+
+
+def bench_prefill(rows: int) -> dict:
+    args = make_inputs(rows, torch.bfloat16)
+    ms, tiles = best_tiles(args, PREFILL_SWEEP, iters=10)
+    flops = 4 * rows * HEADS * (WINDOW + ENTRIES) * DIM
+    row = {"case": f"prefill T={rows} kv=bfloat16", "triton_us": ms * 1e3,
+           "triton_TFLOP/s": flops / ms / 1e9, "%ceiling": 100 * flops / ms / 1e9 / BF16_TFLOPS,
+           "tiles": _tiles_str(tiles)}  # fmt: skip
+    sdpa_ms = try_time(lambda: sdpa_baseline(*args), warmup=1, iters=3)
+    row.update(torch_sdpa_us=sdpa_ms * 1e3, torch_sdpa_TFLOP_s=flops / sdpa_ms / 1e9)
+    return row
+
+
+def bench_rope(rows: int, ceiling: float) -> dict:
+    x = torch.randn(rows, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    ang = torch.rand(rows, 32, device="cuda") * 100
+    cos, sin = ang.cos(), ang.sin()
+    nbytes = 2 * x.numel() * 2
+    ms = time_cuda(lambda: backend.ops["apply_rope"](x, cos, sin, inverse=True))
+    ref_ms = time_cuda(lambda: kernels.OPS["apply_rope"].reference(x, cos, sin, inverse=True))
+    return {"case": f"apply_rope inverse [{rows},64,512]", "triton_us": ms * 1e3,
+            "triton_TB/s": nbytes / ms / 1e9, "%ceiling": 100 * nbytes / ms / 1e9 / ceiling,
+            "reference_us": ref_ms * 1e3}  # fmt: skip
+
+
+def _tiles_str(t: AttentionTiles) -> str:
+    return f"hb{t.head_block}/bn{t.block_n}/split{t.split_size}/w{t.num_warps}/s{t.num_stages}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument("--prefill-rows", type=int, default=8192)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_attention.py needs an NVIDIA GPU")
+    ceiling = copy_bandwidth_tbs()
+    print(f"measured copy bandwidth: {ceiling:.2f} TB/s")
+    rows = []
+    for t in (64, 256):
+        rows.append(bench_decode(t, torch.float8_e4m3fn, ceiling))
+        print(rows[-1])
+    rows.append(bench_decode(64, torch.bfloat16, ceiling))
+    rows.append(bench_prefill(args.prefill_rows))
+    print(rows[-1])
+    for t in (64, 8192):
+        rows.append(bench_rope(t, ceiling))
+    cols = ["case", "triton_us", "triton_TB/s", "triton_TFLOP/s", "%ceiling", "reference_us",
+            "torch_sdpa_us", "tiles"]  # fmt: skip
+    print_table(rows, cols)
+    write_json(args.out, {"env": environment(), "copy_TB/s": ceiling, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
