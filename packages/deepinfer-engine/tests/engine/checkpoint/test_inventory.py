@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from deepinfer.engine.checkpoint import official_inventory
@@ -125,14 +126,34 @@ def test_v41_engram_dspark_and_vision_entries():
     assert "layers.1.engram.embed.scale" not in unquantised
 
 
-def test_inventory_matches_the_model_modules_for_v4():
-    from deepinfer.engine.model.model import expected_tensors
+DSPARK_V4 = dict(
+    compress_ratios=[0, 4, 128, 4, 0, 0, 0],
+    dspark_block_size=3,
+    dspark_target_layer_ids=[1, 2, 3],
+    dspark_markov_rank=32,
+    dspark_noise_token_id=16,
+)
 
-    for quantized in (False, True):
-        config = parse_config(with_quantization(tiny_v4_config(), quantized))
-        module = expected_tensors(config)
-        inv = official_inventory(config, include_mtp=False)
-        assert sorted(module) == sorted(inv)
-        for name, (shape, dtype) in module.items():
-            assert inv[name].shape == shape, name
-            assert inv[name].accepts(dtype), name
+
+@pytest.mark.parametrize(
+    "raw",
+    [tiny_v4_config(), tiny_v4_config(**DSPARK_V4), tiny_v41_config()],
+    ids=["v4-mtp", "v4-dspark", "v41"],
+)
+@pytest.mark.parametrize("quantized", [False, True], ids=["float", "quantised"])
+def test_inventory_matches_the_model_modules(raw, quantized):
+    """The model helper's modules (official parameter names) hold exactly the inventory."""
+    from deepinfer.engine.model.layers import LinearFactory
+    from deepinfer.engine.model.model import expected_tensors
+    from deepinfer.engine.model.mtp import build_draft_stages
+
+    config = parse_config(with_quantization(raw, quantized))
+    module = dict(expected_tensors(config))
+    stages = build_draft_stages(config, LinearFactory(config, torch.bfloat16, "meta"))
+    for name, t in stages.state_dict().items():
+        module[f"mtp.{name}"] = (tuple(t.shape), t.dtype)
+    inv = {n: s for n, s in official_inventory(config).items() if not s.skip}
+    assert sorted(module) == sorted(inv)
+    for name, (shape, dtype) in module.items():
+        assert inv[name].shape == shape, name
+        assert inv[name].accepts(dtype), name

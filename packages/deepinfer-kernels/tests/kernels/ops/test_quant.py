@@ -237,3 +237,20 @@ def test_fp4_round_trip_error_bound_on_random_weights():
 @pytest.mark.parametrize("case", cases_for(QUANT_OPS, "small"), ids=str)
 def test_conformance_cases_run_on_reference(case):
     check_case(OPS[case.op].reference, case, device="cpu", seed=7)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", cases_for(QUANT_OPS, "real"), ids=str)
+def test_reference_on_cuda_matches_cpu(case):
+    """The reference twins give the same bits on the GPU as on the CPU at model sizes."""
+    gen = torch.Generator().manual_seed(8)
+    args, kwargs = case.make_inputs(gen, torch.device("cuda"))
+    on_gpu = OPS[case.op].reference(*args, **kwargs)
+    cpu_args = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)
+    on_cpu = OPS[case.op].reference(*cpu_args, **kwargs)
+    for g, c in zip(
+        on_gpu if isinstance(on_gpu, tuple) else (on_gpu,),
+        on_cpu if isinstance(on_cpu, tuple) else (on_cpu,),
+    ):
+        assert torch.equal(g.cpu().view(torch.uint8), c.view(torch.uint8))
