@@ -357,3 +357,69 @@ def test_tap_recorder_keeps_the_configured_side_of_each_tap_layer(v41):
     torch.testing.assert_close(recorder.taps(), want)
     with pytest.raises(RuntimeError, match="not recorded"):
         TapRecorder(tiny_config(v41)).taps()
+
+
+def test_quantised_checkpoint_stores_main_proj_fp8_and_the_heads_bf16():
+    raw_quant = {"quant_method": "fp8", "weight_block_size": [32, 32], "expert_dtype": "fp4"}
+    cfg = tiny_config(True, quantization_config=raw_quant)
+    state = DSparkDraft(cfg, LinearFactory(cfg, torch.bfloat16)).state_dict()
+    got = {
+        k: (tuple(state[k].shape), state[k].dtype)
+        for k in (
+            "0.main_proj.weight",
+            "0.main_proj.scale",
+            "0.main_norm.weight",
+            "2.markov_head.embed.weight",
+            "2.markov_head.head.weight",
+            "2.confidence_head.proj.weight",
+        )
+    }
+    assert got == {
+        "0.main_proj.weight": ((DIM, 2 * DIM), torch.float8_e4m3fn),
+        "0.main_proj.scale": ((1, 2), torch.float8_e8m0fnu),
+        "0.main_norm.weight": ((DIM,), torch.bfloat16),
+        "2.markov_head.embed.weight": ((VOCAB, RANK), torch.bfloat16),
+        "2.markov_head.head.weight": ((VOCAB, RANK), torch.bfloat16),
+        "2.confidence_head.proj.weight": ((1, DIM + RANK), torch.bfloat16),
+    }
+
+
+def _randomise_stored(module, seed=0):
+    """Random weights in their stored formats (FP8 + e8m0 scales, packed FP4, floats)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.dtype == torch.float8_e8m0fnu:
+                p.copy_(
+                    torch.randint(124, 128, p.shape, generator=g, dtype=torch.uint8).view(p.dtype)
+                )
+            elif p.dtype in (torch.int8, torch.uint8):
+                p.copy_(torch.randint(-128, 128, p.shape, generator=g).to(p.dtype))
+            elif name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_((torch.randn(p.shape, generator=g) * 0.3).to(p.dtype))
+
+
+def test_seeded_window_rows_are_fp8_simulated_under_the_reference_numerics():
+    from deepinfer import kernels
+
+    quant = {"quant_method": "fp8", "weight_block_size": [32, 32]}
+    rows = {}
+    for simulate in (False, True):
+        cfg = tiny_config(True, quantization_config=quant, head_dim=32)
+        cfg = cfg.with_overrides(quant_simulation=simulate)
+        draft = DSparkDraft(cfg, LinearFactory(cfg, torch.float32))
+        _randomise_stored(draft)
+        cache = ModelCache(
+            cfg, CacheLayout(num_blocks=1, num_slots=1, max_draft=BLOCK), dtype=torch.float32
+        )
+        draft.allocate(cache)
+        taps = torch.randn(5, 2 * DIM, generator=torch.Generator().manual_seed(3))
+        draft.seed(taps, torch.arange(5), torch.zeros(5, dtype=torch.long), cache, RopeTables(cfg))
+        rows[simulate] = cache[f"{draft[1].layer_id}.window"][:5]
+    # V4.1: the whole row (RoPE tail included) is rounded to e4m3 per 32 with a power-of-two scale
+    assert torch.equal(rows[True], kernels.fp8_sim(rows[True], 32))
+    assert not torch.equal(rows[False], kernels.fp8_sim(rows[False], 32))
+    # ... and otherwise the same rows (the linears' FP8 input rounding adds a little more)
+    assert (rows[True] - rows[False]).norm() < 0.1 * rows[False].norm()
