@@ -3,8 +3,9 @@ plus the progress bar with throughput."""
 
 from __future__ import annotations
 
+import operator
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from deepinfer.engine.core.outputs import RequestOutput
@@ -14,27 +15,34 @@ from deepinfer.sampling import SamplingParams
 _SEED_MASK = (1 << 63) - 1
 
 
-def _is_token_list(value: Any) -> bool:
-    return (
-        isinstance(value, Sequence)
-        and not isinstance(value, str)
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-    )
+def _as_token_list(value: Any) -> list[int] | None:
+    """``value`` as a list of Python ints (numpy / torch integer scalars accepted), or None."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        return None
+    ids = []
+    for token in value:
+        if isinstance(token, (bool, Iterable)):
+            return None
+        try:
+            ids.append(operator.index(token))
+        except TypeError:
+            return None
+    return ids
 
 
 def _token_lists(prompt_token_ids: Any) -> list[list[int]]:
-    if _is_token_list(prompt_token_ids) and (
-        len(prompt_token_ids) == 0 or not isinstance(prompt_token_ids[0], Sequence)
-    ):
-        return [list(prompt_token_ids)]
-    if isinstance(prompt_token_ids, Sequence) and not isinstance(prompt_token_ids, str):
+    single = _as_token_list(prompt_token_ids)
+    if single is not None:
+        return [single]
+    if isinstance(prompt_token_ids, Iterable) and not isinstance(prompt_token_ids, str):
         lists = []
         for index, ids in enumerate(prompt_token_ids):
-            if not _is_token_list(ids):
+            token_list = _as_token_list(ids)
+            if token_list is None:
                 raise InvalidRequestError(
                     f"request {index}: prompt_token_ids is {ids!r}, expected a list of integers"
                 )
-            lists.append(list(ids))
+            lists.append(token_list)
         return lists
     raise InvalidRequestError(
         f"prompt_token_ids={prompt_token_ids!r}: expected a list of integers or a list of them"
