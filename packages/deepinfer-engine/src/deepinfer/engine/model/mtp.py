@@ -102,18 +102,6 @@ class DSparkStage(Block):
                 _hc_head_params(self, c, f.device)
                 self.hc_head = HyperHead(c)
 
-    def forward_v41(
-        self, h: torch.Tensor, pre: torch.Tensor, ctx: StepContext
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """V4.1 block with deferred pre-mix (spec 7.1): each site's ``pre`` collapses the
-        streams for the *next* sublayer. (h ``[T, nc, D]``, pre ``[T, nc]``) -> (h, next pre)."""
-        attn_pre, post, comb = self.attn_coefficients(h)
-        a = self.attn(self.attn_norm(K.hc_collapse(h, pre)), ctx)
-        h = K.hc_expand(a, h, post, comb)
-        ffn_pre, post, comb = self.ffn_coefficients(h)
-        f = self.ffn(self.ffn_norm(K.hc_collapse(h, attn_pre)), ctx.input_ids)
-        return K.hc_expand(f, h, post, comb), ffn_pre
-
     def collapse(self, streams: torch.Tensor, pre: torch.Tensor | None = None) -> torch.Tensor:
         """Last stage: streams ``[N, nc, D]`` -> the pre-norm hidden ``[N, D]`` (V4: the
         stage's ``hc_head``; V4.1: the last FFN site's deferred ``pre``)."""
