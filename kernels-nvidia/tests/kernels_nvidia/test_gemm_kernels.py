@@ -52,6 +52,17 @@ def test_linear_keeps_leading_dims():
     assert torch.equal(got.view(6, 64), flat)
 
 
+@pytest.mark.parametrize("split_k", [2, 4])
+def test_split_k_matches_the_reference(split_k):
+    gen = torch.Generator().manual_seed(split_k)
+    w, s = random_fp8_weight(gen, 96, 1024, (128, 128), torch.device(DEVICE))
+    a, sa = ref_quant.fp8_act_quant(torch.randn(5, 1024, device=DEVICE), 128)
+    tiles = gemm.GemmTiles(32 if not HAS_CUDA else 64, 64, 1, 4, 2, split_k)
+    got = gemm.fp8_gemm_nt_tiles(a, sa, w, s, (128, 128), out_dtype=torch.float32, tiles=tiles)
+    want = OPS["fp8_gemm_nt"].reference(a, sa, w, s, (128, 128), out_dtype=torch.float32)
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+
+
 def test_rejects_scale_of_the_wrong_shape():
     a = torch.randn(4, 128, device=DEVICE).to(torch.float8_e4m3fn)
     sa = torch.ones(4, 1, device=DEVICE)

@@ -7,10 +7,10 @@ accumulator with its scales (so the tensor core's short internal accumulation sp
 scale block, as in DeepGEMM).
 
 Tiles: large M (prefill) uses 128 x 128 tiles with grouped ordering for L2 reuse; small M
-(decode) uses ``BLOCK_M = 16..64`` and narrow N tiles so many programs stream the weight
-("split-N"). No split-K: each output element is one program's ordered K loop. With
-``DEEPINFER_BATCH_INVARIANT=1`` one tile configuration serves every M, so a row's result never
-depends on how many rows are in the batch.
+(decode) uses narrow N tiles so many programs stream the weight ("split-N"), plus a split-K into
+fp32 partials (summed in a fixed order) where N alone gives too few programs. With
+``DEEPINFER_BATCH_INVARIANT=1`` one tile configuration without split-K serves every M, so a
+row's result never depends on how many rows are in the batch.
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ def _fp8_gemm_kernel(
     stride_am, stride_asm, stride_bn, stride_bsn, stride_cm,
     A_GROUP: tl.constexpr, B_BLOCK_N: tl.constexpr, B_BLOCK_K: tl.constexpr,
     SUB_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
+    split = tl.program_id(1)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * num_n
@@ -62,7 +63,8 @@ def _fp8_gemm_kernel(
     bs_base = bs_ptr + (rows_b // B_BLOCK_N) * stride_bsn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_per_split = K // SPLIT_K
+    for k0 in range(split * k_per_split, (split + 1) * k_per_split, BLOCK_K):
         for kk in tl.static_range(BLOCK_K // SUB_K):
             k = k0 + kk * SUB_K
             a = tl.load(a_base + k)
@@ -71,6 +73,7 @@ def _fp8_gemm_kernel(
             sb = e8m0_to_fp32(tl.load(bs_base + k // B_BLOCK_K))
             acc += tl.dot(a, tl.trans(b)) * sa[:, None] * sb[None, :]
     c = acc.to(c_ptr.dtype.element_ty)
+    c_ptr += split.to(tl.int64) * M * stride_cm  # split-K partials: [SPLIT_K, M, N] fp32
     c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
     tl.store(c_ptrs, c, mask=m_mask[:, None] & n_mask[None, :])
 
@@ -82,20 +85,26 @@ class GemmTiles:
     group_m: int
     num_warps: int
     num_stages: int
+    split_k: int = 1
 
 
-def choose_tiles(m: int, *, batch_invariant: bool, on_cpu: bool) -> GemmTiles:
-    """Tile shape for ``m`` rows: fixed under batch invariance, else by size class."""
+NUM_SMS_TARGET = 264  # two programs per H200 SM
+
+
+def choose_tiles(m: int, n: int, k: int, *, batch_invariant: bool, on_cpu: bool) -> GemmTiles:
+    """Tile shape for an ``m x n x k`` product: fixed under batch invariance (no split-K), else
+    by size class; small M streams the weight through narrow N tiles and, where those are
+    still too few to fill the GPU, a split-K that depends on ``(n, k)`` only."""
     if on_cpu:  # the interpreter: few big programs
         return GemmTiles(32, 64, 8, 4, 1)
     if batch_invariant:
         return GemmTiles(64, 128, 8, 4, 4)
-    if m <= 16:
-        return GemmTiles(16, 64, 1, 4, 6)
-    if m <= 32:
-        return GemmTiles(32, 64, 1, 4, 6)
     if m <= 64:
-        return GemmTiles(64, 64, 1, 4, 5)
+        programs = triton.cdiv(n, 64)
+        split = 1
+        while programs * split < NUM_SMS_TARGET and k % (split * 2 * 512) == 0:
+            split *= 2
+        return GemmTiles(64, 64, 1, 4, 6, split)
     if m <= 256:
         return GemmTiles(64, 128, 8, 4, 4)
     return GemmTiles(128, 128, 8, 8, 4)
@@ -123,25 +132,39 @@ def _check_operands(a, a_scale, b, b_scale, block_size):
 
 @implements("fp8_gemm_nt")
 def fp8_gemm_nt(a, a_scale, b, b_scale, block_size, *, out_dtype=torch.bfloat16):
+    return fp8_gemm_nt_tiles(a, a_scale, b, b_scale, block_size, out_dtype=out_dtype)
+
+
+def fp8_gemm_nt_tiles(a, a_scale, b, b_scale, block_size, *, out_dtype, tiles=None):
+    """:func:`fp8_gemm_nt` with an explicit tile shape (``None``: :func:`choose_tiles`)."""
     m, n, k, a_group, sub_k = _check_operands(a, a_scale, b, b_scale, block_size)
     a = a if a.stride(1) == 1 else a.contiguous()
     b = b if b.stride(1) == 1 else b.contiguous()
     a_scale = a_scale.float()
     b_scale = b_scale.view(torch.uint8)
-    c = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
-        return c
-    tiles = choose_tiles(m, batch_invariant=envs.batch_invariant(), on_cpu=a.device.type == "cpu")
-    block_k = max(sub_k, 128) if k % max(sub_k, 128) == 0 else sub_k
-    grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
+        return torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if tiles is None:
+        on_cpu = a.device.type == "cpu"
+        tiles = choose_tiles(m, n, k, batch_invariant=envs.batch_invariant(), on_cpu=on_cpu)
+    block_k = max(sub_k, 128) if k % (max(sub_k, 128) * tiles.split_k) == 0 else sub_k
+    if k % (block_k * tiles.split_k):
+        raise ValueError(f"K={k}: split_k={tiles.split_k} x block_k={block_k} must divide it")
+    split = tiles.split_k
+    c = torch.empty(
+        (split, m, n) if split > 1 else (m, n),
+        dtype=torch.float32 if split > 1 else out_dtype,
+        device=a.device,
+    )
+    grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n), split)
     _fp8_gemm_kernel[grid](
         a, a_scale, b, b_scale, c, m, n, k,
-        a.stride(0), a_scale.stride(0), b.stride(0), b_scale.stride(0), c.stride(0),
+        a.stride(0), a_scale.stride(0), b.stride(0), b_scale.stride(0), n,
         A_GROUP=a_group, B_BLOCK_N=block_size[0], B_BLOCK_K=block_size[1], SUB_K=sub_k,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k, GROUP_M=tiles.group_m,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        SPLIT_K=split, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
-    return c
+    return c.sum(0).to(out_dtype) if split > 1 else c
 
 
 @implements("linear")

@@ -58,7 +58,7 @@ def choose_tiles(
         return MoeTiles(16, 64, 4, 4)
     if rows_per_expert <= 96:
         return MoeTiles(64, 128, 4, 3)
-    return MoeTiles(128, 128, 8, 3)
+    return MoeTiles(128, 128, 8, 2)
 
 
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertLayout:
@@ -133,6 +133,17 @@ def _quantised_input(x, group):
 def fp4_moe_experts(
     x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, *, swiglu_limit, act_quant_group
 ):  # fmt: skip
+    return fp4_moe_experts_tiles(
+        x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale,
+        swiglu_limit=swiglu_limit, act_quant_group=act_quant_group,
+    )  # fmt: skip
+
+
+def fp4_moe_experts_tiles(
+    x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, *, swiglu_limit, act_quant_group,
+    tiles: MoeTiles | None = None,
+):  # fmt: skip
+    """:func:`fp4_moe_experts` with an explicit tile shape (``None``: :func:`choose_tiles`)."""
     group = act_quant_group
     tokens, dim, experts, inter = _check(
         x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, group
@@ -143,7 +154,9 @@ def fp4_moe_experts(
     if num_slots == 0:
         return out
     on_cpu = x.device.type == "cpu"
-    tiles = choose_tiles(num_slots, experts, batch_invariant=envs.batch_invariant(), on_cpu=on_cpu)
+    if tiles is None:
+        invariant = envs.batch_invariant()
+        tiles = choose_tiles(num_slots, experts, batch_invariant=invariant, on_cpu=on_cpu)
     layout = align_by_expert(topk_ids, experts, tiles.block_m)
     num_blocks = layout.block_expert.numel()
     xq, xs = _quantised_input(x, group)
