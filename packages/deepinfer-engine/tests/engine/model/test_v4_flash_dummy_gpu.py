@@ -1,0 +1,57 @@
+"""A V4-Flash-sized model of 2 layers (CSA + HCA, real widths, FP8 / FP4 weights) built with
+``load_format="dummy"`` on the GPU runs a prefill and decode steps through the reference ops.
+
+Run on the GPU machine with ``-s`` to see memory and time:
+    python -m pytest packages/deepinfer-engine/tests/engine/model/test_v4_flash_dummy_gpu.py -q -s
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from deepinfer.engine.checkpoint import load_into
+from deepinfer.engine.model.config import parse_config
+from deepinfer.engine.model.model import build_model
+from deepinfer.engine.model.simple_runner import SimpleRunner
+
+from .test_config import V4_FLASH  # noqa: TID252
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU"),
+]
+
+
+def test_v4_flash_sized_two_layer_dummy_forward():
+    config = parse_config({**V4_FLASH, "num_hidden_layers": 2, "compress_ratios": [4, 128]})
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    model = build_model(config, device="cuda", dtype=torch.bfloat16)
+    load_into(model, load_format="dummy")
+    torch.cuda.synchronize()
+    built = time.perf_counter() - start
+    weights_gib = torch.cuda.memory_allocated() / 2**30
+    prompt = 1024
+    runner = SimpleRunner(model, max_seqs=2, max_len=prompt + 8, device="cuda")
+    ids = torch.randint(0, config.vocab_size, (prompt + 4,)).tolist()
+    start = time.perf_counter()
+    logits = runner.step({0: ids[:prompt], 1: ids[: prompt // 2]})
+    torch.cuda.synchronize()
+    prefill = time.perf_counter() - start
+    start = time.perf_counter()
+    for t in ids[prompt : prompt + 4]:
+        step = runner.step({0: [t], 1: [t]})
+    torch.cuda.synchronize()
+    decode = (time.perf_counter() - start) / 4
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30
+    print(
+        f"\nV4-Flash 2-layer dummy: build+fill {built:.1f} s, weights {weights_gib:.2f} GiB, "
+        f"prefill {prompt}+{prompt // 2} tok {prefill:.2f} s, decode step (2 seq) "
+        f"{decode * 1e3:.0f} ms, peak {peak_gib:.2f} GiB"
+    )
+    assert logits[0].shape == (prompt, config.vocab_size)
+    assert torch.isfinite(logits[0]).all() and torch.isfinite(step[0]).all()
+    assert weights_gib > 5  # really V4-Flash widths: 2 x 256 FP4 experts + embed + head
