@@ -12,6 +12,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from deepinfer.engine.core.text_buffer import TextBuffer
+
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 FINISH_ABORT = "abort"
@@ -131,7 +133,12 @@ class Request:
         self.finished_time: float | None = None
         self.skip_special_tokens = skip_special_tokens  # False when the text will be parsed
         self.detokenizer: Any = None  # IncrementalDetokenizer when a tokenizer is known
-        self.output_text = ""
+        self.text = TextBuffer()
+
+    @property
+    def output_text(self) -> str:
+        """The generated text so far (cut at a matched stop string)."""
+        return self.text.text()
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -332,7 +332,8 @@ class Scheduler:
                     sequence_update(request, [], []),
                     request_id=f"{request.group_id}#{index}",
                     index=index,
-                    text="",
+                    new_text="",
+                    text_length=0,
                     prompt_logprobs=None,
                 )
             )

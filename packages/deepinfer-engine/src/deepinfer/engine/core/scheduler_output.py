@@ -120,7 +120,9 @@ class ModelRunnerOutput:
 class SequenceUpdate:
     """What one step changed in one sequence, as ``Scheduler.update`` reports it.
 
-    text: the sequence's whole output text so far (already cut at a stop string).
+    new_text: text appended this step; text_length: the length of the whole output text after
+        this step. A stop string can cut text reported earlier: the text is then
+        ``(previous text + new_text)[:text_length]``.
     prompt_logprobs: on the finishing update of sample 0, the prompt logprobs gathered.
     """
 
@@ -133,6 +135,7 @@ class SequenceUpdate:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     error: str | None = None
-    text: str = ""
+    new_text: str = ""
+    text_length: int = 0
     prompt_logprobs: list[dict[int, float]] | None = None
     num_preemptions: int = 0

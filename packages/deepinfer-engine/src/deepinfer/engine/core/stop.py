@@ -36,27 +36,31 @@ def is_token_stop(request: Request, token_id: int) -> StopDecision | None:
 
 
 def find_stop_string(request: Request, previous_text_len: int) -> tuple[str, int] | None:
-    """The earliest stop string ending in the new text, with its start index, or None."""
+    """The earliest stop string ending in the new text, with its start index, or None.
+
+    Only the text from ``max(len(stop)) - 1`` characters before the new text is searched.
+    """
     cond = request.stop_conditions
     if not cond.stop or request.num_output_tokens <= cond.min_tokens:
         return None
-    text = request.output_text
+    region_start = max(0, previous_text_len - cond.max_stop_len + 1)
+    region = request.text.tail(request.text.length - region_start)
     best: tuple[str, int] | None = None
     for stop in cond.stop:
-        start = text.find(stop, max(0, previous_text_len - len(stop) + 1))
-        if start != -1 and (best is None or start < best[1]):
-            best = (stop, start)
+        found = region.find(stop, max(0, previous_text_len - len(stop) + 1) - region_start)
+        if found != -1 and (best is None or region_start + found < best[1]):
+            best = (stop, region_start + found)
     return best
 
 
 def apply_stop_string(request: Request, previous_text_len: int) -> StopDecision | None:
-    """Cut ``request.output_text`` at a stop string found in the new text, if any."""
+    """Cut the request's text at a stop string found in the new text, if any."""
     match = find_stop_string(request, previous_text_len)
     if match is None:
         return None
     stop, start = match
     keep = start + len(stop) if request.stop_conditions.include_stop_str_in_output else start
-    request.output_text = request.output_text[:keep]
+    request.text.truncate(keep)
     return StopDecision(FINISH_STOP, stop)
 
 
@@ -79,9 +83,9 @@ def check_new_token(request: Request, token_id: int, max_model_len: int) -> Stop
     token_stop = is_token_stop(request, token_id)
     if token_stop is not None:
         return token_stop
-    previous_text_len = len(request.output_text)
+    previous_text_len = request.text.length
     if request.detokenizer is not None:
-        request.output_text += request.detokenizer.append(token_id)
+        request.text.append(request.detokenizer.append(token_id))
     string_stop = apply_stop_string(request, previous_text_len)
     if string_stop is not None:
         return string_stop

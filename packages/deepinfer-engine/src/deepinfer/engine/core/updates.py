@@ -23,6 +23,7 @@ def apply_sampled_tokens(
     """Append tokens one by one until a stop condition; tokens after a stop are dropped."""
     if request.first_token_time is None:
         request.first_token_time = now
+    previous_text_len = request.text.length
     appended: list[int] = []
     for position, token_id in enumerate(token_ids):
         request.all_token_ids.append(token_id)
@@ -35,14 +36,21 @@ def apply_sampled_tokens(
                 request, decision.finish_reason, stop_reason=decision.stop_reason
             )
             break
-    return sequence_update(request, appended, logprobs[: len(appended)])
+    return sequence_update(request, appended, logprobs[: len(appended)], previous_text_len)
 
 
 def sequence_update(
-    request: Request, new_token_ids: list[int], new_logprobs: list[dict[int, float]]
+    request: Request,
+    new_token_ids: list[int],
+    new_logprobs: list[dict[int, float]],
+    previous_text_len: int | None = None,
 ) -> SequenceUpdate:
-    """The update reporting ``request``'s new tokens and, if it finished, how."""
+    """The update reporting ``request``'s new tokens and text and, if it finished, how."""
     finished = request.is_finished
+    text_length = request.text.length
+    if previous_text_len is None:
+        previous_text_len = text_length
+    new_text = request.text.tail(text_length - previous_text_len)
     return SequenceUpdate(
         request_id=request.request_id,
         group_id=request.group_id,
@@ -53,7 +61,8 @@ def sequence_update(
         finish_reason=request.finish_reason,
         stop_reason=request.stop_reason,
         error=request.error,
-        text=request.output_text,
+        new_text=new_text,
+        text_length=text_length,
         prompt_logprobs=request.prompt_logprobs if finished and request.index == 0 else None,
         num_preemptions=request.num_preemptions,
     )
