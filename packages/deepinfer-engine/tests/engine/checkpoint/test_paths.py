@@ -65,3 +65,9 @@ def test_bad_inputs_name_the_field(tmp_path, fake_hub, monkeypatch):
     with pytest.raises(CheckpointError, match="DEEPINFER_HF_MODEL_DIR"):
         resolve_model_path("org/name")
     assert fake_hub == []
+
+
+def test_dummy_loads_fetch_no_weights(fake_hub):
+    resolve_model_path("org/name", weights=False)
+    patterns = fake_hub[0][2]
+    assert "*.json" in patterns and not any("safetensors" in p for p in patterns)

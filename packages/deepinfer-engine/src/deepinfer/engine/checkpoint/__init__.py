@@ -8,6 +8,8 @@
   wrong-dtype tensor.
 - :func:`load_into`: validate, then stream the tensors shard by shard into a module;
   ``load_format="dummy"`` fills random weights instead (:func:`fill_dummy`).
+- :func:`load_model`: all of the above plus config parsing, ``build_model`` and the V4.1
+  Engram token map: one call from a path or hub id to a ready model.
 """
 
 from deepinfer.engine.checkpoint.dummy import fill_dummy
@@ -26,6 +28,7 @@ from deepinfer.engine.checkpoint.loader import (
     read_and_validate,
     read_tensors,
 )
+from deepinfer.engine.checkpoint.model_loader import bind_engram_from_tokenizer, load_model
 from deepinfer.engine.checkpoint.names import official_name
 from deepinfer.engine.checkpoint.paths import DEFAULT_MODEL, resolve_model_path
 from deepinfer.engine.checkpoint.validate import (
@@ -42,8 +45,10 @@ __all__ = [
     "Mismatch",
     "StoredTensor",
     "TensorSpec",
+    "bind_engram_from_tokenizer",
     "fill_dummy",
     "load_into",
+    "load_model",
     "official_inventory",
     "official_name",
     "read_and_validate",

@@ -22,6 +22,7 @@ DEFAULT_MODEL = "deepseek-ai/DeepSeek-V4.1-Flash-1017"
 ENV_MODEL_DIR = "DEEPINFER_HF_MODEL_DIR"
 # What a text-only engine needs from a snapshot (no images of the model card, no .bin).
 DOWNLOAD_PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja")
+CONFIG_PATTERNS = ("*.json", "*.model", "*.txt", "*.jinja")  # no weights (load_format=dummy)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
@@ -38,8 +39,12 @@ def resolve_model_path(
     *,
     revision: str | None = None,
     download: bool = True,
+    weights: bool = True,
 ) -> Path:
-    """The local checkpoint directory for ``model`` (a directory or a hub id)."""
+    """The local checkpoint directory for ``model`` (a directory or a hub id).
+
+    ``weights=False`` fetches only the config and tokenizer files of a hub snapshot.
+    """
     if model is not None and Path(model).is_dir():
         return _checked_dir(Path(model), "model")
     override = envs.get(ENV_MODEL_DIR)
@@ -53,13 +58,12 @@ def resolve_model_path(
         )
     if not download:
         raise CheckpointError(f"model = {repo_id!r} is not a local directory and download=False")
-    return _checked_dir(_download(repo_id, revision), f"snapshot of {repo_id}")
+    patterns = DOWNLOAD_PATTERNS if weights else CONFIG_PATTERNS
+    return _checked_dir(_download(repo_id, revision, patterns), f"snapshot of {repo_id}")
 
 
-def _download(repo_id: str, revision: str | None) -> Path:
+def _download(repo_id: str, revision: str | None, patterns: tuple[str, ...]) -> Path:
     from huggingface_hub import snapshot_download
 
-    path = snapshot_download(
-        repo_id=repo_id, revision=revision, allow_patterns=list(DOWNLOAD_PATTERNS)
-    )
+    path = snapshot_download(repo_id=repo_id, revision=revision, allow_patterns=list(patterns))
     return Path(path)
