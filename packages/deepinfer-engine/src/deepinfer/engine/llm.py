@@ -198,10 +198,10 @@ class LLM:
         """
         from deepinfer.engine.core.chat import encode_conversations, parse_outputs
 
-        token_ids = encode_conversations(
+        texts, token_ids = encode_conversations(
             self._tokenizer, conversations, thinking, reasoning_effort, tools
         )
-        request_ids = self._submit(None, sampling_params, token_ids, skip_special_tokens=False)
+        request_ids = self._submit(texts, sampling_params, token_ids, skip_special_tokens=False)
         outputs = self._run_to_completion(request_ids, use_tqdm)
         parse_outputs(outputs, thinking)
         return outputs
@@ -219,11 +219,11 @@ class LLM:
         ``reasoning_content`` / ``content`` / ``tool_calls`` their new text completed."""
         from deepinfer.engine.core.chat import ChatStreamParser, encode_conversations
 
-        token_ids = encode_conversations(
+        texts, token_ids = encode_conversations(
             self._tokenizer, conversations, thinking, reasoning_effort, tools
         )
         parser = ChatStreamParser(thinking)
-        pending = set(self._submit(None, sampling_params, token_ids, skip_special_tokens=False))
+        pending = set(self._submit(texts, sampling_params, token_ids, skip_special_tokens=False))
         return parser.annotate_stream(self._stream(pending))
 
     def abort(self, request_ids: str | Sequence[str]) -> None:

@@ -134,6 +134,9 @@ def test_chat_parses_reasoning_and_content():
     assert sample.reasoning_content == "I should add." and sample.content == "It is 4."
     assert sample.tool_calls == []
     assert out.prompt_token_ids == llm.get_tokenizer().encode_chat(conversation, thinking=True)
+    assert out.prompt.endswith("What is 2+2?<｜Assistant｜><think>")
+    with pytest.raises(InvalidRequestError, match="request 1: .*role"):
+        llm.chat([conversation, [{"role": "robot", "content": "hi"}]], use_tqdm=False)
 
 
 def test_bad_inputs_raise_before_any_work_naming_the_request():

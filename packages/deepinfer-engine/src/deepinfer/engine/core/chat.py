@@ -15,8 +15,8 @@ def encode_conversations(
     thinking: bool,
     reasoning_effort: str | None,
     tools: Sequence[Mapping[str, Any]] | None,
-) -> list[list[int]]:
-    """Token ids of each conversation's prompt (``conversations``: one or a list of them)."""
+) -> tuple[list[str], list[list[int]]]:
+    """(prompt text, token ids) of each conversation (``conversations``: one or a list)."""
     from deepinfer.engine.tokenizer import ChatFormatError
 
     if tokenizer is None:
@@ -36,7 +36,8 @@ def encode_conversations(
         except (ChatFormatError, ValueError, TypeError) as e:
             raise InvalidRequestError(f"request {index}: {e}") from e
         token_ids.append(ids)
-    return token_ids
+    texts = [tokenizer.decode(ids, skip_special_tokens=False) for ids in token_ids]
+    return texts, token_ids
 
 
 def parse_outputs(outputs: list[RequestOutput], thinking: bool) -> None:
