@@ -145,3 +145,23 @@ def test_not_a_safetensors_file(tmp_path):
     )
     with pytest.raises(CheckpointError, match="unreadable safetensors header"):
         read_checkpoint_index(tmp_path)
+
+
+def test_index_disagreeing_with_the_headers_is_an_error(tmp_path):
+    make_random_checkpoint(
+        tmp_path,
+        tiny_v4_config(),
+        quantized=False,
+        seed=0,
+        tokenizer=False,
+        max_shard_bytes=100_000,
+    )
+    index_path = tmp_path / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    files = sorted(set(index["weight_map"].values()))
+    key = next(k for k, f in index["weight_map"].items() if f == files[0])
+    index["weight_map"][key] = files[1]
+    index["weight_map"]["layers.9.ghost.weight"] = files[0]
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"2 keys not in the shard it names"):
+        read_checkpoint_index(tmp_path)

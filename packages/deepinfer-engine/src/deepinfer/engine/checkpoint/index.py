@@ -83,6 +83,22 @@ def shard_files(directory: str | Path) -> list[Path]:
     return files
 
 
+def _check_weight_map(directory: Path, headers: dict[Path, dict[str, dict]]) -> None:
+    """The index's ``weight_map`` must name, for every key, the shard that holds it."""
+    index = directory / INDEX_FILE
+    if not index.is_file():
+        return
+    listed = json.loads(index.read_text())["weight_map"]
+    actual = {key: path.name for path, header in headers.items() for key in header}
+    wrong = sorted(k for k in listed if actual.get(k) != listed[k])
+    unlisted = sorted(k for k in actual if k not in listed)
+    if wrong or unlisted:
+        raise CheckpointError(
+            f"{index} disagrees with the shard headers: {len(wrong)} keys not in the shard it "
+            f"names ({wrong[:5]}), {len(unlisted)} stored keys not listed ({unlisted[:5]})"
+        )
+
+
 def _dtype(path: Path, key: str, name: str) -> torch.dtype:
     if name not in SAFETENSORS_DTYPES:
         raise CheckpointError(f"{path}: tensor {key!r} has unsupported dtype {name!r}")
@@ -96,8 +112,10 @@ def read_checkpoint_index(directory: str | Path) -> dict[str, StoredTensor]:
     mapped to the official name; fused expert tensors become one entry per expert projection.
     """
     found: dict[str, StoredTensor] = {}
-    for path in shard_files(directory):
-        for key, info in read_safetensors_header(path).items():
+    headers = {path: read_safetensors_header(path) for path in shard_files(directory)}
+    _check_weight_map(Path(directory), headers)
+    for path, header in headers.items():
+        for key, info in header.items():
             dtype = _dtype(path, key, info["dtype"])
             shape = tuple(int(s) for s in info["shape"])
             official = official_name(key)
