@@ -10,7 +10,8 @@ import torch
 from deepinfer.engine.model.cache import CacheLayout, ModelCache
 from deepinfer.engine.model.config import parse_config
 from deepinfer.engine.model.layers import Embedding, LinearFactory
-from deepinfer.engine.model.mtp import DSparkDraft, draft_config, tap_hidden
+from deepinfer.engine.model.mtp import DSparkDraft, draft_config
+from deepinfer.engine.model.mtp_taps import tap_hidden
 from deepinfer.engine.model.mtp_window import draft_metadata, seed_rows
 from deepinfer.engine.model.rope import RopeTables
 

@@ -14,7 +14,8 @@ The embedding and the LM head are the target's. How the engine drives DSpark (pe
 
 1. the target forward collects ``taps = concat_l mean_streams(h_l)`` ``[T, n_taps * D]`` at
    ``dspark_target_layer_ids`` (V4.1: the streams entering the layer, after Engram; V4-0731:
-   the layer's output -- see :func:`tap_point`) and calls :meth:`DSparkDraft.seed` for all
+   the layer's output -- :class:`~deepinfer.engine.model.mtp_taps.TapRecorder` keeps the right
+   side) and calls :meth:`DSparkDraft.seed` for all
    processed tokens (prefill chunks included; rows of rejected tokens are overwritten later);
 2. after acceptance, :meth:`DSparkDraft.propose` with each request's *anchor* (the token the
    target just produced, which goes to position ``p + 1`` where ``p`` is the last position the
@@ -47,16 +48,6 @@ Sampler = Callable[[torch.Tensor, int], torch.Tensor]
 
 def is_dspark(config: ModelConfig) -> bool:
     return config.dspark_block_size > 0 and config.num_mtp_layers > 0
-
-
-def tap_point(config: ModelConfig) -> str:
-    """``"input"`` (V4.1, official code) or ``"output"`` (V4-0731 ports; spec 10 C2)."""
-    return "input" if config.is_v41 else "output"
-
-
-def tap_hidden(streams: torch.Tensor) -> torch.Tensor:
-    """The tap of one layer: mean over the streams ``[T, nc, D]`` -> ``[T, D]`` fp32."""
-    return streams.float().mean(dim=1)
 
 
 def draft_config(config: ModelConfig) -> ModelConfig:
@@ -162,22 +153,11 @@ class DSparkDraft(nn.ModuleList):
         cos, sin = RopeTables.angles(rope.main, positions)
         src, dst = seed_rows(positions, token_slots, cache.ring_size, cache.layout.num_slots)
         for stage in self:
-            kv = self._window_kv(stage, x, cos, sin)
+            # the same K=V rounding as the stage's own window rows (FP8 sim when simulating)
+            attn = stage.attn
+            kv = attn.simulate_kv(K.apply_rope(attn.kv_norm(attn.wkv(x)), cos, sin))
             ring = cache[f"{stage.layer_id}.window"]
             ring.index_copy_(0, dst, kv[src].to(ring.dtype))
-
-    def _window_kv(self, stage: DSparkStage, x, cos, sin) -> torch.Tensor:
-        """``kv_norm(wkv(main_x))`` with RoPE at the main positions; with the reference
-        numerics on, FP8-simulated like any window row (V4: nope dims, block 64; V4.1: the
-        whole row, block 32)."""
-        c = self.config
-        kv = K.apply_rope(stage.attn.kv_norm(stage.attn.wkv(x)), cos, sin)
-        if not (c.quant_simulation and c.quantization is not None):
-            return kv
-        if c.is_v41:
-            return K.fp8_sim(kv, 32)
-        nope = c.head_dim - c.rope_head_dim
-        return torch.cat([K.fp8_sim(kv[:, :nope], 64), kv[:, nope:]], dim=-1)
 
     def propose(
         self,

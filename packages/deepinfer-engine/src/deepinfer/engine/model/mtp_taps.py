@@ -14,6 +14,11 @@ import torch
 from deepinfer.engine.model.config import ModelConfig
 
 
+def tap_hidden(streams: torch.Tensor) -> torch.Tensor:
+    """The tap of one layer: mean over the streams ``[T, nc, D]`` -> ``[T, D]`` fp32."""
+    return streams.float().mean(dim=1)
+
+
 class TapRecorder:
     """Per-forward store of the tap hidden states (create one per step)."""
 
@@ -24,11 +29,11 @@ class TapRecorder:
 
     def before_layer(self, layer_id: int, streams: torch.Tensor) -> None:
         if self.at_input and layer_id in self.layer_ids:
-            self._taps[layer_id] = streams.float().mean(dim=1)
+            self._taps[layer_id] = tap_hidden(streams)
 
     def after_layer(self, layer_id: int, streams: torch.Tensor) -> None:
         if not self.at_input and layer_id in self.layer_ids:
-            self._taps[layer_id] = streams.float().mean(dim=1)
+            self._taps[layer_id] = tap_hidden(streams)
 
     def taps(self) -> torch.Tensor:
         """``[T, n_taps * D]`` fp32, in ``dspark_target_layer_ids`` order."""
