@@ -181,14 +181,9 @@ class EngramHasher:
         input_ids, positions, token_slots ``[T]`` int64 (a sequence's tokens contiguous, at
         consecutive positions); history ``[num_slots, R]`` is read, then updated in place.
         """
-        args = (input_ids, positions, token_slots, self.token_map)
+        cmap, n = self.token_map, self.layout.max_ngram_size
         ngrams = ngram_token_ids(
-            *args[:3],
-            self.token_map,
-            history,
-            self.pad_token_id,
-            self.layout.max_ngram_size,
-            is_barrier,
+            input_ids, positions, token_slots, cmap, history, self.pad_token_id, n, is_barrier
         )
-        update_history(history, *args, is_barrier)
+        update_history(history, input_ids, positions, token_slots, cmap, is_barrier)
         return kernels.engram_hash(ngrams, self.multipliers, self.primes, self.offsets)
