@@ -92,3 +92,23 @@ def test_compressed_token_map_folds_case_accents_and_whitespace():
     # ids are dense and assigned in first-occurrence order
     assert sorted(set(cmap)) == list(range(len(set(cmap))))
     assert cmap[0] == 0 and ids["The"] == 1
+
+
+def test_compressed_token_map_of_a_byte_level_bpe_tokenizer():
+    from deepinfer.engine.tokenizer.training import testing_tokenizer
+
+    tok = testing_tokenizer()
+    cmap = compressed_token_map(tok)  # the engine's wrapper: reads its tokenizers backend
+    backend = tok.backend
+    assert cmap.shape == (tok.vocab_size,)
+    assert sorted(set(cmap.tolist())) == list(range(int(cmap.max()) + 1))  # dense
+    partial = [i for i in range(tok.vocab_size) if "\ufffd" in backend.decode([i])]
+    assert partial  # lone UTF-8 bytes exist in a byte-level vocabulary...
+    assert len({int(cmap[i]) for i in partial}) == len(partial)  # ...and are never merged
+    texts = {}
+    for i in range(tok.vocab_size):
+        text = backend.decode([i])
+        if "\ufffd" not in text and text.strip():
+            texts.setdefault(text.strip().lower(), set()).add(int(cmap[i]))
+    assert all(len(ids) == 1 for ids in texts.values())  # case / surrounding space folded
+    assert len(set(cmap.tolist())) < tok.vocab_size

@@ -47,11 +47,12 @@ def _normalizer() -> Any:
 def compressed_token_map(tokenizer: Any) -> torch.Tensor:
     """``[vocab]`` int64: the compressed id of every tokenizer id (first occurrence order).
 
-    ``tokenizer`` is a ``tokenizers.Tokenizer`` (or anything with ``get_vocab_size``, ``decode``
-    and ``id_to_token``). A token whose decoded text is a partial UTF-8 sequence (contains
+    ``tokenizer`` is a ``tokenizers.Tokenizer``, or a wrapper holding one as ``.backend``
+    (``deepinfer.engine.tokenizer.Tokenizer``). A token whose decoded text is a partial UTF-8 sequence (contains
     U+FFFD) is keyed by its raw token string; otherwise by its normalised text (or the decoded
     text itself when normalisation leaves nothing); both kinds of key share one namespace.
     """
+    tokenizer = getattr(tokenizer, "backend", tokenizer)
     normalize = _normalizer()
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     keys: dict[str, int] = {}
