@@ -58,6 +58,7 @@ class Block(nn.Module):
         (h ``[T, nc, D]``, pre ``[T, nc]``) -> (h, this block's FFN-site pre)."""
         if self.engram is not None:
             h = self.engram(h, ctx.engram_rows[:, self.engram_index], ctx.token_mask)
+        ctx.record_tap(self.layer_id, h)  # V4.1 taps the streams entering the layer
         attn_pre, post, comb = self.attn_coefficients(h)
         a = self.attn(self.attn_norm(K.hc_collapse(h, pre)), ctx)
         h = K.hc_expand(a, h, post, comb)

@@ -32,6 +32,13 @@ class StepContext:
     candidate_mask: torch.Tensor | None = None
     engram_rows: torch.Tensor | None = None
     token_mask: torch.Tensor | None = None
+    taps: dict[int, torch.Tensor] = field(default_factory=dict)
+    tap_layers: tuple[int, ...] = ()
+
+    def record_tap(self, layer_id: int, streams: torch.Tensor) -> None:
+        """Keep the DSpark tap of ``layer_id``: the mean over the streams, fp32 ``[T, D]``."""
+        if layer_id in self.tap_layers:
+            self.taps[layer_id] = streams.float().mean(1)
 
     def entry_angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) of the compressed table at compressed-entry positions."""

@@ -17,11 +17,18 @@ from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.context import StepContext
 from deepinfer.engine.model.layers import Embedding, LinearFactory, RMSNorm
 from deepinfer.engine.model.metadata import ForwardBatch, build_metadata
+from deepinfer.engine.model.model import StepOutput, attach_draft_stages, collect_taps
 from deepinfer.engine.model.rope import RopeTables
 
 
 class DeepseekV41Model(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16, device=None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype = torch.bfloat16,
+        device=None,
+        include_mtp: bool = False,
+    ):
         super().__init__()
         c = self.config = config
         factory = LinearFactory(config, dtype, device)
@@ -31,6 +38,8 @@ class DeepseekV41Model(nn.Module):
         self.head = factory.dense(c.hidden_size, c.vocab_size)
         self.rope = RopeTables(c, "cpu" if device in (None, "meta") else device)
         self.engram_hasher = None
+        if include_mtp:
+            attach_draft_stages(self, factory)
 
     def bind_engram(self, token_map: torch.Tensor) -> None:
         """Attach the tokenizer-derived compressed token map ``[vocab]`` the Engram layers hash
@@ -53,6 +62,7 @@ class DeepseekV41Model(nn.Module):
             for compressed in (False, True)
         }
         ctx = StepContext(md, cache, batch.input_ids, batch.positions, self.rope, angles)
+        ctx.tap_layers = self.config.dspark_target_layer_ids
         if self.config.engram_layer_ids:
             ctx.token_mask = torch.ones_like(batch.input_ids, dtype=torch.bool)
             ctx.engram_rows = self.engram_rows(batch, cache)
@@ -71,6 +81,9 @@ class DeepseekV41Model(nn.Module):
 
     def forward(self, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
         """Logits ``[L, vocab]`` fp32 for ``batch.logits_indices`` (all tokens if None)."""
+        return self.forward_step(batch, cache).logits
+
+    def forward_step(self, batch: ForwardBatch, cache: ModelCache) -> StepOutput:
         ctx = self.step_context(batch, cache)
         h = self.embed(batch.input_ids)
         streams = h.unsqueeze(1).repeat(1, self.config.hc_mult, 1)
@@ -79,7 +92,7 @@ class DeepseekV41Model(nn.Module):
         for layer in self.layers:
             streams, pre = layer.forward_v41(streams, pre, ctx)
         rows = batch.logits_indices
-        if rows is not None:
-            streams, pre = streams[rows], pre[rows]
-        y = self.norm(K.hc_collapse(streams, pre))
-        return K.linear(y.float(), self.head.weight, out_dtype=torch.float32)
+        last, last_pre = (streams, pre) if rows is None else (streams[rows], pre[rows])
+        y = self.norm(K.hc_collapse(last, last_pre))
+        logits = K.linear(y.float(), self.head.weight, out_dtype=torch.float32)
+        return StepOutput(logits, collect_taps(ctx), streams, pre)
