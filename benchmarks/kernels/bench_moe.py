@@ -33,9 +33,8 @@ DEVICE = "cuda"  # the benchmarks time CUDA kernels; a CPU smoke run may overrid
 
 MODELS = {"V4-Flash": (256, 4096, 2048, 128), "V4.1-Flash": (384, 5120, 2304, 32)}
 SWEEP = {
-    "decode": [moe_experts.MoeTiles(16, 128, 4, 4), moe_experts.MoeTiles(32, 128, 4, 4)],
-    "prefill": [moe_experts.MoeTiles(64, 128, 8, 3), moe_experts.MoeTiles(128, 128, 8, 3),
-                moe_experts.MoeTiles(128, 128, 4, 2)],
+    "decode": [moe_experts.MoeTiles(32, 128, 4, 4)],
+    "prefill": [moe_experts.MoeTiles(64, 128, 8, 3), moe_experts.MoeTiles(128, 128, 4, 2)],
 }  # fmt: skip
 
 
