@@ -124,7 +124,7 @@ def test_dummy_load_reads_nothing_and_gives_usable_values():
     start = time.perf_counter()
     report = load_into(module, "/nonexistent", load_format="dummy", seed=3)
     elapsed = time.perf_counter() - start
-    assert report.directory is None and elapsed < 5.0
+    assert report.directory is None and elapsed < 20.0  # ~1 s; generous for a loaded CI box
     state = module.state_dict()
     for name, t in state.items():
         if t.dtype == torch.float8_e8m0fnu:
