@@ -156,3 +156,24 @@ def test_dummy_load_reads_nothing_and_gives_usable_values():
 def test_unknown_load_format(tmp_path):
     with pytest.raises(ValueError, match="load_format='pt'"):
         load_into(module_with_tensors({}), tmp_path, load_format="pt")
+
+
+def test_unsigned_byte_spellings_of_scales_and_packed_fp4_load(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from deepinfer.engine.checkpoint import shard_files
+
+    make_random_checkpoint(tmp_path, tiny_v4_config(), quantized=True, seed=3, tokenizer=False)
+    config = load_config(tmp_path)
+    reference = _module_for(config)
+    load_into(reference, tmp_path, progress=False)
+    for f in shard_files(tmp_path):  # rewrite every e8m0 and int8 tensor as uint8
+        tensors = {
+            k: v.view(torch.uint8) if v.dtype in (torch.float8_e8m0fnu, torch.int8) else v
+            for k, v in load_file(f).items()
+        }
+        save_file(tensors, str(f), metadata={"format": "pt"})
+    again = _module_for(config)
+    load_into(again, tmp_path, progress=False)
+    for (name, a), b in zip(reference.state_dict().items(), again.state_dict().values()):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name

@@ -173,6 +173,10 @@ def _assign(name, target: torch.Tensor, tensor: torch.Tensor, stored, config) ->
         tensor = _dequantise(name, tensor, stored, config)
     elif target.dtype == torch.uint8 and tensor.dtype == torch.float8_e8m0fnu:
         tensor = tensor.view(torch.uint8)
+    elif target.dtype == torch.float8_e8m0fnu and tensor.dtype == torch.uint8:
+        tensor = tensor.view(torch.float8_e8m0fnu)  # scales some writers store as U8
+    elif target.dtype == torch.int8 and tensor.dtype == torch.uint8:
+        tensor = tensor.view(torch.int8)  # packed e2m1 bytes stored unsigned
     same_kind = target.dtype == tensor.dtype or any(
         target.dtype in family and tensor.dtype in family
         for family in (FLOAT_FAMILY, _INDEX_FAMILY)
