@@ -74,7 +74,7 @@ class SampleResult:
 @dataclass(frozen=True)
 class _RowTensors:
     temperature: torch.Tensor  # [B] float32, greedy rows as 1.0
-    top_k: torch.Tensor  # [B] int32
+    top_k: torch.Tensor  # [B] int64
     top_p: torch.Tensor  # [B] float32
     min_p: torch.Tensor  # [B] float32
     seeds: torch.Tensor  # [B] int64
@@ -83,22 +83,30 @@ class _RowTensors:
 
 
 def _row_tensors(params, positions, device) -> _RowTensors:
+    """Per-row parameters packed into two host tensors, so two host-to-device copies."""
     fresh = iter(rng.random_seeds(sum(p.seq_seed is None for p in params)))
     seeds = [p.seq_seed if p.seq_seed is not None else next(fresh) for p in params]
+    floats = torch.tensor(
+        [[p.temperature or 1.0 for p in params], [p.top_p for p in params],
+         [p.min_p for p in params]], dtype=torch.float32,
+    )  # fmt: skip
+    ints = torch.tensor(
+        [[p.top_k for p in params], seeds, [int(p.is_greedy) for p in params]], dtype=torch.int64
+    )
+    floats, ints = floats.to(device, non_blocking=True), ints.to(device, non_blocking=True)
     if isinstance(positions, torch.Tensor):
         pos = positions.to(device=device, dtype=torch.int64)
     else:
-        pos = torch.tensor(list(positions), dtype=torch.int64)
-    host = {
-        "temperature": torch.tensor([p.temperature or 1.0 for p in params], dtype=torch.float32),
-        "top_k": torch.tensor([p.top_k for p in params], dtype=torch.int32),
-        "top_p": torch.tensor([p.top_p for p in params], dtype=torch.float32),
-        "min_p": torch.tensor([p.min_p for p in params], dtype=torch.float32),
-        "seeds": torch.tensor(seeds, dtype=torch.int64),
-        "positions": pos,
-        "greedy": torch.tensor([p.is_greedy for p in params], dtype=torch.bool),
-    }
-    return _RowTensors(**{k: v.to(device, non_blocking=True) for k, v in host.items()})
+        pos = torch.tensor(list(positions), dtype=torch.int64).to(device, non_blocking=True)
+    return _RowTensors(
+        temperature=floats[0],
+        top_p=floats[1],
+        min_p=floats[2],
+        top_k=ints[0],
+        seeds=ints[1],
+        positions=pos,
+        greedy=ints[2].bool(),
+    )
 
 
 def _validate(logits, params, positions, output_token_ids, bitmask) -> None:
