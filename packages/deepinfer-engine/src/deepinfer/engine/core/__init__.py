@@ -5,6 +5,7 @@ Plain Python over plain data (no torch): ``EngineCore.step()`` = ``Scheduler.sch
 one in :mod:`deepinfer.engine.core.testing`) is the only part that touches tensors.
 """
 
+from deepinfer.engine.core.batch_plan import RunnerState, StepPlan, build_step_plan
 from deepinfer.engine.core.block_manager import BlockManager
 from deepinfer.engine.core.capacity import CacheCapacity, plan_cache_capacity
 from deepinfer.engine.core.config import SchedulerConfig
@@ -42,6 +43,8 @@ __all__ = [
     "OutputProcessor",
     "Request",
     "RequestMetrics",
+    "RunnerState",
+    "StepPlan",
     "RequestOutput",
     "RequestStatus",
     "Scheduler",
@@ -50,6 +53,7 @@ __all__ = [
     "SequenceUpdate",
     "StateSlotPool",
     "StopConditions",
+    "build_step_plan",
     "plan_cache_capacity",
     "validate_batch",
 ]

@@ -101,8 +101,9 @@ class ModelRunnerOutput:
         in sample order, for a ``fork_seeds`` request).
     logprobs: per sampled token, ``{token id: logprob}`` for the sampled token and the top-k
         alternatives (only for requests whose parameters ask for logprobs).
-    prompt_logprobs: per prompt position ``i >= 1`` computed this step, in order, the same
-        kind of dict for prompt token ``i`` (only when asked).
+    prompt_logprobs: per prompt token ``i >= 1`` whose predicting row (position ``i - 1``)
+        was computed this step, in order, the same kind of dict for token ``i`` (only when
+        asked).
     errors: requests that failed this step (a grammar that will not compile, say), with the
         message; each fails alone with finish reason ``"error"``.
     draft_token_ids: draft tokens proposed for the next step (speculative decoding); the

@@ -20,11 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from deepinfer.engine.core.scheduler_output import (
-    ModelRunnerOutput,
-    NewRequestData,
-    SchedulerOutput,
+from deepinfer.engine.core.batch_plan import (
+    RunnerSequence,
+    RunnerState,
+    StepPlan,
+    build_step_plan,
 )
+from deepinfer.engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 
 _M64 = (1 << 64) - 1
 EMPTY = -1
@@ -93,20 +95,11 @@ def _is_wrong_draft(seed: int, position: int) -> bool:
 
 
 @dataclass
-class _Seq:
-    token_ids: list[int]
-    num_prompt_tokens: int
-    params: Any
-    seed: int
-    block_ids: list[int]
-    state_slot: int
-    num_computed_tokens: int
-
-
-@dataclass
 class HashModelExecutor:
     """A fake executor over a simulated KV arena and state slots (see the module docstring).
 
+    It mirrors sequences with :class:`RunnerState` and lays steps out with
+    :func:`build_step_plan`, as a device runner would, so the tests cover those too.
     fail_request_ids: requests for which every step reports an error.
     window: tokens the "sliding window" covers; num_draft_tokens: drafts proposed per step.
     """
@@ -123,7 +116,7 @@ class HashModelExecutor:
         self.ring_size = self.window + self.num_draft_tokens
         self.arena = [[EMPTY] * self.block_size for _ in range(self.num_blocks)]
         self.states = [self._empty_ring() for _ in range(self.num_state_slots)]
-        self.seqs: dict[str, _Seq] = {}
+        self.runner_state = RunnerState()
         self.num_steps = 0
         self.num_accepted_drafts = 0
         self.num_rejected_drafts = 0
@@ -133,77 +126,74 @@ class HashModelExecutor:
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self.num_steps += 1
-        self._apply_diffs(scheduler_output)
+        self.runner_state.apply(scheduler_output)
+        for src, dst in scheduler_output.block_copies:
+            self.arena[dst] = list(self.arena[src])
+        for src, dst in scheduler_output.state_copies:
+            self.states[dst] = list(self.states[src])
+        plan = build_step_plan(self.runner_state, scheduler_output)
+        self._forward(plan)
         out = ModelRunnerOutput()
-        for request_id, num_new in scheduler_output.num_scheduled_tokens.items():
+        self._prompt_logprobs(plan, out)
+        for b, request_id in enumerate(plan.request_ids):
             if request_id in self.fail_request_ids:
                 out.errors[request_id] = f"simulated failure of {request_id}"
                 continue
-            seeds = scheduler_output.fork_seeds.get(request_id)
-            drafts = scheduler_output.scheduled_spec_token_ids.get(request_id, [])
-            self._run(request_id, num_new, drafts, seeds, out)
+            rows = [s for s, r in enumerate(plan.sample_requests) if r == b]
+            if rows:
+                is_fork = request_id in scheduler_output.fork_seeds
+                self._sample(plan, b, rows, is_fork, out)
         return out
 
-    def _apply_diffs(self, so: SchedulerOutput) -> None:
-        for request_id in so.finished_request_ids | so.preempted_request_ids:
-            self.seqs.pop(request_id, None)
-        for src, dst in so.block_copies:
-            self.arena[dst] = list(self.arena[src])
-        for src, dst in so.state_copies:
-            self.states[dst] = list(self.states[src])
-        for new in so.new_requests:
-            self.seqs[new.request_id] = _new_seq(new)
-            if new.num_computed_tokens == 0:
-                self.states[new.state_slot] = self._empty_ring()
-        for cached in so.cached_requests:
-            seq = self.seqs[cached.request_id]
-            seq.token_ids.extend(cached.new_token_ids)
-            seq.block_ids.extend(cached.new_block_ids)
-            for index, block_id in cached.replaced_block_ids:
-                seq.block_ids[index] = block_id
-            assert seq.num_computed_tokens == cached.num_computed_tokens, cached.request_id
+    def _forward(self, plan: StepPlan) -> None:
+        """Write every token of the step into the arena (block table) and ring (state slot)."""
+        for b in range(len(plan.request_ids)):
+            slot = plan.state_slots[b]
+            if plan.is_fresh[b]:
+                self.states[slot] = self._empty_ring()
+            for t in range(plan.cu_seqlens_q[b], plan.cu_seqlens_q[b + 1]):
+                position = plan.positions[t]
+                block_id = plan.block_tables[b][position // self.block_size]
+                assert block_id != 0, "wrote into the reserved null block"
+                self.arena[block_id][position % self.block_size] = plan.input_ids[t]
+                self.states[slot][position % self.ring_size] = (position, plan.input_ids[t])
 
-    def _run(self, request_id, num_new, drafts, seeds, out: ModelRunnerOutput) -> None:
-        seq = self.seqs[request_id]
-        tokens = seq.token_ids + list(drafts)
-        start = seq.num_computed_tokens
-        end = start + num_new
-        for position in range(start, end):
-            self._write(seq, position, tokens[position])
-        self._prompt_logprobs(seq, request_id, start, end, out)
-        if end < len(tokens):
-            seq.num_computed_tokens = end
-            return  # a prefill chunk that does not reach the end samples nothing
-        if seeds:  # the prompt ends here and forks: one first token per sample
-            sampled = self._sample_tokens(seq, end, seeds)
-            seq.num_computed_tokens = end
+    def _sample(self, plan: StepPlan, b: int, rows: list[int], is_fork: bool, out) -> None:
+        request_id = plan.request_ids[b]
+        seq = self.runner_state.sequences[request_id]
+        targets = [
+            self._sample_token(seq, plan, b, plan.sample_positions[s], plan.sample_seeds[s])
+            for s in rows
+        ]
+        if is_fork:
+            sampled = targets
         else:
-            sampled = self._verify(seq, end - len(drafts), drafts)
-            seq.num_computed_tokens = end - len(drafts) + len(sampled) - 1
-        out.sampled_token_ids[request_id] = sampled
-        if getattr(seq.params, "logprobs", None) is not None:
-            out.logprobs[request_id] = [
-                {t: token_logprob(t, end - len(drafts) + i)} for i, t in enumerate(sampled)
+            drafts = plan.input_ids[plan.cu_seqlens_q[b + 1] - plan.num_drafts[b] :][
+                : plan.num_drafts[b]
             ]
-        if self.num_draft_tokens and not seeds:
-            out.draft_token_ids[request_id] = self._propose(
-                seq, tokens[: end - len(drafts)] + sampled
-            )
+            sampled = self._verify(targets, drafts)
+        out.sampled_token_ids[request_id] = sampled
+        first_position = plan.sample_positions[rows[0]]
+        if getattr(seq.sampling_params, "logprobs", None) is not None:
+            out.logprobs[request_id] = [
+                {t: token_logprob(t, first_position + (0 if is_fork else i))}
+                for i, t in enumerate(sampled)
+            ]
+        if self.num_draft_tokens and not is_fork:
+            known = seq.token_ids[:first_position] + sampled
+            out.draft_token_ids[request_id] = self._propose(seq, known)
 
-    def _verify(self, seq: _Seq, num_known: int, drafts: list[int]) -> list[int]:
+    def _verify(self, targets: list[int], drafts: list[int]) -> list[int]:
         """Accept drafts while each equals the model's own token; end with the model's token."""
-        accepted: list[int] = []
-        for j in range(len(drafts) + 1):
-            (target,) = self._sample_tokens(seq, num_known + j, [seq.seed])
-            if j == len(drafts) or drafts[j] != target:
-                self.num_rejected_drafts += len(drafts) - j
-                return [*accepted, target]
-            accepted.append(target)
-            self.num_accepted_drafts += 1
-        raise AssertionError("unreachable")
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == targets[accepted]:
+            accepted += 1
+        self.num_accepted_drafts += accepted
+        self.num_rejected_drafts += len(drafts) - accepted
+        return targets[: accepted + 1]
 
-    def _propose(self, seq: _Seq, context: list[int]) -> list[int]:
-        greedy = is_greedy(seq.params)
+    def _propose(self, seq: RunnerSequence, context: list[int]) -> list[int]:
+        greedy = is_greedy(seq.sampling_params)
         context = list(context)
         drafts = []
         for _ in range(self.num_draft_tokens):
@@ -214,39 +204,26 @@ class HashModelExecutor:
             context.append(token)
         return drafts
 
-    def _sample_tokens(self, seq: _Seq, length: int, seeds: list[int]) -> list[int]:
-        """One token per seed for the context ``[0, length)`` read back from arena and ring."""
-        context = self._read(seq, length)
-        recent = self._read_ring(seq, length)
-        greedy = is_greedy(seq.params)
-        return [next_token(context, recent, s, greedy, self.vocab_size) for s in seeds]
-
-    def _write(self, seq: _Seq, position: int, token_id: int) -> None:
-        block_id = seq.block_ids[position // self.block_size]
-        assert block_id != 0, "wrote into the reserved null block"
-        self.arena[block_id][position % self.block_size] = token_id
-        self.states[seq.state_slot][position % self.ring_size] = (position, token_id)
-
-    def _read(self, seq: _Seq, end: int) -> list[int]:
+    def _sample_token(self, seq: RunnerSequence, plan, b: int, length: int, seed: int) -> int:
+        """The token at position ``length`` from the context read back from arena and ring."""
+        table = plan.block_tables[b]
         bs = self.block_size
-        return [self.arena[seq.block_ids[p // bs]][p % bs] for p in range(end)]
-
-    def _read_ring(self, seq: _Seq, end: int) -> list[int]:
-        ring = self.states[seq.state_slot]
+        context = [self.arena[table[p // bs]][p % bs] for p in range(length)]
+        ring = self.states[plan.state_slots[b]]
         recent = []
-        for p in range(max(0, end - self.window), end):
+        for p in range(max(0, length - self.window), length):
             stored_position, token_id = ring[p % self.ring_size]
             recent.append(token_id if stored_position == p else POISON)
-        return recent
+        return next_token(context, recent, seed, is_greedy(seq.sampling_params), self.vocab_size)
 
-    def _prompt_logprobs(self, seq, request_id, start, end, out) -> None:
-        if getattr(seq.params, "prompt_logprobs", None) is None:
-            return
-        positions = range(max(start, 1), min(end, seq.num_prompt_tokens))
-        if positions:
-            out.prompt_logprobs[request_id] = [
-                {seq.token_ids[p]: token_logprob(seq.token_ids[p], p)} for p in positions
-            ]
+    def _prompt_logprobs(self, plan: StepPlan, out: ModelRunnerOutput) -> None:
+        for s, row in enumerate(plan.prompt_logprob_rows):
+            request_id = plan.request_ids[plan.prompt_logprob_requests[s]]
+            target = plan.prompt_logprob_targets[s]
+            position = plan.positions[row] + 1
+            out.prompt_logprobs.setdefault(request_id, []).append(
+                {target: token_logprob(target, position)}
+            )
 
 
 @dataclass
@@ -257,22 +234,13 @@ class ScriptedExecutor(HashModelExecutor):
     script: list[int] = field(default_factory=list)
     eos_token_id: int = 1
 
-    def _sample_tokens(self, seq: _Seq, length: int, seeds: list[int]) -> list[int]:
-        assert self._read(seq, length) == seq.token_ids[:length], "the arena lost tokens"
+    def _sample_token(self, seq: RunnerSequence, plan, b: int, length: int, seed: int) -> int:
+        table = plan.block_tables[b]
+        bs = self.block_size
+        context = [self.arena[table[p // bs]][p % bs] for p in range(length)]
+        assert context == seq.token_ids[:length], "the arena lost tokens"
         k = length - seq.num_prompt_tokens
-        return [self.script[k] if k < len(self.script) else self.eos_token_id] * len(seeds)
-
-
-def _new_seq(new: NewRequestData) -> _Seq:
-    return _Seq(
-        token_ids=list(new.token_ids),
-        num_prompt_tokens=new.num_prompt_tokens,
-        params=new.sampling_params,
-        seed=new.seed,
-        block_ids=list(new.block_ids),
-        state_slot=new.state_slot,
-        num_computed_tokens=new.num_computed_tokens,
-    )
+        return self.script[k] if k < len(self.script) else self.eos_token_id
 
 
 class ByteTokenizer:
