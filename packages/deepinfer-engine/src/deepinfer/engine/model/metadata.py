@@ -66,126 +66,134 @@ class AttentionMetadata:
 
 
 @dataclass(frozen=True)
-class _Seq:
-    first_token: int
-    start: int  # position of the first token of this step
-    end: int  # seq_len: one past the last position
-    slot: int
-    blocks: list[int]
+class _Rows:
+    """Per-row sequence facts (a row is a token, or a compressed entry): the first position of
+    the sequence's step, its first token row, its state slot and its block table."""
+
+    start: torch.Tensor
+    first: torch.Tensor
+    slot: torch.Tensor
+    table: torch.Tensor
+
+    def take(self, index: torch.Tensor) -> _Rows:
+        return _Rows(self.start[index], self.first[index], self.slot[index], self.table[index])
 
 
-def _sequences(batch: ForwardBatch) -> list[_Seq]:
-    cu = batch.cu_seqlens_q.tolist()
-    lens = batch.seq_lens.tolist()
-    slots = batch.state_slots.tolist()
-    tables = batch.block_tables.tolist()
-    positions = batch.positions.tolist()
-    seqs = []
-    for b in range(len(lens)):
-        n = cu[b + 1] - cu[b]
-        start = lens[b] - n
-        if start < 0 or positions[cu[b] : cu[b + 1]] != list(range(start, lens[b])):
-            raise ValueError(
-                f"sequence {b}: positions {positions[cu[b] : cu[b + 1]]} are not the "
-                f"consecutive run ending at seq_lens[{b}] - 1 = {lens[b] - 1}"
-            )
-        seqs.append(_Seq(cu[b], start, lens[b], slots[b], tables[b]))
-    return seqs
+def _sequences(batch: ForwardBatch) -> tuple[_Rows, torch.Tensor, torch.Tensor]:
+    """Sequence facts (host tensors), the token -> sequence map and the token positions."""
+    cu = batch.cu_seqlens_q.cpu().long()
+    lens = batch.seq_lens.cpu().long()
+    counts = cu.diff()
+    start = lens - counts
+    seq_of_token = torch.repeat_interleave(torch.arange(len(lens)), counts)
+    positions = batch.positions.cpu().long()
+    expected = start[seq_of_token] + torch.arange(len(positions)) - cu[:-1][seq_of_token]
+    if (start < 0).any() or not torch.equal(positions, expected):
+        bad = int((positions != expected).nonzero()[0, 0]) if len(positions) else 0
+        raise ValueError(
+            f"token {bad}: position {positions[bad].item()} is not in the consecutive run of "
+            f"its sequence ending at seq_lens - 1 (expected {expected[bad].item()})"
+        )
+    seqs = _Rows(start, cu[:-1], batch.state_slots.cpu().long(), batch.block_tables.cpu().long())
+    return seqs, seq_of_token, positions
 
 
 def build_metadata(
     batch: ForwardBatch, config: ModelConfig, layout: CacheLayout, ring_size: int
 ) -> AttentionMetadata:
-    seqs = _sequences(batch)
+    seqs, seq_of_token, positions = _sequences(batch)
     device = batch.input_ids.device
     window = config.sliding_window
     base = layout.num_slots * ring_size
-    rows, w_src, w_dst = [], [], []
-    for s in seqs:
-        for p in range(s.start, s.end):
-            rows.append(
-                [_step_or_state(q, s, base, ring_size) for q in range(p - window + 1, p + 1)]
-            )
-        for p in range(max(s.start, s.end - ring_size), s.end):
-            w_src.append(s.first_token + p - s.start)
-            w_dst.append(s.slot * ring_size + p % ring_size)
+    tokens = seqs.take(seq_of_token)
+    q = positions[:, None] - window + 1 + torch.arange(window)
+    window_rows = _state_or_step(q, tokens, base, ring_size)
+    keep = positions >= (batch.seq_lens.cpu().long()[seq_of_token] - ring_size)
+    w_src = keep.nonzero()[:, 0]
+    w_dst = tokens.slot[w_src] * ring_size + positions[w_src] % ring_size
     kinds = {
-        (config.compress_ratios[i], overlapped(config, i))
+        (config.compress_ratios[i], overlapped(config, i)): compressor_state_rows(config, i)
         for i in range(config.num_layers)
         if config.compress_ratios[i] > 0
     }
-    plans = {}
-    for ratio, overlap in sorted(kinds):
-        layer = next(
-            i
-            for i in range(config.num_layers)
-            if (config.compress_ratios[i], overlapped(config, i)) == (ratio, overlap)
-        )
-        state_rows = compressor_state_rows(config, layer)
-        plans[(ratio, overlap)] = _plan(seqs, ratio, overlap, state_rows, layout, device)
+    plans = {
+        kind: _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout)
+        for kind, state_rows in sorted(kinds.items())
+    }
     return AttentionMetadata(
         num_tokens=int(batch.input_ids.shape[0]),
         window_base=base,
-        window_indices=_tensor(rows, device, width=window),
-        window_write_src=torch.tensor(w_src, dtype=torch.long, device=device),
-        window_write_dst=torch.tensor(w_dst, dtype=torch.long, device=device),
-        plans=plans,
+        window_indices=window_rows.to(device),
+        window_write_src=w_src.to(device),
+        window_write_dst=w_dst.to(device),
+        plans={k: _to(p, device) for k, p in plans.items()},
     )
 
 
-def _step_or_state(q: int, s: _Seq, base: int, rows: int) -> int:
-    """Row of position ``q`` in ``[state rows of all slots | step tokens]`` (-1: before 0)."""
-    if q < 0:
-        return -1
-    if q >= s.start:
-        return base + s.first_token + q - s.start
-    return s.slot * rows + q % rows
+def _state_or_step(q: torch.Tensor, rows: _Rows, base: int, state_rows: int) -> torch.Tensor:
+    """Row of position ``q`` ``[N, W]`` in ``[state rows of all slots | step tokens]``: a step
+    token when ``q`` is in this step, else the state ring of the sequence's slot; -1 before 0."""
+    start = rows.start[:, None]
+    in_step = base + rows.first[:, None] + q - start
+    in_state = rows.slot[:, None] * state_rows + q % state_rows
+    return torch.where(q >= start, in_step, in_state).masked_fill(q < 0, -1)
 
 
-def _arena_row(s: _Seq, w: int, ratio: int, block_size: int) -> int:
+def _arena_rows(rows: _Rows, entries: torch.Tensor, ratio: int, block_size: int) -> torch.Tensor:
+    """Arena row of entry ``entries[n, c]`` of row n's sequence (entries < 0 -> -1)."""
     per_block = block_size // ratio
-    block = (w * ratio) // block_size
-    if block >= len(s.blocks) or s.blocks[block] < 0:
-        raise ValueError(f"block table too short: entry {w} needs block {block}, table {s.blocks}")
-    return s.blocks[block] * per_block + w % per_block
+    block = (entries.clamp(min=0) * ratio) // block_size
+    if block.numel() and int(block.max()) >= rows.table.shape[1]:
+        raise ValueError(
+            f"block table too short: entry {int(entries.max())} needs block {int(block.max())}, "
+            f"tables have {rows.table.shape[1]} columns"
+        )
+    ids = rows.table.gather(1, block)
+    if ((ids < 0) & (entries >= 0)).any():
+        raise ValueError("block table entry -1 where a compressed entry must be stored")
+    return torch.where(entries >= 0, ids * per_block + entries % per_block, -1)
 
 
-def _plan(seqs, ratio, overlap, state_rows, layout, device) -> CompressionPlan:
+def _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout) -> CompressionPlan:
+    ratio, overlap = kind
     base = layout.num_slots * state_rows
     width = 2 * ratio if overlap else ratio
-    src, positions, dst, keep_src, keep_dst, visible, counts = [], [], [], [], [], [], []
-    for s in seqs:
-        for w in range(s.start // ratio, s.end // ratio):
-            first = (w - 1) * ratio if overlap else w * ratio
-            src.append(
-                [_step_or_state(q, s, base, state_rows) for q in range(first, first + width)]
-            )
-            positions.append(w * ratio)
-            dst.append(_arena_row(s, w, ratio, layout.block_size))
-        for p in range(max(s.start, s.end - state_rows), s.end):
-            keep_src.append(s.first_token + p - s.start)
-            keep_dst.append(s.slot * state_rows + p % state_rows)
-        for p in range(s.start, s.end):
-            n = (p + 1) // ratio
-            visible.append([_arena_row(s, w, ratio, layout.block_size) for w in range(n)])
-            counts.append(n)
-    long = dict(dtype=torch.long, device=device)
+    ends = batch.seq_lens.cpu().long()
+    per_seq = [
+        torch.arange(a // ratio, b // ratio) for a, b in zip(seqs.start.tolist(), ends.tolist())
+    ]
+    emitted = torch.cat(per_seq) if per_seq else torch.zeros(0, dtype=torch.long)
+    owner = seqs.take(
+        torch.repeat_interleave(
+            torch.arange(len(per_seq)), torch.tensor([len(e) for e in per_seq], dtype=torch.long)
+        )
+    )
+    first = (emitted - 1) * ratio if overlap else emitted * ratio
+    src = _state_or_step(first[:, None] + torch.arange(width), owner, base, state_rows)
+    tokens = seqs.take(seq_of_token)
+    keep = (positions >= ends[seq_of_token] - state_rows).nonzero()[:, 0]
+    counts = (positions + 1) // ratio
+    entries = torch.arange(int(counts.max()) if len(counts) else 0)[None, :].expand(
+        len(positions), -1
+    )
+    entries = entries.masked_fill(entries >= counts[:, None], -1)
     return CompressionPlan(
         ratio=ratio,
         state_rows=state_rows,
-        emit_src=_tensor(src, device, width=width),
-        emit_positions=torch.tensor(positions, **long),
-        emit_rows=torch.tensor(dst, **long),
-        state_write_src=torch.tensor(keep_src, **long),
-        state_write_dst=torch.tensor(keep_dst, **long),
-        visible=_tensor(visible, device, width=max(counts, default=0)),
-        visible_count=torch.tensor(counts, **long),
+        emit_src=src,
+        emit_positions=emitted * ratio,
+        emit_rows=_arena_rows(owner, emitted[:, None], ratio, layout.block_size)[:, 0],
+        state_write_src=keep,
+        state_write_dst=tokens.slot[keep] * state_rows + positions[keep] % state_rows,
+        visible=_arena_rows(tokens, entries, ratio, layout.block_size),
+        visible_count=counts,
     )
 
 
-def _tensor(rows: list[list[int]], device: torch.device, width: int) -> torch.Tensor:
-    out = torch.full((len(rows), width), -1, dtype=torch.long)
-    for r, values in enumerate(rows):
-        if values:
-            out[r, : len(values)] = torch.tensor(values, dtype=torch.long)
-    return out.to(device)
+def _to(plan: CompressionPlan, device: torch.device) -> CompressionPlan:
+    moved = {
+        name: getattr(plan, name).to(device)
+        for name in plan.__dataclass_fields__
+        if isinstance(getattr(plan, name), torch.Tensor)
+    }
+    return CompressionPlan(ratio=plan.ratio, state_rows=plan.state_rows, **moved)
