@@ -3,6 +3,21 @@
 ``embed`` -> ``hc_mult`` streams -> ``layers`` (each: Engram at its layers, attention and MoE
 with the previous site's ``pre``; layer 0's attention collapses stream 0) -> collapse with the
 last FFN site's ``pre`` -> ``norm`` -> ``head`` (fp32 logits).
+
+Where the ``transformers`` main-branch ``deepseek_v41`` port differs from the spec, and what
+this code follows:
+
+- Quantisation simulation: the port always fake-quantises the window KV (FP8, block 32), the
+  compressed latents (FP4, e4m3 scales, block 16) and the indexer q / k (FP4, block 32), even in
+  unquantised runs. We follow the spec (4.3, 7.1): only with ``quant_simulation`` (default on
+  for quantised checkpoints), so an unquantised checkpoint runs plain floating point.
+- Everything else we checked agrees with the spec and with this code: deferred pre-mix with a
+  one-hot first collapse and no ``hc_head``; no per-head q norm; ratio-1 compressor without
+  ``wgate``, ratio-2 fp32 pooling without ``ape``; index keys from the pre-RoPE latent
+  (``k_norm(wk(latent))``, RoPE at ``ratio * j``); latest kv source's cache and latest index
+  source's top-k shared by the layers after them; the candidate pre-filter (block max, newest
+  block forced, later index sources masked); router ``gate_temp``, ``1e-20`` normalisation,
+  ``bias_vl`` present on every router.
 """
 
 from __future__ import annotations
