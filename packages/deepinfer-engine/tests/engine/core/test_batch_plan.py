@@ -49,6 +49,8 @@ def test_chunk_decode_and_prompt_logprob_rows():
     assert plan.sample_rows == [0, 1, 2, 4] and plan.sample_positions == [4, 5, 6, 8]
     assert plan.sample_requests == [0, 0, 0, 1]
     assert plan.prompt_logprob_rows == [3] and plan.prompt_logprob_targets == [27]
+    rows, sample_at, prompt_at = plan.logits_layout()
+    assert rows == [0, 1, 2, 3, 4] and sample_at == [0, 1, 2, 4] and prompt_at == [3]
 
 
 def test_fork_samples_the_last_row_once_per_seed():

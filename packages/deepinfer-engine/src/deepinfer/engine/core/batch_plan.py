@@ -107,6 +107,17 @@ class StepPlan:
     def num_tokens(self) -> int:
         return len(self.input_ids)
 
+    def logits_layout(self) -> tuple[list[int], list[int], list[int]]:
+        """(``logits_indices``: the distinct rows that need logits, ascending; for each sampling
+        row, its index in them; for each prompt-logprob row, its index in them)."""
+        rows = sorted(set(self.sample_rows) | set(self.prompt_logprob_rows))
+        where = {row: i for i, row in enumerate(rows)}
+        return (
+            rows,
+            [where[r] for r in self.sample_rows],
+            [where[r] for r in self.prompt_logprob_rows],
+        )
+
     def sample_params(self, state: RunnerState) -> list[Any]:
         """The sampling parameters of every sampling row."""
         return [state.sequences[self.request_ids[b]].sampling_params for b in self.sample_requests]
