@@ -165,3 +165,14 @@ def test_index_disagreeing_with_the_headers_is_an_error(tmp_path):
     index_path.write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match=r"2 keys not in the shard it names"):
         read_checkpoint_index(tmp_path)
+
+
+def test_command_line_validation(tmp_path, broken_checkpoint, capsys):
+    from deepinfer.engine.checkpoint.__main__ import main
+
+    make_random_checkpoint(tmp_path, tiny_v4_config(), quantized=True, seed=0, tokenizer=False)
+    assert main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "DeepseekV4ForCausalLM, 4 layers" in out and "F8_E4M3" in out and "ok: " in out
+    assert main([str(broken_checkpoint)]) == 1
+    assert MISSING in capsys.readouterr().out
