@@ -17,7 +17,7 @@ from deepinfer.engine.model.config import parse_config
 from deepinfer.engine.model.model import build_model
 from deepinfer.engine.model.simple_runner import SimpleRunner
 
-from .test_config import V4_FLASH  # noqa: TID252
+from .test_config import V4_FLASH, V41, V41_TEXT  # noqa: TID252
 
 pytestmark = [
     pytest.mark.gpu,
@@ -25,8 +25,33 @@ pytestmark = [
 ]
 
 
-def test_v4_flash_sized_two_layer_dummy_forward():
-    config = parse_config({**V4_FLASH, "num_hidden_layers": 2, "compress_ratios": [4, 128]})
+V4_TWO_LAYERS = {
+    **V4_FLASH,
+    "num_hidden_layers": 2,
+    "compress_ratios": [4, 128],
+    "num_hash_layers": 1,
+}
+# V4.1 widths, a ratio-2 source then a ratio-1 source (the candidate source); no Engram (its
+# real tables are ~98 GB each) and no draft stages.
+V41_TWO_LAYERS = {
+    **V41,
+    "text_config": {
+        **V41_TEXT,
+        "num_hidden_layers": 2,
+        "compress_ratios": [2, 1],
+        "kv_source_layer_ids": [0, 1],
+        "index_source_layer_ids": [0, 1],
+        "candidate_source_layer_id": 1,
+        "engram_layer_ids": [],
+        "engram_num_embeddings": [],
+        "dspark_target_layer_ids": [],
+    },
+}
+
+
+@pytest.mark.parametrize("raw", [V4_TWO_LAYERS, V41_TWO_LAYERS], ids=["v4-flash", "v4.1-flash"])
+def test_flash_sized_two_layer_dummy_forward(raw):
+    config = parse_config(raw)
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     model = build_model(config, device="cuda", dtype=torch.bfloat16)
@@ -48,10 +73,10 @@ def test_v4_flash_sized_two_layer_dummy_forward():
     decode = (time.perf_counter() - start) / 4
     peak_gib = torch.cuda.max_memory_allocated() / 2**30
     print(
-        f"\nV4-Flash 2-layer dummy: build+fill {built:.1f} s, weights {weights_gib:.2f} GiB, "
+        f"\n{config.architecture} 2-layer dummy: build+fill {built:.1f} s, weights {weights_gib:.2f} GiB, "
         f"prefill {prompt}+{prompt // 2} tok {prefill:.2f} s, decode step (2 seq) "
         f"{decode * 1e3:.0f} ms, peak {peak_gib:.2f} GiB"
     )
     assert logits[0].shape == (prompt, config.vocab_size)
     assert torch.isfinite(logits[0]).all() and torch.isfinite(step[0]).all()
-    assert weights_gib > 5  # really V4-Flash widths: 2 x 256 FP4 experts + embed + head
+    assert weights_gib > 5  # real widths: 2 x 256 / 384 FP4 experts + embed + head
