@@ -11,7 +11,6 @@ from deepinfer.engine.model.cache import CacheLayout, ModelCache
 from deepinfer.engine.model.config import parse_config
 from deepinfer.engine.model.layers import Embedding, LinearFactory
 from deepinfer.engine.model.mtp import DSparkDraft, draft_config
-from deepinfer.engine.model.mtp_taps import tap_hidden
 from deepinfer.engine.model.mtp_window import draft_metadata, seed_rows
 from deepinfer.engine.model.rope import RopeTables
 
@@ -189,11 +188,6 @@ def test_seed_writes_each_stage_window_from_the_taps():
         assert rows[:ring].abs().sum() == 0 and rows[2 * ring :].abs().sum() == 0
 
 
-def test_tap_is_the_mean_over_streams():
-    streams = torch.randn(5, 4, 8).bfloat16()
-    torch.testing.assert_close(tap_hidden(streams), streams.float().sum(1) / 4)
-
-
 def draft_attention_by_formula(attn, cfg, x, positions, window_kv, window_valid):
     """The draft block attention of one request written out (float64): every query attends to
     its main window (``window_kv [W, hd]``, ``window_valid [W]``) and to all block K=V."""
@@ -342,22 +336,6 @@ def test_markov_decode_is_sequential_over_the_block():
             prev = (int(logits.argmax()) + i) % VOCAB
             assert int(got.tokens[b, i]) == prev
     assert calls == list(range(BLOCK))
-
-
-@pytest.mark.parametrize("v41", [False, True])
-def test_tap_recorder_keeps_the_configured_side_of_each_tap_layer(v41):
-    from deepinfer.engine.model.mtp_taps import TapRecorder
-
-    recorder = TapRecorder(tiny_config(v41))  # taps at layers 0 and 1
-    states = [torch.randn(3, 2, DIM) for _ in range(3)]  # streams entering layers 0, 1, 2
-    for layer_id in range(2):
-        recorder.before_layer(layer_id, states[layer_id])
-        recorder.after_layer(layer_id, states[layer_id + 1])
-    picked = states[0:2] if v41 else states[1:3]
-    want = torch.cat([s.mean(1) for s in picked], dim=-1)
-    torch.testing.assert_close(recorder.taps(), want)
-    with pytest.raises(RuntimeError, match="not recorded"):
-        TapRecorder(tiny_config(v41)).taps()
 
 
 def test_quantised_checkpoint_stores_main_proj_fp8_and_the_heads_bf16():

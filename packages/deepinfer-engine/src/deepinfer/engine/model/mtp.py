@@ -14,8 +14,7 @@ The embedding and the LM head are the target's. How the engine drives DSpark (pe
 
 1. the target forward collects ``taps = concat_l mean_streams(h_l)`` ``[T, n_taps * D]`` at
    ``dspark_target_layer_ids`` (V4.1: the streams entering the layer, after Engram; V4-0731:
-   the layer's output -- :class:`~deepinfer.engine.model.mtp_taps.TapRecorder` keeps the right
-   side) and calls :meth:`DSparkDraft.seed` for all
+   the layer's output; ``forward_step(...).taps``) and calls :meth:`DSparkDraft.seed` for all
    processed tokens (prefill chunks included; rows of rejected tokens are overwritten later);
 2. after acceptance, :meth:`DSparkDraft.propose` with each request's *anchor* (the token the
    target just produced, which goes to position ``p + 1`` where ``p`` is the last position the
