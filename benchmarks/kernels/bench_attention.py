@@ -6,7 +6,8 @@ built-in (gather the rows, then SDPA with a mask; no sink, so a lower bound on i
 Counted: decode = KV bytes gathered (rows x 640 x 512 x bytes per element, each row's own
 list); prefill = FLOPs, 4 x T x H x K x D (QK^T and PV), "bf16-equivalent". Ceilings: the copy
 rate measured in the same run; 790 TFLOP/s bf16 dense (KINDS.md measured rate).
-A small sweep of launch tiles runs first; the best is reported with its parameters.
+A small sweep of launch tiles and both launch paths (split, whole list) runs first; the best is
+reported with its parameters, beside the default policy's time.
 
     python benchmarks/kernels/bench_attention.py --out bench-out/attention.json
 """
@@ -28,17 +29,19 @@ from deepinfer.kernels_nvidia.attention import AttentionTiles  # noqa: E402
 
 HEADS, DIM, WINDOW, ENTRIES, ARENA = 64, 512, 128, 512, 131072
 BF16_TFLOPS = 790.0
+SPLIT, WHOLE = 10**9, 0  # split_rows_max forcing each launch path
 DECODE_SWEEP = [
-    AttentionTiles(),
-    AttentionTiles(head_block=64, block_n=32, num_warps=8),
-    AttentionTiles(head_block=16, block_n=32, num_warps=4),
-    AttentionTiles(head_block=32, block_n=64, num_warps=8),
-    AttentionTiles(head_block=64, block_n=16, split_size=64, num_warps=4),
+    AttentionTiles(split_rows_max=SPLIT),
+    AttentionTiles(block_n=64, num_stages=3, split_rows_max=SPLIT),
+    AttentionTiles(split_size=256, split_rows_max=SPLIT),
+    AttentionTiles(block_n=64, num_stages=3, split_rows_max=WHOLE),
+    AttentionTiles(head_block=32, block_n=64, num_stages=3, split_rows_max=WHOLE),
+    AttentionTiles(split_rows_max=WHOLE),
 ]
 PREFILL_SWEEP = [
-    AttentionTiles(),
-    AttentionTiles(head_block=64, block_n=32, num_warps=8),
-    AttentionTiles(head_block=64, block_n=64, num_warps=8, num_stages=3),
+    AttentionTiles(block_n=64, num_stages=3, split_rows_max=WHOLE),
+    AttentionTiles(split_rows_max=WHOLE),
+    AttentionTiles(block_n=64, num_stages=2, split_rows_max=WHOLE),
 ]
 
 
@@ -77,18 +80,22 @@ def best_tiles(args, sweep, iters):
     for tiles in sweep:
         try:
             timed.append((time_cuda(lambda t=tiles: fn(*args, tiles=t), iters=iters), tiles))
+            print(f"  T={args[0].shape[0]} {_tiles_str(tiles)}: {timed[-1][0] * 1e3:.1f} us")
         except Exception as e:  # a tile shape that does not compile (shared memory) is skipped
             print(f"tiles {tiles} failed: {type(e).__name__}: {str(e)[:120]}")
     return min(timed, key=lambda x: x[0])
 
 
 def bench_decode(rows: int, kv_dtype: torch.dtype, ceiling: float, sweep=DECODE_SWEEP) -> dict:
+    """Best of ``sweep`` for ``rows`` decode rows; also the default policy's time."""
     args = make_inputs(rows, kv_dtype)
     ms, tiles = best_tiles(args, sweep, iters=50)
     gathered = rows * (WINDOW + ENTRIES) * DIM * args[1].element_size()
     row = {"case": f"decode T={rows} kv={str(kv_dtype).removeprefix('torch.')}",
            "triton_us": ms * 1e3, "triton_TB/s": gathered / ms / 1e9,
            "%ceiling": 100 * gathered / ms / 1e9 / ceiling, "tiles": _tiles_str(tiles)}  # fmt: skip
+    default_ms = time_cuda(lambda: backend.ops["sparse_mqa_sink"](*args), iters=50)
+    row["default_us"] = default_ms * 1e3
     ref_ms = try_time(lambda: kernels.OPS["sparse_mqa_sink"].reference(*args), iters=10)
     sdpa_ms = try_time(lambda: sdpa_baseline(*args), iters=10)
     row.update(reference_us=ref_ms * 1e3, torch_sdpa_us=sdpa_ms * 1e3)
@@ -120,7 +127,8 @@ def bench_rope(rows: int, ceiling: float) -> dict:
 
 
 def _tiles_str(t: AttentionTiles) -> str:
-    return f"hb{t.head_block}/bn{t.block_n}/split{t.split_size}/w{t.num_warps}/s{t.num_stages}"
+    path = f"split{t.split_size}" if t.split_rows_max == SPLIT else "whole"
+    return f"hb{t.head_block}/bn{t.block_n}/{path}/w{t.num_warps}/s{t.num_stages}"
 
 
 def main() -> None:
@@ -136,13 +144,14 @@ def main() -> None:
     for t in (64, 256):
         rows.append(bench_decode(t, torch.float8_e4m3fn, ceiling))
         print(rows[-1])
-    rows.append(bench_decode(64, torch.bfloat16, ceiling, DECODE_SWEEP[:2]))
+    rows.append(bench_decode(64, torch.bfloat16, ceiling, DECODE_SWEEP[::3]))
+    rows.append(bench_decode(4, torch.float8_e4m3fn, ceiling, DECODE_SWEEP[::3]))
     rows.append(bench_prefill(args.prefill_rows))
     print(rows[-1])
     for t in (64, 8192):
         rows.append(bench_rope(t, ceiling))
-    cols = ["case", "triton_us", "triton_TB/s", "triton_TFLOP/s", "%ceiling", "reference_us",
-            "torch_sdpa_us", "tiles"]  # fmt: skip
+    cols = ["case", "triton_us", "triton_TB/s", "triton_TFLOP/s", "%ceiling", "default_us",
+            "reference_us", "torch_sdpa_us", "tiles"]  # fmt: skip
     print_table(rows, cols)
     write_json(args.out, {"env": environment(), "copy_TB/s": ceiling, "rows": rows})
 

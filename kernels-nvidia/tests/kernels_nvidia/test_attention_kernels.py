@@ -12,7 +12,7 @@ from deepinfer import kernels
 from deepinfer.kernels.testing import cases_for, check_case
 from deepinfer.kernels.testing.cases.attention_extra import make_index_lists
 from deepinfer.kernels_nvidia import backend
-from deepinfer.kernels_nvidia.attention import AttentionTiles
+from deepinfer.kernels_nvidia.attention import SPLIT_ROWS_MAX, AttentionTiles, choose_tiles
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"  # cpu: the Triton interpreter (see conftest)
@@ -54,6 +54,12 @@ def test_launch_paths_match_reference(tiles):
     torch.testing.assert_close(got, reference(q, kv, idx, sink, scale), atol=1.6e-2, rtol=1.6e-2)
 
 
+def test_tile_policy():
+    assert choose_tiles(1, torch.bfloat16, batch_invariant=False)[1]
+    assert not choose_tiles(SPLIT_ROWS_MAX + 1, torch.bfloat16, batch_invariant=False)[1]
+    assert choose_tiles(4096, torch.bfloat16, batch_invariant=True)[1]
+
+
 def test_int64_indices_and_empty_list():
     q, kv, idx, sink, scale = _inputs(2, 3, 16, 64, 8, 24, 90, dtype=torch.float32)
     got = backend.ops[OP](q, kv, idx.long(), sink, scale)
@@ -72,13 +78,15 @@ def test_rejects_bad_shapes():
         backend.ops[OP](q, kv, idx[:1], sink, scale)
 
 
-def test_batch_invariance():
-    """Row 0's output is bitwise identical for batches of 1, 7 and 64 rows."""
+def test_batch_invariance(monkeypatch):
+    """With DEEPINFER_BATCH_INVARIANT=1, row 0's output is bitwise identical for batches of 1,
+    7 and 64 rows (64 is past the rows where the split path runs by default)."""
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
     if HAS_CUDA:
         heads, dim, window, entries, num_kv = 64, 512, 128, 512, 131072 + 128
     else:
-        heads, dim, window, entries, num_kv = 16, 64, 8, 24, 200
-    sizes = (1, 7, 64) if HAS_CUDA else (1, 7, 9)
+        heads, dim, window, entries, num_kv = 16, 32, 8, 24, 200
+    sizes = (1, 7, 64)
     q, kv, idx, sink, scale = _inputs(4, max(sizes), heads, dim, window, entries, num_kv)
     outs = [backend.ops[OP](q[:n], kv, idx[:n], sink, scale)[:1] for n in sizes]
     for other in outs[1:]:

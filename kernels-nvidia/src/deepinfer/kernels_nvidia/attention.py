@@ -7,13 +7,18 @@ accumulators, ``exp2`` with ``log2 e`` folded into the scale).
 
 Two launch shapes, one kernel:
 
-- decode (``T <= 256`` rows): the index list is cut into splits of a FIXED number of
-  entries (``SPLIT_SIZE``), one program per (row, head block, split), each writing an
-  unnormalised partial; a second kernel merges the splits of a row in split order and adds the
-  sink. The split size never depends on the batch, so a row's output is bitwise identical for
-  any batch size up to ``split_rows_max`` (256) (batch invariance for decode batches).
-- prefill (more rows): one program per (row, head block) walks the whole list and finishes in
-  place (no partials to write).
+- split: the index list is cut into splits of a FIXED number of entries (``split_size``), one
+  program per (row, head block, split), each writing an unnormalised fp32 partial; a second
+  kernel merges a row's splits in split order and adds the sink. Nothing depends on the number
+  of rows, so a row's output is bitwise identical for every batch size: with
+  ``DEEPINFER_BATCH_INVARIANT=1`` this path serves every launch. Otherwise it serves only tiny
+  batches (``SPLIT_ROWS_MAX`` rows), where it is the only way to fill the GPU: the partials of
+  64 heads x 512 dims in fp32 outweigh the FP8 rows they summarise.
+- whole list: one program per (row, head block) walks the whole list and finishes in place.
+
+Default tiles are the fastest measured on an H200 (``benchmarks/kernels/bench_attention.py``):
+64 heads per program (one gather serves every head), 32-row tiles for splits, 64-row tiles
+with three pipeline stages for whole lists.
 
 KV may be stored in bf16/fp16/fp32 like ``q``, or in ``float8_e4m3fn`` (the cache format),
 upcast in registers to ``q``'s dtype: half the bytes gathered.
@@ -27,27 +32,40 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.kernels import envs
 from deepinfer.kernels_nvidia.registry import implements
 
 LOG2E = 1.4426950408889634
 
 
+SPLIT_ROWS_MAX = 32  # rows up to which the split path runs when batch invariance is off
+
+
 @dataclass(frozen=True)
 class AttentionTiles:
     """Launch parameters: heads per program, gathered rows per tile, entries per split, and the
-    number of rows up to which the split (decode) path runs."""
+    number of rows up to which the split path runs (``None``: the default policy)."""
 
-    head_block: int = 32
+    head_block: int = 64
     block_n: int = 32
     split_size: int = 128
     num_warps: int = 8
     num_stages: int = 2
-    split_rows_max: int = 256
+    split_rows_max: int | None = None
 
 
-DEFAULT_TILES = AttentionTiles()
+SPLIT_TILES = AttentionTiles()
+WHOLE_LIST_TILES = AttentionTiles(block_n=64, num_stages=3)
 # fp32 operands take twice the shared memory per tile and run the exact (FMA) dot path.
 FP32_TILES = AttentionTiles(head_block=16, block_n=16, num_warps=4)
+
+
+def choose_tiles(rows: int, dtype: torch.dtype, *, batch_invariant: bool):
+    """(tiles, is_split) for ``rows`` query rows of ``dtype``."""
+    is_split = batch_invariant or rows <= SPLIT_ROWS_MAX
+    if dtype == torch.float32:
+        return FP32_TILES, is_split
+    return (SPLIT_TILES if is_split else WHOLE_LIST_TILES), is_split
 
 
 @triton.jit
@@ -179,7 +197,11 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 def sparse_mqa_sink(q, kv, indices, sink, scale, *, tiles: AttentionTiles | None = None):
     """See :func:`deepinfer.kernels.sparse_mqa_sink`. ``kv`` may also be ``float8_e4m3fn``."""
     _check_inputs(q, kv, indices, sink)
-    tiles = tiles or (FP32_TILES if q.dtype == torch.float32 else DEFAULT_TILES)
+    if tiles is None or tiles.split_rows_max is None:
+        auto, is_split = choose_tiles(q.shape[0], q.dtype, batch_invariant=envs.batch_invariant())
+        tiles = tiles or auto
+    else:
+        is_split = q.shape[0] <= tiles.split_rows_max
     q, kv, indices = _unit_last(q), _unit_last(kv), _unit_last(indices)
     sink = sink.float().contiguous()
     t, h, d = q.shape
@@ -189,7 +211,6 @@ def sparse_mqa_sink(q, kv, indices, sink, scale, *, tiles: AttentionTiles | None
         return out
     block_d = max(16, triton.next_power_of_2(d))
     hb = max(16, min(tiles.head_block, triton.next_power_of_2(h)))
-    is_split = t <= tiles.split_rows_max
     split = tiles.split_size if is_split else max(tiles.block_n, num_idx)
     num_splits = max(1, triton.cdiv(num_idx, split))
     if is_split:

@@ -3,10 +3,12 @@ the stream collapse and the post-mix expand (fp32 inside, streams' dtype out).
 
 Coefficients take two launches. The first reads the flattened streams once: each program
 multiplies a block of ``BT`` tokens by a fixed-width column chunk (``K_CHUNK``) of the small
-projection (fp32, exact ``ieee`` dot) and sums the squares for the RMS, writing per-chunk
-partials. The second adds the chunks in chunk order, applies the RMS scale, the sigmoid heads
-and the softmax + Sinkhorn rounds of the ``nc x nc`` comb matrix per token. The chunk width is
-fixed, so results do not depend on the number of tokens (batch invariant).
+projection and sums the squares for the RMS, writing per-chunk partials. The projection keeps
+fp32 accuracy: bf16 streams meet the fp32 weights split into three bf16 terms on the tensor
+cores (each product exact in the fp32 accumulator); other dtypes take an exact fp32 dot. The
+second launch adds a token's chunks in one reduction, applies the RMS scale, the sigmoid heads
+and the softmax + Sinkhorn rounds of the ``nc x nc`` comb matrix. Chunk width and reduction
+shape never depend on the number of tokens, so results are batch invariant.
 """
 
 from __future__ import annotations
@@ -18,16 +20,36 @@ import triton.language as tl
 from deepinfer.kernels_nvidia.registry import implements
 
 K_CHUNK = 1024  # projection columns per partial: fixed, for batch invariance
-TOKENS_PER_PROGRAM = 16
+TOKENS_PER_PROGRAM = 16  # tokens per projection program (the dot's M)
+FINISH_TOKENS = 8  # tokens per coefficient program
+
+
+@triton.jit
+def _split_dot(x, w, acc, X_BF16: tl.constexpr):
+    """acc + x @ w with fp32 accuracy. bf16 x: w (fp32) is split into three bf16 terms whose
+    products with x are exact in the fp32 accumulator (tensor cores, no tf32 loss); else an
+    exact fp32 dot."""
+    if X_BF16:
+        hi = w.to(tl.bfloat16)
+        rest = w - hi.to(tl.float32)
+        mid = rest.to(tl.bfloat16)
+        lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+        acc = tl.dot(x, lo, acc)
+        acc = tl.dot(x, mid, acc)
+        acc = tl.dot(x, hi, acc)
+    else:
+        acc = tl.dot(x.to(tl.float32), w, acc, input_precision="ieee")
+    return acc
 
 
 @triton.jit
 def _hc_mix_partial_kernel(
     x_ptr, fn_ptr, part_ptr, sq_ptr,
-    num_tokens, num_out, width, stride_xt, stride_fn,
+    num_tokens, num_out, width, num_chunks, stride_xt, stride_fn,
     BT: tl.constexpr, NPAD: tl.constexpr, BK: tl.constexpr, K_CHUNK: tl.constexpr,
+    X_BF16: tl.constexpr,
 ):  # fmt: skip
-    """part[c, t, :] = x[t, chunk c] @ fn[:, chunk c]^T; sq[c, t] = sum x[t, chunk c]^2."""
+    """part[t, c, :] = x[t, chunk c] @ fn[:, chunk c]^T; sq[t, c] = sum x[t, chunk c]^2."""
     pid_t = tl.program_id(0)
     chunk = tl.program_id(1)
     tokens = pid_t * BT + tl.arange(0, BT)
@@ -43,63 +65,70 @@ def _hc_mix_partial_kernel(
             x_ptr + tokens.to(tl.int64)[:, None] * stride_xt + cols[None, :],
             mask=tmask[:, None] & cmask[None, :],
             other=0.0,
-        ).to(tl.float32)
+        )
         w = tl.load(
             fn_ptr + cols[:, None] + outs[None, :] * stride_fn,
             mask=cmask[:, None] & omask[None, :],
             other=0.0,
         )
-        acc += tl.dot(x, w, input_precision="ieee")
-        sq += tl.sum(x * x, axis=1)
-    slot = chunk * num_tokens + tokens
+        acc = _split_dot(x, w, acc, X_BF16)
+        xf = x.to(tl.float32)
+        sq += tl.sum(xf * xf, axis=1)
+    slot = tokens * num_chunks + chunk
     tl.store(part_ptr + slot[:, None] * NPAD + outs[None, :], acc, mask=tmask[:, None])
     tl.store(sq_ptr + slot, sq, mask=tmask)
 
 
 @triton.jit
-def _load_mix(part_ptr, offs, mask, num_tokens, num_chunks, NPAD: tl.constexpr):
-    """sum over chunks c (in order) of part[c].flat[offs]."""
-    total = tl.load(part_ptr + offs, mask=mask, other=0.0)
-    for c in range(1, num_chunks):
-        total += tl.load(part_ptr + c * num_tokens * NPAD + offs, mask=mask, other=0.0)
-    return total
+def _chunk_rows(tokens, tmask, num_chunks, CP: tl.constexpr):
+    """([BT, CP] partial row of each (token, chunk), its mask)."""
+    chunks = tl.arange(0, CP)
+    rows = tokens[:, None] * num_chunks + chunks[None, :]
+    return rows, tmask[:, None] & (chunks < num_chunks)[None, :]
 
 
 @triton.jit
-def _rms_scale(sq_ptr, tokens, tmask, num_tokens, num_chunks, width, eps):
-    sq = tl.load(sq_ptr + tokens, mask=tmask, other=0.0)
-    for c in range(1, num_chunks):
-        sq += tl.load(sq_ptr + c * num_tokens + tokens, mask=tmask, other=0.0)
+def _rms_scale(sq_ptr, rows, mask, width, eps):
+    """rsqrt(mean square + eps) per token: the chunk sums added in one reduction."""
+    sq = tl.sum(tl.load(sq_ptr + rows, mask=mask, other=0.0), axis=1)
     return tl.rsqrt(sq / width + eps)
+
+
+@triton.jit
+def _sum_mix(part_ptr, rows, mask, first, j, NPAD: tl.constexpr):
+    """[BT, NC] sum over chunks of part[token, chunk, first + j]."""
+    offs = rows[:, :, None] * NPAD + first + j[None, None, :]
+    return tl.sum(tl.load(part_ptr + offs, mask=mask[:, :, None], other=0.0), axis=1)
 
 
 @triton.jit
 def _hc_mix_finish_kernel(
     part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
     num_tokens, num_chunks, width, norm_eps, hc_eps, sinkhorn_iters,
-    BT: tl.constexpr, NC: tl.constexpr, NPAD: tl.constexpr,
+    BT: tl.constexpr, NC: tl.constexpr, NPAD: tl.constexpr, CP: tl.constexpr,
 ):  # fmt: skip
     tokens = tl.program_id(0) * BT + tl.arange(0, BT)
     tmask = tokens < num_tokens
-    rms = _rms_scale(sq_ptr, tokens, tmask, num_tokens, num_chunks, width, norm_eps)
+    rows, rmask = _chunk_rows(tokens, tmask, num_chunks, CP)
+    rms = _rms_scale(sq_ptr, rows, rmask, width, norm_eps)
     j = tl.arange(0, NC)
-    row2 = tokens[:, None] * NPAD + j[None, :]
     m2 = tmask[:, None]
     s0 = tl.load(scale_ptr)
     s1 = tl.load(scale_ptr + 1)
     s2 = tl.load(scale_ptr + 2)
-    pre = _load_mix(part_ptr, row2, m2, num_tokens, num_chunks, NPAD) * rms[:, None]
+    pre = _sum_mix(part_ptr, rows, rmask, 0, j, NPAD) * rms[:, None]
     pre = tl.sigmoid(pre * s0 + tl.load(base_ptr + j)[None, :]) + hc_eps
-    post = _load_mix(part_ptr, row2 + NC, m2, num_tokens, num_chunks, NPAD) * rms[:, None]
+    post = _sum_mix(part_ptr, rows, rmask, NC, j, NPAD) * rms[:, None]
     post = 2.0 * tl.sigmoid(post * s1 + tl.load(base_ptr + NC + j)[None, :])
     out2 = tokens[:, None] * NC + j[None, :]
     tl.store(pre_ptr + out2, pre, mask=m2)
     tl.store(post_ptr + out2, post, mask=m2)
 
     jk = j[:, None] * NC + j[None, :]  # [NC, NC] flat (j, k)
-    offs3 = tokens[:, None, None] * NPAD + 2 * NC + jk[None, :, :]
+    offs4 = rows[:, :, None, None] * NPAD + 2 * NC + jk[None, None, :, :]
+    comb_part = tl.load(part_ptr + offs4, mask=rmask[:, :, None, None], other=0.0)
+    logits = tl.sum(comb_part, axis=1) * rms[:, None, None]
     m3 = tmask[:, None, None]
-    logits = _load_mix(part_ptr, offs3, m3, num_tokens, num_chunks, NPAD) * rms[:, None, None]
     logits = logits * s2 + tl.load(base_ptr + 2 * NC + jk)[None, :, :]
     peak = tl.max(logits, axis=2)
     comb = tl.exp(logits - peak[:, :, None])
@@ -115,14 +144,14 @@ def _hc_mix_finish_kernel(
 def _hc_head_finish_kernel(
     part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr,
     num_tokens, num_chunks, width, norm_eps, hc_eps,
-    BT: tl.constexpr, NC: tl.constexpr, NPAD: tl.constexpr,
+    BT: tl.constexpr, NC: tl.constexpr, NPAD: tl.constexpr, CP: tl.constexpr,
 ):  # fmt: skip
     tokens = tl.program_id(0) * BT + tl.arange(0, BT)
     tmask = tokens < num_tokens
-    rms = _rms_scale(sq_ptr, tokens, tmask, num_tokens, num_chunks, width, norm_eps)
+    rows, rmask = _chunk_rows(tokens, tmask, num_chunks, CP)
+    rms = _rms_scale(sq_ptr, rows, rmask, width, norm_eps)
     j = tl.arange(0, NC)
-    m = _load_mix(part_ptr, tokens[:, None] * NPAD + j[None, :], tmask[:, None], num_tokens,
-                  num_chunks, NPAD) * rms[:, None]  # fmt: skip
+    m = _sum_mix(part_ptr, rows, rmask, 0, j, NPAD) * rms[:, None]
     pre = tl.sigmoid(m * tl.load(scale_ptr) + tl.load(base_ptr + j)[None, :]) + hc_eps
     tl.store(pre_ptr + tokens[:, None] * NC + j[None, :], pre, mask=tmask[:, None])
 
@@ -144,12 +173,13 @@ def _mix_partials(x, fn, num_out):
     fn = fn.float().contiguous()
     npad = max(16, triton.next_power_of_2(num_out))
     num_chunks = triton.cdiv(width, K_CHUNK)
-    part = torch.empty(num_chunks, t, npad, dtype=torch.float32, device=x.device)
-    sq = torch.empty(num_chunks, t, dtype=torch.float32, device=x.device)
+    part = torch.empty(t, num_chunks, npad, dtype=torch.float32, device=x.device)
+    sq = torch.empty(t, num_chunks, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(t, TOKENS_PER_PROGRAM), num_chunks)
     _hc_mix_partial_kernel[grid](
-        x, fn, part, sq, t, num_out, width, x.stride(0), fn.stride(0),
-        BT=TOKENS_PER_PROGRAM, NPAD=npad, BK=64, K_CHUNK=K_CHUNK, num_warps=4,
+        x, fn, part, sq, t, num_out, width, num_chunks, x.stride(0), fn.stride(0),
+        BT=TOKENS_PER_PROGRAM, NPAD=npad, BK=64, K_CHUNK=K_CHUNK,
+        X_BF16=x.dtype == torch.bfloat16, num_warps=4,
     )  # fmt: skip
     return part, sq, num_chunks, npad
 
@@ -170,11 +200,10 @@ def hc_mix_coefficients(x, fn, base, scale, *, norm_eps, hc_eps, sinkhorn_iters)
     if t == 0:
         return pre, post, comb
     part, sq, num_chunks, npad = _mix_partials(x, fn, num_out)
-    bt = 16
-    _hc_mix_finish_kernel[(triton.cdiv(t, bt),)](
+    _hc_mix_finish_kernel[(triton.cdiv(t, FINISH_TOKENS),)](
         part, sq, base.float().contiguous(), scale.float().contiguous(), pre, post, comb,
         t, num_chunks, nc * d, norm_eps, hc_eps, sinkhorn_iters,
-        BT=bt, NC=nc, NPAD=npad, num_warps=4,
+        BT=FINISH_TOKENS, NC=nc, NPAD=npad, CP=triton.next_power_of_2(num_chunks), num_warps=4,
     )  # fmt: skip
     return pre, post, comb
 
@@ -191,10 +220,10 @@ def hc_head_coefficients(x, fn, base, scale, *, norm_eps, hc_eps):
     if t == 0:
         return pre
     part, sq, num_chunks, npad = _mix_partials(x, fn, nc)
-    bt = 16
-    _hc_head_finish_kernel[(triton.cdiv(t, bt),)](
+    _hc_head_finish_kernel[(triton.cdiv(t, FINISH_TOKENS),)](
         part, sq, base.float().contiguous(), scale.float().contiguous(), pre,
-        t, num_chunks, nc * d, norm_eps, hc_eps, BT=bt, NC=nc, NPAD=npad, num_warps=4,
+        t, num_chunks, nc * d, norm_eps, hc_eps,
+        BT=FINISH_TOKENS, NC=nc, NPAD=npad, CP=triton.next_power_of_2(num_chunks), num_warps=4,
     )  # fmt: skip
     return pre
 
