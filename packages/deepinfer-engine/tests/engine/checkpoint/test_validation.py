@@ -176,3 +176,14 @@ def test_command_line_validation(tmp_path, broken_checkpoint, capsys):
     assert "DeepseekV4ForCausalLM, 4 layers" in out and "F8_E4M3" in out and "ok: " in out
     assert main([str(broken_checkpoint)]) == 1
     assert MISSING in capsys.readouterr().out
+
+
+def test_plain_shape_dtype_inventories_are_accepted(tmp_path):
+    make_random_checkpoint(tmp_path, tiny_v4_config(), quantized=True, seed=0, tokenizer=False)
+    config = load_config(tmp_path)
+    pairs = {n: (s.shape, s.dtype) for n, s in official_inventory(config).items()}
+    stored = read_checkpoint_index(tmp_path)
+    validate_checkpoint(stored, pairs)
+    pairs["layers.1.attn.wkv.weight"] = ((96, 128), torch.bfloat16)
+    with pytest.raises(CheckpointMismatchError, match="0 mis-shaped, 1 with the wrong dtype"):
+        validate_checkpoint(stored, pairs)

@@ -9,6 +9,7 @@ the checkpoint does not match the config's quantisation).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -68,3 +69,14 @@ class TensorSpec:
 
     def describe(self) -> str:
         return f"{list(self.shape)} {dtype_name(self.dtype)}"
+
+
+def as_specs(
+    inventory: Mapping[str, TensorSpec | tuple[tuple[int, ...], torch.dtype]],
+) -> dict[str, TensorSpec]:
+    """Accept an inventory of :class:`TensorSpec` or of plain ``(shape, dtype)`` pairs (what
+    ``deepinfer.engine.model.expected_tensors`` returns)."""
+    return {
+        name: spec if isinstance(spec, TensorSpec) else TensorSpec(tuple(spec[0]), spec[1])
+        for name, spec in inventory.items()
+    }

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 import deepinfer.kernels as K
 from deepinfer.engine.checkpoint.dummy import fill_dummy
-from deepinfer.engine.checkpoint.formats import FLOAT_FAMILY, TensorSpec, dtype_name
+from deepinfer.engine.checkpoint.formats import FLOAT_FAMILY, TensorSpec, as_specs, dtype_name
 from deepinfer.engine.checkpoint.index import CheckpointError, StoredTensor, read_checkpoint_index
 from deepinfer.engine.checkpoint.inventory import ENGRAM_SCALE_BLOCK, official_inventory
 from deepinfer.engine.checkpoint.paths import resolve_model_path
@@ -51,11 +51,11 @@ class LoadReport:
 
 
 def read_and_validate(
-    directory: Path, config: ModelConfig, inventory: Mapping[str, TensorSpec] | None = None
+    directory: Path, config: ModelConfig, inventory: Mapping[str, TensorSpec | tuple] | None = None
 ) -> tuple[dict[str, StoredTensor], Mapping[str, TensorSpec]]:
     """Headers of every shard, validated against the inventory; no tensor data is read."""
     stored = read_checkpoint_index(directory)
-    expected = inventory if inventory is not None else official_inventory(config)
+    expected = as_specs(inventory) if inventory is not None else official_inventory(config)
     validate_checkpoint(stored, expected, where=str(directory))
     return stored, expected
 
@@ -65,7 +65,7 @@ def load_into(
     path: str | os.PathLike[str] | None = None,
     *,
     config: ModelConfig | None = None,
-    inventory: Mapping[str, TensorSpec] | None = None,
+    inventory: Mapping[str, TensorSpec | tuple] | None = None,
     load_format: str = "auto",
     seed: int = 0,
     progress: bool = True,

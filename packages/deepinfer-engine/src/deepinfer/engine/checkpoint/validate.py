@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from deepinfer.engine.checkpoint.formats import TensorSpec, dtype_name
+import torch
+
+from deepinfer.engine.checkpoint.formats import TensorSpec, as_specs, dtype_name
 from deepinfer.engine.checkpoint.index import CheckpointError, StoredTensor
 
 MAX_LISTED = 20
@@ -86,10 +88,16 @@ def describe_mismatch(
 
 
 def validate_checkpoint(
-    stored: Mapping[str, StoredTensor], expected: Mapping[str, TensorSpec], where: str = ""
+    stored: Mapping[str, StoredTensor],
+    expected: Mapping[str, TensorSpec | tuple[tuple[int, ...], torch.dtype]],
+    where: str = "",
 ) -> None:
     """Raise :class:`CheckpointMismatchError` naming every missing, unexpected, mis-shaped and
-    wrong-dtype tensor; return quietly when the checkpoint matches."""
+    wrong-dtype tensor; return quietly when the checkpoint matches.
+
+    ``expected`` maps names to :class:`TensorSpec` or to plain ``(shape, dtype)`` pairs.
+    """
+    expected = as_specs(expected)
     mismatch = find_mismatches(stored, expected)
     if mismatch:
         message = describe_mismatch(mismatch, stored, expected, where or "(in memory)")
