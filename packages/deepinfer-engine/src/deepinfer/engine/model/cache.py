@@ -7,9 +7,9 @@ layer has them. Blocks are addressed through per-sequence block tables handed in
 
 State slots (fixed per sequence): each attention layer's sliding-window ring of
 ``window + max_draft`` rows (row of position ``p`` = ``p % ring``), and each compressor's partial
-windows (``2 * ratio`` rows for the overlapped ratio-4 compressor, ``ratio`` otherwise; row of
-position ``p`` = ``p % rows``; the score rows hold the gate logits with the position bias
-added). Addressed by a state-slot id per sequence. Engram history will get its own slot tensors
+windows (``2 * ratio`` rows for the overlapped ratio-4 compressor, ``ratio`` otherwise, plus
+``max_draft``; row of position ``p`` = ``p % rows``; the score rows hold the gate logits with
+the position bias added). Addressed by a state-slot id per sequence. Engram history will get its own slot tensors
 here (hook: :attr:`ModelCache.extra`).
 
 Every tensor is flat ``[rows, width]`` so kernels index rows directly.
@@ -46,9 +46,12 @@ def overlapped(config: ModelConfig, layer_id: int) -> bool:
     return not config.is_v41 and config.compress_ratios[layer_id] == 4
 
 
-def compressor_state_rows(config: ModelConfig, layer_id: int) -> int:
+def compressor_state_rows(config: ModelConfig, layer_id: int, max_draft: int = 0) -> int:
+    """Ring rows of a compressor's partial windows: the rows one entry reads (``2 ratio``
+    overlapped, else ``ratio``) plus ``max_draft``, so rejected drafts never overwrite a row a
+    later step still reads (the same rule as the window ring)."""
     ratio = config.compress_ratios[layer_id]
-    return 2 * ratio if overlapped(config, layer_id) else ratio
+    return (2 * ratio if overlapped(config, layer_id) else ratio) + max_draft
 
 
 class ModelCache:
@@ -94,7 +97,7 @@ class ModelCache:
             raise ValueError(f"block_size {lay.block_size} is not a multiple of ratio {ratio}")
         entries = lay.num_blocks * (lay.block_size // ratio)
         self.tensors[f"{i}.kv"] = torch.zeros(entries, hd, dtype=self.dtype, device=device)
-        rows = slots * compressor_state_rows(c, i)
+        rows = slots * compressor_state_rows(c, i, lay.max_draft)
         coff = 2 if overlapped(c, i) else 1
         self._state(f"{i}.comp", rows, coff * hd, device)
         has_index_keys = c.owns_indexer(i) if not c.is_v41 else True

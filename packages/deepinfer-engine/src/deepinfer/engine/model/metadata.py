@@ -112,7 +112,9 @@ def build_metadata(
     w_src = keep.nonzero()[:, 0]
     w_dst = tokens.slot[w_src] * ring_size + positions[w_src] % ring_size
     kinds = {
-        (config.compress_ratios[i], overlapped(config, i)): compressor_state_rows(config, i)
+        (config.compress_ratios[i], overlapped(config, i)): compressor_state_rows(
+            config, i, layout.max_draft
+        )
         for i in range(config.num_layers)
         if config.compress_ratios[i] > 0
     }

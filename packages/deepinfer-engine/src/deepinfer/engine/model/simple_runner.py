@@ -27,13 +27,17 @@ class SimpleRunner:
         max_seqs: int,
         max_len: int,
         block_size: int = 128,
+        max_draft: int = 0,
         dtype: torch.dtype | None = None,
         device: torch.device | str = "cpu",
     ) -> None:
         self.model, self.device = model, torch.device(device)
         self.blocks_per_seq = math.ceil(max_len / block_size)
         layout = CacheLayout(
-            num_blocks=max_seqs * self.blocks_per_seq, num_slots=max_seqs, block_size=block_size
+            num_blocks=max_seqs * self.blocks_per_seq,
+            num_slots=max_seqs,
+            block_size=block_size,
+            max_draft=max_draft,
         )
         dtype = dtype or next(model.parameters()).dtype
         self.cache = ModelCache(model.config, layout, dtype=dtype, device=device)
@@ -77,3 +81,12 @@ class SimpleRunner:
             row += len(tokens)
             self.lengths[seq] = self.lengths.get(seq, 0) + len(tokens)
         return out
+
+    def rollback(self, seq: int, num_tokens: int) -> None:
+        """Forget the last ``num_tokens`` of ``seq`` (rejected drafts, at most ``max_draft``):
+        their cache rows are simply overwritten by the next step."""
+        if not 0 <= num_tokens <= self.cache.layout.max_draft:
+            raise ValueError(
+                f"rollback of {num_tokens} tokens: expected 0..{self.cache.layout.max_draft}"
+            )
+        self.lengths[seq] -= num_tokens
