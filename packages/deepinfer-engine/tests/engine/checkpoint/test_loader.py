@@ -177,3 +177,49 @@ def test_unsigned_byte_spellings_of_scales_and_packed_fp4_load(tmp_path):
     load_into(again, tmp_path, progress=False)
     for (name, a), b in zip(reference.state_dict().items(), again.state_dict().values()):
         assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+
+
+def test_tensors_stream_one_shard_at_a_time(tmp_path, monkeypatch):
+    import deepinfer.engine.checkpoint.loader as loader_module
+    from deepinfer.engine.checkpoint import shard_files
+
+    make_random_checkpoint(
+        tmp_path,
+        tiny_v4_config(),
+        quantized=True,
+        seed=2,
+        tokenizer=False,
+        max_shard_bytes=60_000,
+    )
+    real_open, events = loader_module.safe_open, []
+
+    class Recording:
+        def __init__(self, path, framework):
+            self.path, self.inner = path, real_open(path, framework=framework)
+
+        def __enter__(self):
+            events.append(("open", self.path.name))
+            self.file = self.inner.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            events.append(("close", self.path.name))
+            return self.inner.__exit__(*exc)
+
+        def get_tensor(self, key):
+            events.append(("read", self.path.name))
+            return self.file.get_tensor(key)
+
+    monkeypatch.setattr(loader_module, "safe_open", Recording)
+    load_into(_module_for(load_config(tmp_path)), tmp_path, progress=False)
+    files = [f.name for f in shard_files(tmp_path)]
+    opened = [name for kind, name in events if kind == "open"]
+    assert opened == files  # each shard opened once, in order
+    current = None
+    for kind, name in events:  # every read happens while its own shard is the open one
+        if kind == "open":
+            current = name
+        elif kind == "read":
+            assert name == current
+        else:
+            current = None
