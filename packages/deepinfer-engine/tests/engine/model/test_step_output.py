@@ -4,6 +4,8 @@ streams."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from deepinfer.engine.model.block import Block
@@ -46,3 +48,14 @@ def test_v4_taps_are_the_tap_layers_outputs(monkeypatch):
     out = model.forward_step(runner.batch({0: list(range(3, 23))}), runner.cache)
     want = torch.cat([seen[i][1].float().mean(1) for i in taps], dim=-1)
     torch.testing.assert_close(out.taps, want, atol=0, rtol=0)
+
+
+def test_logits_indices_select_rows():
+    model = random_v41_model()
+    runner = SimpleRunner(model, max_seqs=2, max_len=20, block_size=16)
+    batch = runner.batch({0: list(range(3, 13)), 1: list(range(5, 12))})
+    full = model(batch, runner.cache)
+    runner = SimpleRunner(model, max_seqs=2, max_len=20, block_size=16)
+    rows = torch.tensor([9, 16])  # the last token of each sequence
+    picked = model(dataclasses.replace(batch, logits_indices=rows), runner.cache)
+    torch.testing.assert_close(picked, full[rows], atol=0, rtol=0)

@@ -98,3 +98,14 @@ def test_full_sequence_logits_match_transformers(checkpoint):
     got = SimpleRunner(ours, max_seqs=1, max_len=300).step({0: ids.tolist()})[0]
     delta = (got.log_softmax(-1) - want.log_softmax(-1)).abs().max().item()
     assert delta < 1e-4, f"max |delta log-softmax| = {delta}"
+
+
+def test_module_names_and_saved_names_convert_alike(checkpoint):
+    """transformers' in-memory module names (fused experts) and the names its save_pretrained
+    writes map to the same official tensors."""
+    hf = transformers.DeepseekV4ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    from_modules = from_transformers(hf.state_dict())
+    from_saved = from_transformers(load_file(checkpoint / "model.safetensors"))
+    assert sorted(from_modules) == sorted(from_saved)
+    for name, tensor in from_saved.items():
+        assert torch.equal(from_modules[name], tensor), name
