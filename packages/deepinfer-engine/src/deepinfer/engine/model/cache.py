@@ -119,3 +119,44 @@ class ModelCache:
 
     def bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def is_arena(self, key: str) -> bool:
+        """Whether tensor ``key`` lives in the paged arena (else in the state slots)."""
+        return key.rsplit(".", 1)[1] in ARENA_KINDS
+
+
+ARENA_KINDS = ("kv", "index_keys")
+
+
+@dataclass(frozen=True)
+class CacheFootprint:
+    """Bytes one arena block and one state slot take (for sizing from free device memory)."""
+
+    bytes_per_block: int
+    bytes_per_slot: int
+
+    def num_blocks(self, budget_bytes: int, num_slots: int) -> int:
+        """Blocks that fit in ``budget_bytes`` after ``num_slots`` state slots."""
+        left = budget_bytes - num_slots * self.bytes_per_slot
+        return max(0, left // max(1, self.bytes_per_block))
+
+
+def cache_footprint(
+    config: ModelConfig,
+    *,
+    block_size: int = 128,
+    max_draft: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
+) -> CacheFootprint:
+    """Measured on a one-block, one-slot cache built on the meta device (no memory)."""
+    layout = CacheLayout(num_blocks=1, num_slots=1, block_size=block_size, max_draft=max_draft)
+    cache = ModelCache(config, layout, dtype=dtype, device="meta")
+    per_block = per_slot = 0
+    for key, t in cache.tensors.items():
+        size = t.numel() * t.element_size()
+        if cache.is_arena(key):
+            per_block += size
+        else:
+            per_slot += size
+    per_slot += sum(t.numel() * t.element_size() for t in cache.extra.values())
+    return CacheFootprint(per_block, per_slot)
