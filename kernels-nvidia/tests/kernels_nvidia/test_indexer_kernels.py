@@ -31,17 +31,32 @@ def test_conformance_real(case):
     check_case(backend.ops[case.op], case, DEVICE)
 
 
-@pytest.mark.parametrize("width,k", [(40, 16), (40, 64), (16384, 512)], ids=str)
+@pytest.mark.parametrize(
+    "width,k", [(40, 16), (40, 64), (1000, 512), (16384, 512), (20000, 512)], ids=str
+)
 def test_select_topk_picks_the_same_set(width, k):
     g = torch.Generator().manual_seed(width + k)
     rows = 6
     cand = make_candidates(g, rows=rows, width=width, num_keys=10 * width).to(DEVICE)
-    scores = torch.randn(rows, width, generator=g).to(DEVICE)
-    scores = scores.masked_fill(cand < 0, float("-inf"))
+    scores = torch.randn(rows, width, generator=g) * torch.rand(rows, 1, generator=g) * 100
+    scores[0] = scores[0].abs()  # all positive
+    scores[1] = -scores[1].abs()  # all negative
+    scores = scores.to(DEVICE).masked_fill(cand < 0, float("-inf"))
     got = backend.ops["select_topk"](scores, cand, k)
     want = kernels.OPS["select_topk"].reference(scores, cand, k)
     assert got.shape == want.shape == (rows, k) and got.dtype == torch.int64
     assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+
+
+def test_select_topk_ties_and_short_rows():
+    """Equal scores at the threshold fill exactly the places left; short rows pad with -1."""
+    scores = torch.tensor([[3.0, 1.0, 1.0, 1.0, 0.5, 2.0], [1.0, -float("inf"), 2.0, 0, 0, 0]])
+    scores[1, 3:] = float("-inf")
+    cand = torch.arange(12).view(2, 6) + 100
+    got = backend.ops["select_topk"](scores.to(DEVICE), cand.to(DEVICE), 4).cpu()
+    first = set(got[0].tolist())
+    assert len(first) == 4 and {100, 105} <= first and first <= {100, 101, 102, 103, 105}
+    assert sorted(got[1].tolist()) == [-1, -1, 106, 108]
 
 
 def test_scores_are_batch_invariant():

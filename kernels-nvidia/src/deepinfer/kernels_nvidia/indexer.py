@@ -6,8 +6,10 @@ rows once and multiplies all ``Hi`` indexer heads of the row against them in one
 in registers: the ``[T, Hi, C]`` dot products never reach memory. Keys may be stored in the
 queries' dtype, fp32, or ``float8_e4m3fn`` (upcast in registers).
 
-Selection uses ``torch.topk`` without sorting (the contract leaves the order within a row
-open), which skips the sort the reference pays for.
+Selection (the contract leaves the order within a row open): one program per row holds the
+row's scores in registers, finds the k-th largest by a 32-step binary search on the order-
+preserving integer image of the fp32 bits (a count per step), then writes the winners through
+a prefix sum; no sort. Rows wider than ``TOPK_MAX_CANDIDATES`` use unsorted ``torch.topk``.
 """
 
 from __future__ import annotations
@@ -95,12 +97,56 @@ def indexer_scores(q, weights, keys, candidates):
     return out
 
 
-@implements("select_topk")
-def select_topk(scores, candidates, k):
-    if scores.shape != candidates.shape:
-        raise ValueError(
-            f"candidates: expected shape {tuple(scores.shape)}, got {tuple(candidates.shape)}"
-        )
+TOPK_MAX_CANDIDATES = 16384  # widest row the register-resident top-k kernel takes
+
+
+@triton.jit
+def _ordered_key(scores):
+    """uint32 keys in the order of the fp32 ``scores``; 0 for ``-inf`` / NaN (never chosen)."""
+    bits = scores.to(tl.int32, bitcast=True)
+    signed = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    key = (signed ^ -2147483648).to(tl.uint32, bitcast=True)
+    return tl.where(scores > float("-inf"), key, 0)
+
+
+@triton.jit
+def _topk_kernel(
+    scores_ptr, cand_ptr, out_ptr, num_cand, k, stride_st, stride_ct, stride_ot,
+    BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One program per row: binary search on the key bits for the k-th largest score, then a
+    prefix sum places the winners (ties at the threshold taken by position)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_C)
+    inside = offs < num_cand
+    scores = tl.load(scores_ptr + row * stride_st + offs, mask=inside, other=float("-inf"))
+    key = _ordered_key(scores)
+    num_valid = tl.sum((key > 0).to(tl.int32), axis=0)
+    want = tl.minimum(num_valid, k)
+    lo = tl.full([], 0, tl.int64)  # invariant: count(key >= lo) >= want
+    hi = tl.full([], 4294967295, tl.int64)
+    for _ in range(32):
+        mid = (lo + hi + 1) // 2
+        count = tl.sum((key >= mid.to(tl.uint32)).to(tl.int32), axis=0)
+        lo = tl.where(count >= want, mid, lo)
+        hi = tl.where(count >= want, hi, mid - 1)
+    threshold = lo.to(tl.uint32)
+    above = key > threshold
+    tied = (key == threshold) & (key > 0)
+    room = want - tl.sum(above.to(tl.int32), axis=0)
+    chosen = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= room))
+    slot = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+    cand = tl.load(cand_ptr + row * stride_ct + offs, mask=inside, other=-1).to(tl.int64)
+    tl.store(out_ptr + row * stride_ot + slot, cand, mask=chosen)
+    tail = tl.arange(0, BLOCK_K)
+    tl.store(
+        out_ptr + row * stride_ot + tail,
+        tl.full([BLOCK_K], -1, tl.int64),
+        mask=(tail >= want) & (tail < k),
+    )
+
+
+def _topk_torch(scores, candidates, k):
     width = min(k, scores.shape[-1])
     top = scores.topk(width, dim=-1, sorted=False)
     picked = candidates.long().gather(-1, top.indices)
@@ -108,3 +154,28 @@ def select_topk(scores, candidates, k):
     if width < k:
         picked = torch.nn.functional.pad(picked, (0, k - width), value=-1)
     return picked
+
+
+@implements("select_topk")
+def select_topk(scores, candidates, k):
+    """Rows up to ``TOPK_MAX_CANDIDATES`` wide: the Triton kernel; wider rows: unsorted
+    ``torch.topk``. ``+inf`` / NaN scores are not expected (the scores are finite or ``-inf``)."""
+    if scores.shape != candidates.shape or scores.dim() != 2:
+        raise ValueError(
+            f"candidates: expected shape {tuple(scores.shape)}, got {tuple(candidates.shape)}"
+        )
+    rows, width = scores.shape
+    if width > TOPK_MAX_CANDIDATES or scores.dtype != torch.float32:
+        return _topk_torch(scores, candidates, k)
+    out = torch.empty(rows, k, dtype=torch.int64, device=scores.device)
+    if rows == 0 or k == 0:
+        return out
+    scores = scores if scores.stride(1) == 1 else scores.contiguous()
+    candidates = candidates if candidates.stride(1) == 1 else candidates.contiguous()
+    block_c = triton.next_power_of_2(max(width, 16))
+    _topk_kernel[(rows,)](
+        scores, candidates, out, width, k, scores.stride(0), candidates.stride(0), out.stride(0),
+        BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(k),
+        num_warps=min(16, max(4, block_c // 1024)),
+    )  # fmt: skip
+    return out
