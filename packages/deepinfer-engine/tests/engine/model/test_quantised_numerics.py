@@ -92,3 +92,19 @@ def test_simulation_on_rounds_cached_kv_and_changes_logits(checkpoint, ids):
             )
         assert torch.equal(K.fp8_sim(part_on, block), part_on), layer
         assert not torch.equal(K.fp8_sim(part_off, block), part_off), layer
+
+
+def test_override_turns_reference_numerics_on_for_a_float_checkpoint(tmp_path):
+    path = random_checkpoint.make_random_checkpoint(
+        tmp_path, tiny_v4_config(), quantized=False, float_dtype=torch.float32
+    )
+    plain, simulated = _model(path), _model(path, quant_simulation=True)
+    assert not plain.config.quant_simulation
+    ids = torch.randint(0, 500, (SEQ,), generator=torch.Generator().manual_seed(8)).tolist()
+    (a, cache_plain), (b, cache_sim) = _run(plain, ids), _run(simulated, ids)
+    assert (a[0] - b[0]).abs().max() > 1e-4
+    nope = plain.config.nope_head_dim
+    window = cache_sim["0.window"][:SEQ, :nope]
+    assert torch.equal(K.fp8_sim(window, 64), window)
+    window = cache_plain["0.window"][:SEQ, :nope]
+    assert not torch.equal(K.fp8_sim(window, 64), window)

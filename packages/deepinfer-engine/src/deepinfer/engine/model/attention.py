@@ -25,7 +25,7 @@ class Attention(nn.Module):
         self.ratio = c.compress_ratios[layer_id]
         self.kind = c.layer_kind(layer_id)
         self.n_heads, self.head_dim, self.groups = c.num_heads, c.head_dim, c.o_groups
-        self.simulate = c.quant_simulation and c.quantization is not None
+        self.simulate = c.quant_simulation
         self.wq_a = f.quantised(c.hidden_size, c.q_lora_rank)
         self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps, dtype=f.dtype, device=f.device)
         self.wq_b = f.quantised(c.q_lora_rank, c.num_heads * c.head_dim)

@@ -118,7 +118,8 @@ class ModelConfig:
     dspark_num_experts_per_tok: int | None = None
     image_token_id: int | None = None
     vision_config: Mapping[str, Any] | None = field(default=None, compare=False)
-    # Numerics: run the reference activation / KV quantisation simulation (spec 4.3).
+    # Numerics: run the reference activation / KV / indexer quantisation simulation (spec 4.3).
+    # parse_config defaults it to "the checkpoint is quantised"; an explicit value overrides.
     quant_simulation: bool = False
 
     def __post_init__(self) -> None:

@@ -37,7 +37,7 @@ class Indexer(nn.Module):
             eps=config.rms_norm_eps,
         )
         self.weight_scale = (self.head_dim * self.n_heads) ** -0.5
-        self.simulate = config.quant_simulation and config.quantization is not None
+        self.simulate = config.quant_simulation
 
     def rotate_and_round(self, x: torch.Tensor) -> torch.Tensor:
         """Reference numerics (spec 2.6): Hadamard rotation then FP4 rounding (block 32); the

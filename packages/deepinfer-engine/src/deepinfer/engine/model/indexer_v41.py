@@ -23,7 +23,7 @@ class IndexerV41(nn.Module):
         c, f = config, factory
         self.layer_id = layer_id
         self.n_heads, self.head_dim, self.topk = c.index_n_heads, c.index_head_dim, c.index_topk
-        self.simulate = c.quant_simulation and c.quantization is not None
+        self.simulate = c.quant_simulation
         self.owns_keys = c.owns_compressor(layer_id)
         self.owns_queries = c.owns_indexer(layer_id)
         cand = c.candidate_source_layer_id

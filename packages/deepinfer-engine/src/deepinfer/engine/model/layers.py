@@ -26,8 +26,8 @@ class Linear(nn.Module):
     e4m3 ``[out, in]`` + ``scale`` e8m0 ``[ceil(out/bm), ceil(in/bn)]``) or packed FP4
     (``"fp4"``: ``weight`` int8 ``[out, in/2]`` + ``scale`` e8m0 ``[out, in/32]``).
 
-    ``act_quant_group`` (quantised formats only): simulate the reference's FP8 input
-    quantisation per group of that many elements (spec 4.3).
+    ``act_quant_group``: simulate the reference's FP8 input quantisation per group of that many
+    elements (spec 4.3); set by :class:`LinearFactory` for the roles the checkpoint quantises.
     """
 
     def __init__(
@@ -44,7 +44,7 @@ class Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features, self.fmt = in_features, out_features, fmt
         self.block = block
-        self.act_quant_group = act_quant_group if fmt != "dense" else None
+        self.act_quant_group = act_quant_group
         if fmt == "dense":
             self.weight = _frozen((out_features, in_features), dtype, device)
             self.scale = None
@@ -104,29 +104,30 @@ class LinearFactory:
         q = config.quantization
         self.block = None if q is None else q.weight_block_size
         self.act_group = None
-        if q is not None and config.quant_simulation:
-            self.act_group = q.weight_block_size[1]
+        if config.quant_simulation:  # the reference's activation groups: 128 (V4), 32 (V4.1)
+            self.act_group = q.weight_block_size[1] if q else (32 if config.is_v41 else 128)
 
     def quantised(self, in_f: int, out_f: int) -> Linear:
         """A linear stored FP8 in a quantised checkpoint (dense otherwise)."""
         fmt = "dense" if self.block is None else "fp8"
-        return self._make(in_f, out_f, fmt)
+        return self._make(in_f, out_f, fmt, self.act_group)
 
     def expert(self, in_f: int, out_f: int) -> Linear:
         q = self.config.quantization
         fmt = "dense" if q is None else ("fp4" if q.expert_dtype == "fp4" else "fp8")
-        return self._make(in_f, out_f, fmt)
+        return self._make(in_f, out_f, fmt, self.act_group)
 
     def dense(self, in_f: int, out_f: int) -> Linear:
-        return self._make(in_f, out_f, "dense")
+        """A linear the checkpoint always stores in floating point (no input quantisation)."""
+        return self._make(in_f, out_f, "dense", None)
 
-    def _make(self, in_f: int, out_f: int, fmt: str) -> Linear:
+    def _make(self, in_f: int, out_f: int, fmt: str, act_group: int | None) -> Linear:
         return Linear(
             in_f,
             out_f,
             fmt=fmt,
             dtype=self.dtype,
             block=self.block,
-            act_quant_group=self.act_group,
+            act_quant_group=act_group,
             device=self.device,
         )
