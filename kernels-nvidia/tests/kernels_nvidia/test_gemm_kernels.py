@@ -63,6 +63,31 @@ def test_split_k_matches_the_reference(split_k):
     torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
 
 
+@pytest.mark.parametrize("block", [(128, 128), (32, 32)])
+@pytest.mark.parametrize("tiles", [gemm.UNIFORM_TILES, gemm.GemmTiles(64, 64, 1, 4, 6, 2)], ids=str)
+def test_device_tile_shapes_match_the_reference(tiles, block):
+    """The GPU tile shapes (run here under the interpreter on CPU), with ragged M and N edges."""
+    gen = torch.Generator().manual_seed(3)
+    w, s = random_fp8_weight(gen, 200, 512, block, torch.device(DEVICE))
+    a, sa = ref_quant.fp8_act_quant(torch.randn(70, 512, device=DEVICE), block[1])
+    got = gemm.fp8_gemm_nt_tiles(a, sa, w, s, block, out_dtype=torch.float32, tiles=tiles)
+    want = OPS["fp8_gemm_nt"].reference(a, sa, w, s, block, out_dtype=torch.float32)
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+
+
+def test_tile_policy_splits_only_small_m_fine_scales_few_tiles():
+    def choose(m, n, k, sub_k, invariant=False):
+        return gemm.choose_tiles(m, n, k, sub_k, batch_invariant=invariant, on_cpu=False)
+
+    assert choose(4096, 4096, 8192, 128) == gemm.UNIFORM_TILES
+    assert choose(1, 4096, 8192, 128) == gemm.UNIFORM_TILES
+    assert choose(1, 32768, 1280, 32) == gemm.UNIFORM_TILES
+    assert choose(1, 1280, 5120, 32).split_k == 2
+    assert choose(64, 2304, 5120, 32).split_k == 2
+    assert choose(1, 1280, 5120, 32, invariant=True) == gemm.UNIFORM_TILES
+    assert all(choose(m, 1280, 5120, 32) == gemm.UNIFORM_TILES for m in (65, 1000))
+
+
 def test_rejects_scale_of_the_wrong_shape():
     a = torch.randn(4, 128, device=DEVICE).to(torch.float8_e4m3fn)
     sa = torch.ones(4, 1, device=DEVICE)

@@ -6,11 +6,11 @@ per row of a and per row of b: each sub-block is one FP8 tensor-core dot, promot
 accumulator with its scales (so the tensor core's short internal accumulation spans at most one
 scale block, as in DeepGEMM).
 
-Tiles: large M (prefill) uses 128 x 128 tiles with grouped ordering for L2 reuse; small M
-(decode) uses narrow N tiles so many programs stream the weight ("split-N"), plus a split-K into
-fp32 partials (summed in a fixed order) where N alone gives too few programs. With
-``DEEPINFER_BATCH_INVARIANT=1`` one tile configuration without split-K serves every M, so a
-row's result never depends on how many rows are in the batch.
+Tiles (:func:`choose_tiles`): one 64 x 128 configuration with grouped ordering serves every M
+(measured fastest on the H200 for prefill and most decode shapes), so a row's result does not
+depend on the batch; for small M with V4.1's 32-column scale blocks and few N tiles, narrow N
+tiles plus a split-K into fp32 partials (summed in a fixed order, split chosen from N and K
+only) keep enough programs streaming the weight. ``DEEPINFER_BATCH_INVARIANT=1`` never splits.
 """
 
 from __future__ import annotations
@@ -89,25 +89,30 @@ class GemmTiles:
 
 
 NUM_SMS_TARGET = 264  # two programs per H200 SM
+# Measured on the H200 (benchmarks/kernels/bench_gemm.py, commit aa2fb25): 64 x 128 tiles, 4 warps,
+# 4 stages beat 128 x 128 / 8 warps at every prefill shape (V4 +20%, V4.1 2x) and the split-K
+# decode tiles at 24 of 30 shapes; split-K won only for V4.1's 32-column scale blocks at small N.
+UNIFORM_TILES = GemmTiles(64, 128, 8, 4, 4)
 
 
-def choose_tiles(m: int, n: int, k: int, *, batch_invariant: bool, on_cpu: bool) -> GemmTiles:
-    """Tile shape for an ``m x n x k`` product: fixed under batch invariance (no split-K), else
-    by size class; small M streams the weight through narrow N tiles and, where those are
-    still too few to fill the GPU, a split-K that depends on ``(n, k)`` only."""
+def choose_tiles(
+    m: int, n: int, k: int, sub_k: int = 128, *, batch_invariant: bool, on_cpu: bool
+) -> GemmTiles:
+    """Tile shape for an ``m x n x k`` product whose scales change every ``sub_k`` columns.
+
+    One configuration serves every M (so results are batch invariant by default); only small M
+    with fine scale blocks and few N tiles streams through a split-K that depends on
+    ``(n, k)`` alone, and batch-invariant mode never splits.
+    """
     if on_cpu:  # the interpreter: few big programs
         return GemmTiles(32, 64, 8, 4, 1)
-    if batch_invariant:
-        return GemmTiles(64, 128, 8, 4, 4)
-    if m <= 64:
-        programs = triton.cdiv(n, 64)
-        split = 1
-        while programs * split < NUM_SMS_TARGET and k % (split * 2 * 512) == 0:
-            split *= 2
-        return GemmTiles(64, 64, 1, 4, 6, split)
-    if m <= 256:
-        return GemmTiles(64, 128, 8, 4, 4)
-    return GemmTiles(128, 128, 8, 8, 4)
+    if batch_invariant or m > 64 or sub_k >= 128 or triton.cdiv(n, 128) >= 32:
+        return UNIFORM_TILES
+    programs = triton.cdiv(n, 64)
+    split = 1
+    while programs * split < NUM_SMS_TARGET and k % (split * 2 * 512) == 0:
+        split *= 2
+    return GemmTiles(64, 64, 1, 4, 6, split)
 
 
 def _check_operands(a, a_scale, b, b_scale, block_size):
@@ -146,7 +151,8 @@ def fp8_gemm_nt_tiles(a, a_scale, b, b_scale, block_size, *, out_dtype, tiles=No
         return torch.empty((m, n), dtype=out_dtype, device=a.device)
     if tiles is None:
         on_cpu = a.device.type == "cpu"
-        tiles = choose_tiles(m, n, k, batch_invariant=envs.batch_invariant(), on_cpu=on_cpu)
+        invariant = envs.batch_invariant()
+        tiles = choose_tiles(m, n, k, sub_k, batch_invariant=invariant, on_cpu=on_cpu)
     block_k = max(sub_k, 128) if k % (max(sub_k, 128) * tiles.split_k) == 0 else sub_k
     if k % (block_k * tiles.split_k):
         raise ValueError(f"K={k}: split_k={tiles.split_k} x block_k={block_k} must divide it")
