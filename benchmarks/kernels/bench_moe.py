@@ -4,6 +4,7 @@ a decode batch (64 tokens) and a prefill batch (8,192 tokens): the Triton path (
 batch-invariant tiles, a small tile sweep) vs the best torch built-in composition (dequantise the
 used experts to bf16, ``torch._grouped_mm``, index_add combine) vs the same with weights
 dequantised ahead of time (not possible for the whole model: 277 B parameters) vs the reference.
+The sweep includes the opt-in ``pairs`` activation layout of ``moe_gemm``.
 Also times routing (``route_topk``) against its torch reference.
 
 Effective TFLOP/s counts ``6 * T * k * D * I``; TB/s counts the FP4 expert bytes touched (packed
@@ -33,8 +34,11 @@ DEVICE = "cuda"  # the benchmarks time CUDA kernels; a CPU smoke run may overrid
 
 MODELS = {"V4-Flash": (256, 4096, 2048, 128), "V4.1-Flash": (384, 5120, 2304, 32)}
 SWEEP = {
-    "decode": [moe_experts.MoeTiles(32, 128, 4, 4)],
-    "prefill": [moe_experts.MoeTiles(64, 128, 8, 3), moe_experts.MoeTiles(128, 128, 4, 2)],
+    "decode": [moe_experts.MoeTiles(16, 64, 4, 4, pairs=True),
+               moe_experts.MoeTiles(32, 128, 4, 4)],
+    "prefill": [moe_experts.MoeTiles(128, 128, 8, 2, pairs=True),
+                moe_experts.MoeTiles(64, 128, 4, 3, pairs=True),
+                moe_experts.MoeTiles(64, 128, 8, 3)],
 }  # fmt: skip
 
 

@@ -34,6 +34,37 @@ def test_conformance_real(case):
     check_case(IMPLEMENTATIONS[case.op], case, DEVICE)
 
 
+PAIRS_TILES = moe_experts.MoeTiles(
+    16 if not HAS_CUDA else 64, 128, 4, 1 if not HAS_CUDA else 3, pairs=True
+)
+
+
+def _with_tiles(tiles):
+    def run(*args, **kwargs):
+        return moe_experts.fp4_moe_experts_tiles(*args, **kwargs, tiles=tiles)
+
+    return run
+
+
+@pytest.mark.parametrize("case", cases_for(["fp4_moe_experts"], "small"), ids=str)
+def test_pairs_layout_small(case):
+    """The opt-in PAIRS variant (permuted activations, no register interleave) is the same op."""
+    check_case(_with_tiles(PAIRS_TILES), case, DEVICE)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("case", cases_for(["fp4_moe_experts"], "real"), ids=str)
+def test_pairs_layout_real(case):
+    check_case(_with_tiles(PAIRS_TILES), case, DEVICE)
+
+
+def test_pairs_layout_permutes_each_32_columns():
+    a = torch.arange(64).repeat(2, 1)
+    want = [*range(0, 32, 2), *range(1, 32, 2), *range(32, 64, 2), *range(33, 64, 2)]
+    assert moe_experts.to_pairs_layout(a)[1].tolist() == want
+
+
 @pytest.mark.parametrize("block_m", [1, 4, 16])
 def test_align_by_expert_groups_every_slot_once(block_m):
     gen = torch.Generator().manual_seed(block_m)

@@ -34,6 +34,7 @@ class MoeTiles:
     block_n: int
     num_warps: int
     num_stages: int
+    pairs: bool = False  # the PAIRS activation layout of moe_gemm (opt-in, unmeasured)
 
 
 @dataclass(frozen=True)
@@ -123,10 +124,20 @@ def _check(x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, group):
     return tokens, dim, experts, inter
 
 
-def _quantised_input(x, group):
+def _quantised_input(x, group, pairs):
     if group is None:
-        return x.to(torch.bfloat16).contiguous(), x.new_empty((1, 1), dtype=torch.float32)
-    return quantize_rows(x if x.stride(-1) == 1 else x.contiguous(), group)
+        xq, xs = x.to(torch.bfloat16).contiguous(), x.new_empty((1, 1), dtype=torch.float32)
+    else:
+        xq, xs = quantize_rows(x if x.stride(-1) == 1 else x.contiguous(), group)
+    return (to_pairs_layout(xq) if pairs else xq), xs
+
+
+def to_pairs_layout(a: torch.Tensor) -> torch.Tensor:
+    """``[M, K]`` -> each 32-column chunk's 16 even columns, then its 16 odd ones."""
+    m, k = a.shape
+    raw = a.view(torch.uint8) if a.element_size() == 1 else a
+    permuted = raw.view(m, k // 32, 16, 2).transpose(-1, -2).reshape(m, k)
+    return permuted.view(a.dtype)
 
 
 @implements("fp4_moe_experts")
@@ -159,7 +170,7 @@ def fp4_moe_experts_tiles(
         tiles = choose_tiles(num_slots, experts, batch_invariant=invariant, on_cpu=on_cpu)
     layout = align_by_expert(topk_ids, experts, tiles.block_m)
     num_blocks = layout.block_expert.numel()
-    xq, xs = _quantised_input(x, group)
+    xq, xs = _quantised_input(x, group, tiles.pairs)
     fp8 = group is not None
     capacity = layout.row_slot.numel()
     h = torch.empty(
@@ -175,7 +186,7 @@ def fp4_moe_experts_tiles(
         xq.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0), w13s.stride(1),
         h.stride(0), hs.stride(0),
         A_FP8=fp8, A_GROUP=group or 1, OUT_GROUP=group or 0, SOFT_ROUND=on_cpu,
-        BLOCK_M=tiles.block_m, BLOCK_N=n1, BLOCK_K=_block_k(dim, group),
+        BLOCK_M=tiles.block_m, BLOCK_N=n1, BLOCK_K=_block_k(dim, group), PAIRS=tiles.pairs,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     y = torch.empty((num_slots, dim), dtype=torch.bfloat16, device=x.device)
@@ -185,7 +196,7 @@ def fp4_moe_experts_tiles(
         h.stride(0), hs.stride(0), w2.stride(0), w2.stride(1), w2s.stride(0), w2s.stride(1),
         y.stride(0),
         A_FP8=fp8, A_GROUP=group or 1, SOFT_ROUND=on_cpu,
-        BLOCK_M=tiles.block_m, BLOCK_N=n2, BLOCK_K=_block_k(inter, group),
+        BLOCK_M=tiles.block_m, BLOCK_N=n2, BLOCK_K=_block_k(inter, group), PAIRS=tiles.pairs,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     block = min(1024, triton.next_power_of_2(dim))
