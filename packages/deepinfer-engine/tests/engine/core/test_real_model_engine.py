@@ -9,6 +9,7 @@ batched, chunked and under preemption, and equal a plain loop over full forwards
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from deepinfer.engine.model.cache import CacheLayout, ModelCache
 from deepinfer.engine.model.config import parse_config
 from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.model.model import build_model
-from deepinfer.engine.testing.configs import tiny_v4_config
+from deepinfer.engine.testing.configs import tiny_v4_config, tiny_v41_config
 from deepinfer.sampling import SamplingParams, sample
 
 BLOCK_SIZE = 128
@@ -40,10 +41,16 @@ class TorchExecutor:
         self.state = RunnerState()
 
     def _copy_rows(self, pairs, per_block: bool) -> None:
+        """Copy whole blocks (arena tensors) or whole state slots (rings, compressor state,
+        Engram history) from source to destination ids."""
         count = self.cache.layout.num_blocks if per_block else self.cache.layout.num_slots
-        for name, t in self.cache.tensors.items():
+        tensors = dict(self.cache.tensors)
+        if not per_block:
+            tensors.update({f"extra.{k}": v for k, v in self.cache.extra.items()})
+        for name, t in tensors.items():
             is_block = name.endswith(PER_BLOCK) and "comp" not in name
-            if is_block != per_block or not (is_block or name.endswith(PER_SLOT)):
+            is_slot = name.endswith(PER_SLOT) or name.startswith("extra.")
+            if is_block != per_block or not (is_block or is_slot):
                 continue
             rows = t.shape[0] // count
             for src, dst in pairs:
@@ -68,7 +75,7 @@ class TorchExecutor:
         )
         logits = self.model(batch, self.cache)
         params = [
-            SamplingParams(**{**_fields(p), "seq_seed": seed})
+            replace(p, seq_seed=seed, seed=None)
             for p, seed in zip(plan.sample_params(self.state), plan.sample_seeds)
         ]
         tokens = sample(logits[sample_at], params, plan.sample_positions).token_ids.tolist()
@@ -78,17 +85,27 @@ class TorchExecutor:
         return out
 
 
-def _fields(p: SamplingParams) -> dict:
-    return {k: getattr(p, k) for k in ("temperature", "max_tokens", "ignore_eos")}
+def _tiny_model(raw: dict):
+    m = build_model(parse_config(raw), device="cpu", dtype=torch.float32)
+    fill_dummy(m, seed=0)
+    return m.eval()
 
 
 @pytest.fixture(scope="module")
 def model():
     torch.set_num_threads(1)
-    config = parse_config(tiny_v4_config(vocab_size=256))
-    m = build_model(config, device="cpu", dtype=torch.float32)
-    fill_dummy(m, seed=0)
-    return m.eval()
+    return _tiny_model(tiny_v4_config(vocab_size=256))
+
+
+@pytest.fixture(scope="module")
+def model_v41():
+    torch.set_num_threads(1)
+    raw = tiny_v41_config(vision=False)
+    m = _tiny_model(raw)
+    gen = torch.Generator().manual_seed(1)
+    compressed_vocab = raw["text_config"]["engram_compressed_vocab_size"]
+    m.bind_engram(torch.randint(0, compressed_vocab, (m.config.vocab_size,), generator=gen))
+    return m
 
 
 @pytest.fixture(autouse=True)
@@ -160,8 +177,10 @@ def test_greedy_engine_outputs_equal_the_plain_loop_alone_batched_chunked_preemp
 
 
 @pytest.mark.slow
-def test_seeded_n_samples_fork_on_the_real_cache(model):
-    prompt = _prompts([137])[0]  # block 1 already holds two complete ratio-4 entries
+@pytest.mark.parametrize("arch", ["v4", "v41"])
+def test_seeded_n_samples_fork_on_the_real_cache(arch, request):
+    model = request.getfixturevalue("model" if arch == "v4" else "model_v41")
+    prompt = _prompts([137])[0]  # block 1 already holds complete compressed entries
     p = SamplingParams(temperature=1.0, n=3, max_tokens=4, ignore_eos=True, seq_seed=99)
     forked, _ = _generate(model, [prompt], [p])
     # each sample alone, seeded like the fork gives it, without sharing anything
