@@ -32,6 +32,22 @@ from deepinfer.kernels_nvidia import moe_experts, moe_route  # noqa: E402
 
 DEVICE = "cuda"  # the benchmarks time CUDA kernels; a CPU smoke run may override it
 
+
+def time_graph(fn, *, warmup: int = 3, iters: int = 100) -> float:
+    """Median ms of replaying ``fn()`` captured in a CUDA graph: device time without the host's
+    per-launch overhead, which dominates decode-sized kernels timed eagerly."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_cuda(graph.replay, warmup=warmup, iters=iters)
+
+
 MODELS = {"V4-Flash": (256, 4096, 2048, 128), "V4.1-Flash": (384, 5120, 2304, 32)}
 SWEEP = {
     "decode": [moe_experts.MoeTiles(16, 64, 4, 4, pairs=True),
@@ -92,9 +108,9 @@ def torch_moe_from_fp4(x, weights, ids, w13, s13, w2, s2, limit):
     return torch_moe(x, weights, local, w13_bf16, w2_bf16, limit)
 
 
-def _time(row, name, fn, flops, nbytes, iters=30):
+def _time(row, name, fn, flops, nbytes, iters=30, graph=False):
     try:
-        ms = time_cuda(fn, warmup=2, iters=iters)
+        ms = time_graph(fn, iters=iters) if graph else time_cuda(fn, warmup=2, iters=iters)
     except Exception as e:  # one failing variant must not hide the others
         row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
         return
@@ -119,6 +135,9 @@ def bench(model, tokens, weights_fp4, phase, with_reference):
     kw = dict(swiglu_limit=10.0, act_quant_group=group)
     args = (x, weights, ids, w13, s13, w2, s2)
     _time(row, "triton", lambda: moe_experts.fp4_moe_experts_tiles(*args, **kw), flops, nbytes)
+    if phase == "decode":  # the op never syncs with the host, so it replays in a CUDA graph
+        _time(row, "triton_graph", lambda: moe_experts.fp4_moe_experts_tiles(*args, **kw),
+              flops, nbytes, graph=True)  # fmt: skip
     bi = moe_experts.choose_tiles(tokens * 6, experts, batch_invariant=True, on_cpu=False)
     _time(row, "triton_bi", lambda: moe_experts.fp4_moe_experts_tiles(*args, **kw, tiles=bi),
           flops, nbytes)  # fmt: skip
@@ -165,7 +184,8 @@ def main() -> None:
             )
         del weights_fp4
         torch.cuda.empty_cache()
-    cols = ["model", "tokens", "triton_us", "triton_TFLOP/s", "triton_TB/s", "triton_bi_us",
+    cols = ["model", "tokens", "triton_us", "triton_TFLOP/s", "triton_TB/s", "triton_graph_TB/s",
+            "triton_bi_us",
             "torch_fp4_us", "torch_bf16_us", "speedup_vs_torch_fp4", "route_triton_us",
             "route_torch_us"]  # fmt: skip
     print_table(rows, cols)

@@ -113,6 +113,25 @@ def test_batch_invariance(group, monkeypatch):
         assert torch.equal(row, rows[0])
 
 
+@pytest.mark.gpu
+@gpu
+def test_experts_and_routing_never_sync_with_the_host():
+    x, w, ids, w13, s13, w2, s2 = _moe_inputs(
+        64, 256, 512, 256, 6, torch.Generator().manual_seed(5)
+    )
+    logits = torch.randn(64, 256, device=DEVICE)
+    moe_experts.fp4_moe_experts(x, w, ids, w13, s13, w2, s2, swiglu_limit=10.0, act_quant_group=128)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        moe_route.route_topk(logits, None, 6, scoring_func="sqrtsoftplus", route_scale=1.5,
+                             norm_eps=0.0, renormalize=True)  # fmt: skip
+        moe_experts.fp4_moe_experts(x, w, ids, w13, s13, w2, s2, swiglu_limit=10.0,
+                                    act_quant_group=128)  # fmt: skip
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def test_route_batch_invariance():
     logits = torch.randn(64, 256, device=DEVICE)
     bias = torch.randn(256, device=DEVICE) * 0.1

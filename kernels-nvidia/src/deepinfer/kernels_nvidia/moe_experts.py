@@ -63,11 +63,14 @@ def choose_tiles(
 
 
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertLayout:
-    """Sort the flat (token, slot) pairs by expert (stable) into ``block_m``-row blocks."""
+    """Sort the flat (token, slot) pairs by expert (stable) into ``block_m``-row blocks, with
+    device-side ops only (no host sync, so it can run inside a CUDA graph)."""
     flat = topk_ids.reshape(-1).to(torch.int64)
     num_slots = flat.numel()
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    # index_add_, not bincount: bincount reads the maximum back to the host (a sync)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.index_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
     sorted_experts = flat[order]
