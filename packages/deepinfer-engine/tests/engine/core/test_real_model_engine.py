@@ -193,3 +193,14 @@ def test_seeded_n_samples_fork_on_the_real_cache(arch, request):
         alone, _ = _generate(model, [prompt], [alone_params])
         assert forked[("0", k)] == alone[("0", 0)]
     assert len({tuple(forked[("0", k)]) for k in range(3)}) > 1
+
+
+@pytest.mark.slow
+def test_v41_greedy_outputs_equal_the_plain_loop_chunked_and_preempted(model_v41):
+    prompts = _prompts([127, 20])
+    params = [SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, seq_seed=1)] * 2
+    expected = {(str(i), 0): _plain_loop(model_v41, p, 3) for i, p in enumerate(prompts)}
+    chunked, _ = _generate(model_v41, prompts, params, budget=50)
+    assert chunked == expected
+    preempted, num_preemptions = _generate(model_v41, prompts, params, num_blocks=3)
+    assert num_preemptions > 0 and preempted == expected
