@@ -175,10 +175,12 @@ def _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout) -> Com
     tokens = seqs.take(seq_of_token)
     keep = (positions >= ends[seq_of_token] - state_rows).nonzero()[:, 0]
     counts = (positions + 1) // ratio
-    entries = torch.arange(int(counts.max()) if len(counts) else 0)[None, :].expand(
-        len(positions), -1
-    )
-    entries = entries.masked_fill(entries >= counts[:, None], -1)
+    width_c = int(counts.max()) if len(counts) else 0
+    # arena rows of entries 0..C-1 once per sequence, then each token keeps its visible prefix
+    entries = torch.arange(width_c)
+    per_seq_entries = entries[None, :].masked_fill(entries[None, :] >= (ends // ratio)[:, None], -1)
+    seq_rows = _arena_rows(seqs, per_seq_entries, ratio, layout.block_size)
+    visible = torch.where(entries < counts[:, None], seq_rows[seq_of_token], -1)
     return CompressionPlan(
         ratio=ratio,
         state_rows=state_rows,
@@ -187,7 +189,7 @@ def _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout) -> Com
         emit_rows=_arena_rows(owner, emitted[:, None], ratio, layout.block_size)[:, 0],
         state_write_src=keep,
         state_write_dst=tokens.slot[keep] * state_rows + positions[keep] % state_rows,
-        visible=_arena_rows(tokens, entries, ratio, layout.block_size),
+        visible=visible,
         visible_count=counts,
     )
 
