@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -164,22 +165,8 @@ class LLM:
         Inputs are validated (and the requests queued) on the call, before iteration; closing
         the iterator early aborts the requests still running.
         """
-        pending = set(self._submit(prompts, sampling_params, prompt_token_ids))
-        return self._stream(pending)
-
-    def _stream(self, pending: set[str]) -> Iterator[RequestOutput]:
-        """Deltas of the ``pending`` requests until all finish; aborts them if abandoned."""
-        try:
-            while pending:
-                for delta in self._step():
-                    if delta.request_id not in pending:
-                        continue
-                    if delta.finished:
-                        pending.discard(delta.request_id)
-                        self._outputs.pop_output(delta.request_id)
-                    yield delta
-        finally:
-            self._abandon(pending)
+        request_ids = self._submit(prompts, sampling_params, prompt_token_ids)
+        return RequestStream(self, request_ids)
 
     def chat(
         self,
@@ -222,9 +209,8 @@ class LLM:
         texts, token_ids = encode_conversations(
             self._tokenizer, conversations, thinking, reasoning_effort, tools
         )
-        parser = ChatStreamParser(thinking)
-        pending = set(self._submit(texts, sampling_params, token_ids, skip_special_tokens=False))
-        return parser.annotate_stream(self._stream(pending))
+        request_ids = self._submit(texts, sampling_params, token_ids, skip_special_tokens=False)
+        return RequestStream(self, request_ids, annotate=ChatStreamParser(thinking).annotate)
 
     def abort(self, request_ids: str | Sequence[str]) -> None:
         """Finish these requests with ``finish_reason="abort"`` (they report at the next step)."""
@@ -277,7 +263,7 @@ class LLM:
         return self._outputs.process(self._core.step())
 
     def _run_to_completion(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
-
+        """Step until these requests finish; their outputs in the given order."""
         pending = set(request_ids)
         results: dict[str, RequestOutput] = {}
         bar = ThroughputBar(len(request_ids), enabled=use_tqdm)
@@ -303,4 +289,50 @@ class LLM:
                 self._outputs.forget(request_id)
 
 
-__all__ = ["LLM", "InvalidRequestError", "SamplingParams", "resolve_model"]
+__all__ = ["LLM", "InvalidRequestError", "RequestStream", "SamplingParams", "resolve_model"]
+
+
+class RequestStream:
+    """Iterator over the streaming deltas of some requests of an :class:`LLM`.
+
+    Closing it (or dropping it) before the end aborts the requests still running.
+    """
+
+    def __init__(
+        self,
+        llm: LLM,
+        request_ids: list[str],
+        annotate: Callable[[RequestOutput], RequestOutput] | None = None,
+    ) -> None:
+        self._llm = llm
+        self._pending = set(request_ids)
+        self._ready: deque[RequestOutput] = deque()
+        self._annotate = annotate
+
+    def __iter__(self) -> RequestStream:
+        return self
+
+    def __next__(self) -> RequestOutput:
+        while not self._ready:
+            if not self._pending:
+                raise StopIteration
+            self._collect(self._llm._step())
+        return self._ready.popleft()
+
+    def _collect(self, deltas: list[RequestOutput]) -> None:
+        for delta in deltas:
+            if delta.request_id not in self._pending:
+                continue
+            if delta.finished:
+                self._pending.discard(delta.request_id)
+                self._llm._outputs.pop_output(delta.request_id)
+            self._ready.append(self._annotate(delta) if self._annotate else delta)
+
+    def close(self) -> None:
+        """Abort the requests that have not finished."""
+        pending, self._pending = self._pending, set()
+        self._llm._abandon(pending)
+
+    def __del__(self) -> None:
+        if getattr(self, "_pending", None):
+            self.close()

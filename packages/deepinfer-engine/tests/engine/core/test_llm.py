@@ -265,3 +265,7 @@ def test_stream_validates_on_call_and_closing_aborts():
     assert not llm._core.has_unfinished_requests()
     sched = llm._core.scheduler
     assert sched.block_manager.num_free_blocks == sched.block_manager.num_usable_blocks
+    never_iterated = llm.stream("c", SamplingParams(max_tokens=50, ignore_eos=True))
+    del never_iterated  # dropping an unstarted stream aborts its requests too
+    llm._core.step()
+    assert not llm._core.has_unfinished_requests() and not llm._outputs._groups

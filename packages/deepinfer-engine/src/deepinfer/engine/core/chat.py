@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deepinfer.engine.core.outputs import RequestOutput
@@ -82,13 +82,3 @@ class ChatStreamParser:
             sample.content = parsed.content
             sample.tool_calls = list(parsed.tool_calls)
         return delta
-
-    def annotate_stream(self, deltas: Iterator[RequestOutput]) -> Iterator[RequestOutput]:
-        """:meth:`annotate` each delta; closing this closes ``deltas``."""
-        try:
-            for delta in deltas:
-                yield self.annotate(delta)
-        finally:
-            close = getattr(deltas, "close", None)
-            if close is not None:
-                close()
