@@ -68,6 +68,17 @@ def test_int64_indices_and_empty_list():
     assert torch.equal(backend.ops[OP](q, kv, empty, sink, scale), torch.zeros_like(q))
 
 
+@pytest.mark.parametrize(
+    "q_dtype,kv_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)], ids=str
+)
+def test_mixed_dtypes_compute_like_the_reference(q_dtype, kv_dtype):
+    q, kv, idx, sink, scale = _inputs(6, 3, 16, 64, 8, 24, 90, dtype=q_dtype, kv_dtype=kv_dtype)
+    got = backend.ops[OP](q, kv, idx, sink, scale)
+    assert got.dtype == q_dtype
+    atol = 1e-5 if q_dtype == torch.float32 else 1.6e-2
+    torch.testing.assert_close(got, reference(q, kv, idx, sink, scale), atol=atol, rtol=atol)
+
+
 def test_rejects_bad_shapes():
     q, kv, idx, sink, scale = _inputs(3, 2, 16, 64, 4, 8, 40)
     with pytest.raises(ValueError, match="kv: expected"):

@@ -179,8 +179,8 @@ def _check_inputs(q, kv, indices, sink):
         raise ValueError(f"q: expected fp32/bf16/fp16, got {q.dtype}")
     if kv.dim() != 2 or kv.shape[1] != d:
         raise ValueError(f"kv: expected [M, {d}], got shape {tuple(kv.shape)}")
-    if kv.dtype not in (q.dtype, torch.float8_e4m3fn):
-        raise ValueError(f"kv: expected dtype {q.dtype} or float8_e4m3fn, got {kv.dtype}")
+    if not kv.dtype.is_floating_point:
+        raise ValueError(f"kv: expected a float dtype, got {kv.dtype}")
     if indices.dim() != 2 or indices.shape[0] != t:
         raise ValueError(f"indices: expected [{t}, K], got shape {tuple(indices.shape)}")
     if indices.dtype not in (torch.int32, torch.int64):
@@ -195,8 +195,13 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 @implements("sparse_mqa_sink")
 def sparse_mqa_sink(q, kv, indices, sink, scale, *, tiles: AttentionTiles | None = None):
-    """See :func:`deepinfer.kernels.sparse_mqa_sink`. ``kv`` may also be ``float8_e4m3fn``."""
+    """See :func:`deepinfer.kernels.sparse_mqa_sink`. ``kv`` may also be ``float8_e4m3fn`` (or
+    any float dtype: the products run in fp32 when ``q`` or ``kv`` is fp32, as the reference's
+    do, else in ``q``'s dtype)."""
     _check_inputs(q, kv, indices, sink)
+    out_dtype = q.dtype
+    if torch.float32 in (q.dtype, kv.dtype) or q.dtype not in (torch.bfloat16, torch.float16):
+        q = q.float()
     if tiles is None or tiles.split_rows_max is None:
         auto, is_split = choose_tiles(q.shape[0], q.dtype, batch_invariant=envs.batch_invariant())
         tiles = tiles or auto
@@ -208,7 +213,7 @@ def sparse_mqa_sink(q, kv, indices, sink, scale, *, tiles: AttentionTiles | None
     num_idx = indices.shape[1]
     out = torch.empty(t, h, d, dtype=q.dtype, device=q.device)
     if t == 0:
-        return out
+        return out.to(out_dtype)
     block_d = max(16, triton.next_power_of_2(d))
     hb = max(16, min(tiles.head_block, triton.next_power_of_2(h)))
     split = tiles.split_size if is_split else max(tiles.block_n, num_idx)
@@ -233,4 +238,4 @@ def sparse_mqa_sink(q, kv, indices, sink, scale, *, tiles: AttentionTiles | None
             part_acc, part_ml, sink, out, h, d, num_splits, out.stride(0), out.stride(1),
             BLOCK_D=block_d, num_warps=4,
         )  # fmt: skip
-    return out
+    return out.to(out_dtype)
