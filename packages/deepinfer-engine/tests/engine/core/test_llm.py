@@ -269,3 +269,10 @@ def test_stream_validates_on_call_and_closing_aborts():
     del never_iterated  # dropping an unstarted stream aborts its requests too
     llm._core.step()
     assert not llm._core.has_unfinished_requests() and not llm._outputs._groups
+
+
+def test_start_up_reports_cache_capacity(caplog):
+    with caplog.at_level("INFO", logger="deepinfer.engine"):
+        FakeLLM(num_blocks=51, max_num_seqs=7)
+    (line,) = [r.getMessage() for r in caplog.records if "KV cache" in r.getMessage()]
+    assert "50 blocks x 4 tokens = 200 tokens" in line and "max 7 sequences" in line
