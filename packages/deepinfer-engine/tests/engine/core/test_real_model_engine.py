@@ -161,7 +161,8 @@ def _plain_loop(model, prompt: list[int], num_tokens: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_greedy_engine_outputs_equal_the_plain_loop_alone_batched_chunked_preempted(model):
+def test_greedy_engine_outputs_equal_the_plain_loop_batched_chunked_preempted(model):
+    # the plain loop runs each prompt alone, so equality also means batched == alone
     prompts = _prompts(LENGTHS)
     n = len(prompts)
     params = [SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, seq_seed=1)] * n
@@ -172,8 +173,6 @@ def test_greedy_engine_outputs_equal_the_plain_loop_alone_batched_chunked_preemp
     assert chunked == expected
     preempted, num_preemptions = _generate(model, prompts, params, num_blocks=4, budget=200)
     assert num_preemptions > 0 and preempted == expected
-    alone, _ = _generate(model, prompts[2:3], params[2:3])
-    assert alone[("0", 0)] == expected[("2", 0)]
 
 
 @pytest.mark.slow
