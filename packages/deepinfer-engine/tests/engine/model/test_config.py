@@ -247,3 +247,33 @@ def test_inconsistent_v4_fields_name_the_field(change, field):
 def test_inconsistent_v41_fields_name_the_field(change, field):
     with pytest.raises(ConfigError, match=f"'{field}'"):
         parse_config({**V41, "text_config": {**V41_TEXT, **change}})
+
+
+def test_v41_transformers_spellings():
+    """transformers' DeepseekV41TextConfig writes ``engram_pad_id`` and ``layer_types`` of
+    sliding / shared-compressed kinds, and disables the candidate filter with -1."""
+    text = {k: v for k, v in V41_TEXT.items() if k != "engram_pad_token_id"}
+    text.update(
+        engram_pad_id=2,
+        candidate_source_layer_id=-1,
+        layer_types=[
+            "shared_compressed_attention" if i in (2, 8, 14, 20) else "sliding_attention"
+            for i in range(40)
+        ],
+        rope_parameters={
+            "main": {"rope_type": "default", "rope_theta": 10000.0},
+            "compress": {
+                "rope_type": "yarn",
+                "rope_theta": 160000.0,
+                "factor": 16,
+                "original_max_position_embeddings": 65536,
+                "beta_fast": 32,
+                "beta_slow": 1,
+            },
+        },
+    )
+    text.pop("rope_scaling")
+    c = parse_config({**V41, "text_config": text})
+    assert c.engram_pad_token_id == 2 and c.candidate_source_layer_id is None
+    assert c.compress_ratios == parse_config(V41).compress_ratios
+    assert c.rope_scaling == parse_config(V41).rope_scaling

@@ -87,6 +87,10 @@ def text_fields(text: Mapping[str, Any], arch: str) -> dict[str, Any]:
             _fail(key, None, "a value (required field missing)")
         else:
             out[ours] = default
+    if out["engram_pad_token_id"] is None and text.get("engram_pad_id") is not None:
+        out["engram_pad_token_id"] = text["engram_pad_id"]  # transformers' spelling
+    if out["candidate_source_layer_id"] is not None and out["candidate_source_layer_id"] < 0:
+        out["candidate_source_layer_id"] = None  # negative disables the candidate pre-filter
     if isinstance(out["eos_token_id"], list):
         out["eos_token_id"] = out["eos_token_id"][0] if out["eos_token_id"] else None
     for key in _INT_LISTS:
