@@ -242,6 +242,10 @@ def test_inconsistent_v4_fields_name_the_field(change, field):
         ({"index_source_layer_ids": [2, 8, 14, 20, 24, 28, 32, 36, 1]}, "index_source_layer_ids"),
         ({"candidate_source_layer_id": 21}, "candidate_source_layer_id"),
         ({"kv_source_layer_ids": [2, 8, 14, 19]}, "compress_ratios"),
+        (
+            {"index_source_layer_ids": [2, 8, 14, 24, 28, 32, 36], "candidate_source_layer_id": 24},
+            "compress_ratios",
+        ),
     ],
 )
 def test_inconsistent_v41_fields_name_the_field(change, field):

@@ -224,9 +224,11 @@ def _validate_v41(c: ModelConfig) -> None:
     if compressed and (not c.index_source_layer_ids or c.index_source_layer_ids[0] > compressed[0]):
         _fail("index_source_layer_ids", c.index_source_layer_ids, "a source before every use")
     for i in compressed:
-        src = c.kv_source_of(i)
-        if c.compress_ratios[src] != c.compress_ratios[i]:
-            _fail("compress_ratios", c.compress_ratios, f"layer {i} to share its source's ratio")
+        for source in (c.kv_source_of(i), c.index_source_of(i)):
+            if c.compress_ratios[source] != c.compress_ratios[i]:
+                _fail(
+                    "compress_ratios", c.compress_ratios, f"layer {i} to share its sources' ratio"
+                )
     cand = c.candidate_source_layer_id
     if cand is not None and cand not in c.index_source_layer_ids:
         _fail("candidate_source_layer_id", cand, "one of index_source_layer_ids")
