@@ -57,6 +57,8 @@ def apply_rope(x, cos, sin, *, inverse=False):
     half = cos.shape[1]
     if 2 * half > dim:
         raise ValueError(f"cos: rd = {2 * half} rotary dims exceed the head dim {dim}")
+    if x.numel() == 0:
+        return torch.empty_like(x)
     x3 = x.reshape(n, -1, dim)
     if x3.stride(2) != 1:
         x3 = x3.contiguous()

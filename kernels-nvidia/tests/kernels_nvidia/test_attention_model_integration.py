@@ -1,0 +1,80 @@
+"""The engine's tiny V4 model runs with this backend's attention-stack kernels (sparse attention,
+mHC, indexer, compressor pooling, RoPE) in place of the reference and gives the same logits:
+checks the shapes, dtypes and layouts the model really passes. CPU: the Triton interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.kernels import registry
+from deepinfer.kernels_nvidia import backend
+
+engine_config = pytest.importorskip("deepinfer.engine.model.config")
+from deepinfer.engine.model.model import build_model  # noqa: E402
+from deepinfer.engine.model.simple_runner import SimpleRunner  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+OURS = {
+    "sparse_mqa_sink", "hc_mix_coefficients", "hc_head_coefficients", "hc_collapse",
+    "hc_expand", "indexer_scores", "select_topk", "compress_pool", "apply_rope",
+}  # fmt: skip
+RAW = {
+    "architectures": ["DeepseekV4ForCausalLM"], "vocab_size": 61, "hidden_size": 32,
+    "moe_intermediate_size": 16, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "head_dim": 32, "qk_rope_head_dim": 8, "q_lora_rank": 16, "o_groups": 2, "o_lora_rank": 8,
+    "sliding_window": 8, "compress_ratios": [0, 4, 128, 4, 0], "num_hash_layers": 1,
+    "n_routed_experts": 5, "num_experts_per_tok": 2, "index_n_heads": 16, "index_head_dim": 16,
+    "index_topk": 3, "hc_mult": 2, "hc_sinkhorn_iters": 4,
+    "rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 32,
+                     "beta_fast": 32, "beta_slow": 1},
+}  # fmt: skip
+SEQ_LEN = 44  # the window wraps, 11 CSA entries (top-3 chosen), the HCA layer sees none yet
+
+
+def _random_model():
+    config = engine_config.parse_config(RAW)
+    model = build_model(config, device=DEVICE, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            if name.endswith("tid2eid"):
+                n = config.n_routed_experts
+                rows = [torch.randperm(n, generator=gen)[: t.shape[1]] for _ in t]
+                t.copy_(torch.stack(rows))
+            elif name.endswith("norm.weight"):
+                t.copy_(1 + 0.2 * torch.randn(t.shape, generator=gen))
+            else:
+                std = 0.05 if name == "head.weight" else 0.3
+                t.copy_(std * torch.randn(t.shape, generator=gen))
+    return model.eval()
+
+
+def _logits(model, tokens):
+    runner = SimpleRunner(model, max_seqs=1, max_len=SEQ_LEN, device=DEVICE)
+    prefill = runner.step({0: tokens[:-4]})[0]
+    decode = [runner.step({0: [t]})[0] for t in tokens[-4:]]
+    return torch.cat([prefill, *decode])
+
+
+@pytest.mark.slow
+def test_tiny_v4_model_matches_the_reference_backend(monkeypatch):
+    model = _random_model()
+    tokens = torch.randint(0, 61, (SEQ_LEN,), generator=torch.Generator().manual_seed(3))
+    tokens = tokens.tolist()
+    with torch.no_grad():
+        want = _logits(model, tokens)
+        used = set()
+        reference_resolve = registry.resolve
+
+        def ours(name, args=()):
+            if name in OURS:
+                used.add(name)
+                return backend.ops[name]
+            return reference_resolve(name, args)
+
+        monkeypatch.setattr(registry, "resolve", ours)
+        got = _logits(model, tokens)
+    assert used == OURS - {"hc_head_coefficients"} or used == OURS
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
