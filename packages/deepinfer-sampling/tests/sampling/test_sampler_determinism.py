@@ -102,3 +102,24 @@ def test_cpu_and_gpu_draw_the_same_tokens():
     gpu = sample(logits.cuda(), params, positions).token_ids.cpu()
     # within the documented tie rule: a flip needs two perturbed scores within an ulp
     assert (cpu != gpu).sum().item() <= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_sample_makes_no_host_device_sync():
+    gen = torch.Generator().manual_seed(4)
+    logits, params, positions = _batch(gen, 64)
+    params = [
+        SamplingParams(temperature=0.8, top_k=30, top_p=0.9, min_p=0.01, seq_seed=i,
+                       repetition_penalty=1.1, logit_bias={3: 1.0}, logprobs=2)
+        for i in range(64)
+    ]  # fmt: skip
+    logits = logits.cuda()
+    outputs = [[1, 2, 3]] * 64
+    sample(logits, params, positions, output_token_ids=outputs)  # warm-up (kernel compile)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        sample(logits, params, positions, output_token_ids=outputs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

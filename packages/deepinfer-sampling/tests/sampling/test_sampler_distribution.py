@@ -13,6 +13,16 @@ from deepinfer.sampling import SamplingParams, sample
 
 NUM_DRAWS = 50_000
 VOCAB = 10
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU"),
+        ],
+    ),
+]
 
 
 def _logits(seed: int) -> torch.Tensor:
@@ -34,12 +44,12 @@ def _expected(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
     return probs / probs.sum()
 
 
-def _empirical(logits, params_kwargs, output_token_ids=None):
-    batch = logits.float().expand(NUM_DRAWS, VOCAB)
+def _empirical(logits, params_kwargs, output_token_ids=None, device="cpu"):
+    batch = logits.float().expand(NUM_DRAWS, VOCAB).to(device)
     params = [SamplingParams(seq_seed=1000 + i, **params_kwargs) for i in range(NUM_DRAWS)]
     positions = [17] * NUM_DRAWS
     outputs = None if output_token_ids is None else [output_token_ids] * NUM_DRAWS
-    tokens = sample(batch, params, positions, output_token_ids=outputs).token_ids
+    tokens = sample(batch, params, positions, output_token_ids=outputs).token_ids.cpu()
     return torch.bincount(tokens, minlength=VOCAB).double() / NUM_DRAWS
 
 
@@ -61,15 +71,17 @@ def _tv(p, q):
     ],
     ids=str,
 )
-def test_filters_match_exact_distribution(kwargs):
+@pytest.mark.parametrize("device", DEVICES)
+def test_filters_match_exact_distribution(kwargs, device):
     logits = _logits(zlib.crc32(str(sorted(kwargs.items())).encode()))
     want = _expected(logits, **kwargs)
-    got = _empirical(logits, kwargs)
+    got = _empirical(logits, kwargs, device=device)
     assert (got[want == 0] == 0).all(), "a filtered-out token was drawn"
     assert _tv(got, want) < 0.01
 
 
-def test_penalties_match_exact_distribution():
+@pytest.mark.parametrize("device", DEVICES)
+def test_penalties_match_exact_distribution(device):
     logits = _logits(3)
     history = [1, 1, 4, 7, 7, 7]
     kwargs = {"repetition_penalty": 1.3, "frequency_penalty": 0.4, "presence_penalty": 0.3}
@@ -80,6 +92,6 @@ def test_penalties_match_exact_distribution():
         value = value / 1.3 if value > 0 else value * 1.3
         penalised[token] = value - 0.4 * count - 0.3
     want = torch.softmax(penalised, 0)
-    got = _empirical(logits, kwargs, output_token_ids=history)
+    got = _empirical(logits, kwargs, output_token_ids=history, device=device)
     assert _tv(got, want) < 0.01
     assert _tv(got, torch.softmax(logits, 0)) > 0.05  # the penalties did change the distribution
