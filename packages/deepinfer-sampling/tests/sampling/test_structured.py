@@ -207,3 +207,32 @@ def test_timeout_defaults_to_the_environment(monkeypatch, service):
     assert GrammarCompilerService(service.tokenizer_info).timeout_s == 3.5
     with pytest.raises(ValueError, match="timeout_s"):
         GrammarCompilerService(service.tokenizer_info, timeout_s=0)
+
+
+class _InlinePool:
+    """An executor that finishes each job before ``submit`` returns (a compile that wins the
+    race against ``add_done_callback``)."""
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+
+        future = Future()
+        future.set_result(fn(*args))
+        return future
+
+    def shutdown(self, **kwargs):
+        pass
+
+
+def test_submit_of_an_already_finished_compile_does_not_deadlock(service):
+    inline = GrammarCompilerService(service.tokenizer_info)
+    inline._pool = _InlinePool()
+    results = []
+    worker = threading.Thread(
+        target=lambda: results.append(inline.submit(GrammarSpec("regex", "[0-9]{2}")).status()),
+        daemon=True,
+    )
+    worker.start()
+    worker.join(timeout=20)
+    assert results == [READY], "submit() deadlocked on a compile that finished immediately"
+    assert inline._in_flight == {}

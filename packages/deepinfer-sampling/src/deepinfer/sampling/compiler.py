@@ -138,15 +138,19 @@ class GrammarCompilerService:
         key = spec.cache_key
         with self._lock:
             future = self._in_flight.get(key)
-            if future is None:
+            is_new = future is None
+            if is_new:
                 future = self._pool.submit(self._compile, spec)
                 self._in_flight[key] = future
-                future.add_done_callback(lambda _f, key=key: self._forget(key))
+        if is_new:
+            # Outside the lock: a future that is already done runs the callback right here.
+            future.add_done_callback(lambda done, key=key: self._forget(key, done))
         return PendingGrammar(spec, future, self.timeout_s)
 
-    def _forget(self, key: tuple[str, str]) -> None:
+    def _forget(self, key: tuple[str, str], future: Future) -> None:
         with self._lock:
-            self._in_flight.pop(key, None)
+            if self._in_flight.get(key) is future:
+                del self._in_flight[key]
 
     def compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         """Blocking compile with the same timeout and errors (for use outside an engine)."""
