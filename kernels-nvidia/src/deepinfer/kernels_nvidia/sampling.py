@@ -3,7 +3,8 @@
 * ``apply_token_bitmask``: one program per (row, block of tokens); reads each logit once.
 * ``top_k_top_p_min_p_cutoff``: one program per row, no sort. Every filter keeps the values at
   or above a threshold, so each threshold is found by a 16-ary search over the order-preserving
-  integer encoding of float32 (8 passes over the row at most): top-k searches for the smallest
+  integer encoding of float32, snapping the bracket to row values after each pass (so it stops
+  when one distinct value is left; 8 passes at most): top-k searches for the smallest
   ``x`` with ``count(s > x) < k``, top-p for the smallest ``x`` with
   ``mass(s > x, s >= t_k) < top_p * Z_k``; min-p is one pass. The answer is the smallest kept
   value, as in the reference; ties at the cut are kept.
@@ -78,8 +79,11 @@ def _key_to_float(key):
 
 @triton.jit
 def _stats_above(row_ptr, vocab, inv_t, m, t_k, pivots, IS_MASS: tl.constexpr, BLOCK: tl.constexpr):
-    """Per pivot: count (or top-k-restricted mass ``exp(s - m)``) of values strictly above it."""
+    """Per pivot: the count (or top-k-restricted mass ``exp(s - m)``) of values strictly above
+    it, the smallest value above it and the largest value at or below it."""
     acc = tl.zeros(pivots.shape, dtype=tl.float32)
+    next_above = tl.full(pivots.shape, float("inf"), tl.float32)
+    last_below = tl.full(pivots.shape, float("-inf"), tl.float32)
     for start in range(0, vocab, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         s = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inv_t
@@ -89,30 +93,32 @@ def _stats_above(row_ptr, vocab, inv_t, m, t_k, pivots, IS_MASS: tl.constexpr, B
             w = tl.full([BLOCK], 1.0, tl.float32)
         above = s[:, None] > pivots[None, :]
         acc += tl.sum(tl.where(above, w[:, None], 0.0), axis=0)
-    return acc
+        s2 = s[:, None] + tl.zeros_like(pivots)[None, :]
+        next_above = tl.minimum(next_above, tl.min(tl.where(above, s2, float("inf")), axis=0))
+        last_below = tl.maximum(last_below, tl.max(tl.where(above, float("-inf"), s2), axis=0))
+    return acc, next_above, last_below
 
 
 @triton.jit
 def _search(row_ptr, vocab, inv_t, m, t_k, target, lo, hi,
             IS_MASS: tl.constexpr, BLOCK: tl.constexpr, NP: tl.constexpr):  # fmt: skip
-    """Smallest key in [lo, hi] whose stat is < target (the stat is non-increasing in the key
-    and true at ``hi``), by NP-ary search: each pass evaluates NP pivots."""
+    """Smallest key in [lo, hi] whose stat is < target. The stat is non-increasing in the key,
+    true at ``hi`` and changes only at row values, so the answer is ``lo`` or a row value: each
+    pass evaluates NP pivots and snaps the bracket to the row values around the first true
+    one, so it ends as soon as the bracket holds one distinct value (at most 8 passes)."""
     j = tl.arange(0, NP).to(tl.int64)
     while lo < hi:
         pivot_keys = lo + ((hi - lo) * j) // NP
-        stats = _stats_above(
+        stats, next_above, last_below = _stats_above(
             row_ptr, vocab, inv_t, m, t_k, _key_to_float(pivot_keys), IS_MASS, BLOCK
         )
         first = tl.min(tl.where(stats < target, j, NP))
-        last_false = tl.max(tl.where(j == first - 1, pivot_keys, -(2**62)))
-        at_first = tl.max(tl.where(j == first, pivot_keys, -(2**62)))
-        if first == NP:
-            lo = tl.max(pivot_keys) + 1
-        elif first == 0:
+        if first == 0:
             hi = lo
         else:
-            hi = at_first
-            lo = last_false + 1
+            lo = _float_to_key(tl.max(tl.where(j == first - 1, next_above, float("-inf"))))
+            if first < NP:
+                hi = _float_to_key(tl.max(tl.where(j == first, last_below, float("-inf"))))
     return _key_to_float(lo)
 
 
@@ -213,8 +219,8 @@ def _gumbel_kernel(
     inv_t = tl.load(inv_t_ptr + row)
     cutoff = tl.load(cutoff_ptr + row)
     key = tl.load(keys_ptr + row).to(tl.uint64, bitcast=True)
-    best = float("-inf")
-    best_idx = chunk * CHUNK
+    best = tl.full((), float("-inf"), tl.float32)
+    best_idx = (chunk * CHUNK).to(tl.int32)
     for start in range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         inside = cols < vocab

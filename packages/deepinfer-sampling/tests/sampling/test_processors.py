@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from deepinfer.sampling import SamplingParams, allocate_token_bitmask, sample
+from deepinfer.sampling import SamplingParams, allocate_token_bitmask, prompt_logprobs, sample
 
 VOCAB = 64
 
@@ -104,3 +104,14 @@ def test_processed_logprobs_are_the_truncated_tempered_distribution():
     token = result.token_ids.item()
     assert token in top4.indices.tolist()
     assert math.isclose(result.raw_logprobs.item(), raw[token].item(), abs_tol=1e-6)
+
+
+def test_prompt_logprobs_are_raw_log_softmax_values():
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(5, VOCAB, generator=gen) * 2
+    targets = torch.randint(0, VOCAB, (5,), generator=gen)
+    chosen, top, top_ids = prompt_logprobs(logits, targets, 3)
+    want = torch.log_softmax(logits, -1)
+    assert torch.allclose(chosen, want[torch.arange(5), targets], atol=1e-6)
+    assert torch.allclose(top, want.topk(3).values, atol=1e-6)
+    assert torch.equal(top_ids, want.topk(3).indices)

@@ -19,7 +19,7 @@ from deepinfer.sampling.params import (
     StructuredOutputs,
     resolve_seeds,
 )
-from deepinfer.sampling.sampler import SampleResult, sample
+from deepinfer.sampling.sampler import SampleResult, prompt_logprobs, sample
 from deepinfer.sampling.structured import StructuredOutputState, allocate_token_bitmask
 from deepinfer.sampling.version import __version__
 
@@ -35,6 +35,7 @@ __all__ = [
     "__version__",
     "allocate_token_bitmask",
     "compiler_for_tokenizer",
+    "prompt_logprobs",
     "resolve_seeds",
     "rng",
     "sample",

@@ -204,4 +204,15 @@ def _with_logprobs(logits, processed, rows, cutoff, token_ids, num_top) -> Sampl
     )
 
 
-__all__ = ["SampleResult", "sample"]
+def prompt_logprobs(
+    logits: torch.Tensor, next_token_ids: torch.Tensor, num_top: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Raw logprobs of prompt tokens: for row ``i`` of ``logits`` ``[N, V]`` (the logits at
+    prompt position ``i``), the log-softmax value of ``next_token_ids[i]`` (``[N]`` int64) and
+    the ``num_top`` best alternatives. Returns ``([N], [N, num_top], [N, num_top])``; compute it
+    in chunks of rows for long prompts."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    return _logprob_fields(logprobs, next_token_ids.to(logits.device), num_top)
+
+
+__all__ = ["SampleResult", "prompt_logprobs", "sample"]
