@@ -62,6 +62,12 @@ def bench_shape(tokens: int, dim: int, ceiling: float) -> list[dict]:
             row[f"{name}_TB/s"] = nbytes / ms / 1e9
         row["triton_%ceiling"] = 100 * row["triton_TB/s"] / ceiling
         rows.append(row)
+    pre_c = impls["reference"][0](h, fn, base, scale)[0]
+    ops = backend.ops
+    rows[0]["coefficients_us"] = 1e3 * time_cuda(
+        lambda: ops["hc_mix_coefficients"](h, fn, base, scale, **KW), iters=50
+    )
+    rows[0]["collapse_us"] = 1e3 * time_cuda(lambda: ops["hc_collapse"](h, pre_c), iters=50)
     return rows
 
 
@@ -79,7 +85,7 @@ def main() -> None:
         for tokens in map(int, args.tokens.split(",")):
             rows += bench_shape(tokens, dim, ceiling)
     cols = ["stage", "dim", "tokens", "triton_us", "triton_TB/s", "triton_%ceiling",
-            "reference_us", "reference_TB/s"]  # fmt: skip
+            "coefficients_us", "collapse_us", "reference_us", "reference_TB/s"]  # fmt: skip
     print_table(rows, cols)
     write_json(args.out, {"env": environment(), "copy_TB/s": ceiling, "rows": rows})
 

@@ -38,10 +38,14 @@ def bench(rows: int, heads: int, entries: int, key_dtype: torch.dtype, ceiling: 
     ref = {n: kernels.OPS[n].reference for n in ("indexer_scores", "select_topk")}
     ms = time_cuda(run(backend.ops), iters=50)
     score_ms = time_cuda(lambda: backend.ops["indexer_scores"](q, w, keys, cand), iters=50)
+    scores = backend.ops["indexer_scores"](q, w, keys, cand)
+    topk_ms = time_cuda(lambda: backend.ops["select_topk"](scores, cand, TOPK), iters=50)
+    torch_topk_ms = time_cuda(lambda: scores.topk(TOPK, dim=-1, sorted=False), iters=50)
     ref_ms = time_cuda(run(ref), iters=10)
     read = rows * entries * DIM * keys.element_size()
     return {"case": f"T={rows} Hi={heads} entries={entries} keys={str(key_dtype)[6:]}",
             "triton_us": ms * 1e3, "scores_only_us": score_ms * 1e3,
+            "topk_only_us": topk_ms * 1e3, "torch_topk_us": torch_topk_ms * 1e3,
             "triton_TB/s": read / ms / 1e9, "%ceiling": 100 * read / ms / 1e9 / ceiling,
             "unique_TB/s": entries * DIM * keys.element_size() / ms / 1e9,
             "reference_us": ref_ms * 1e3}  # fmt: skip
@@ -61,8 +65,8 @@ def main() -> None:
         bench(64, 32, 16384, torch.bfloat16, ceiling),
         bench(64, 64, 32768, torch.bfloat16, ceiling),
     ]
-    cols = ["case", "triton_us", "scores_only_us", "triton_TB/s", "%ceiling", "unique_TB/s",
-            "reference_us"]  # fmt: skip
+    cols = ["case", "triton_us", "scores_only_us", "topk_only_us", "torch_topk_us",
+            "triton_TB/s", "%ceiling", "unique_TB/s", "reference_us"]  # fmt: skip
     print_table(rows, cols)
     write_json(args.out, {"env": environment(), "copy_TB/s": ceiling, "rows": rows})
 
