@@ -12,6 +12,8 @@
   Gumbel noise of its tokens in registers and reduces ``argmax(s + g)`` (lowest index on ties),
   and a tiny torch step picks the best chunk (first on ties). No ``[B, V]`` noise is stored.
 All reductions run within a row in an order fixed by the vocabulary size: batch invariant.
+FMA contraction is off (``enable_fp_fusion=False``) so ``logits * (1 / T)`` and ``s + g`` round
+exactly like the torch reference.
 """
 
 from __future__ import annotations
@@ -157,7 +159,7 @@ def _cutoff_kernel(
     k = tl.load(top_k_ptr + row).to(tl.int64)
     p = tl.load(top_p_ptr + row)
     min_p = tl.load(min_p_ptr + row)
-    neg_inf = tl.full((), float("-inf"), tl.float32)
+    neg_inf = tl.full([], float("-inf"), tl.float32)
     m, _, _, _, _ = _row_pass(row_ptr, vocab, inv_t, 0.0, neg_inf, 2.0, BLOCK)
     lo = _float_to_key(neg_inf)
     hi = _float_to_key(m)
@@ -203,7 +205,7 @@ def top_k_top_p_min_p_cutoff(logits, temperature, top_k, top_p, min_p):
     block = min(1024, triton.next_power_of_2(vocab))
     _cutoff_kernel[(rows,)](
         logits, logits.stride(0), inv_t, top_k, top_p, min_p, out, vocab,
-        BLOCK=block, NP=_NUM_PIVOTS, num_warps=8,
+        BLOCK=block, NP=_NUM_PIVOTS, num_warps=8, enable_fp_fusion=False,
     )  # fmt: skip
     return out
 
@@ -219,7 +221,7 @@ def _gumbel_kernel(
     inv_t = tl.load(inv_t_ptr + row)
     cutoff = tl.load(cutoff_ptr + row)
     key = tl.load(keys_ptr + row).to(tl.uint64, bitcast=True)
-    best = tl.full((), float("-inf"), tl.float32)
+    best = tl.full([], float("-inf"), tl.float32)
     best_idx = (chunk * CHUNK).to(tl.int32)
     for start in range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
         cols = start + tl.arange(0, BLOCK)
@@ -256,7 +258,7 @@ def gumbel_sample(logits, temperature, cutoff, seeds, positions, stream):
     best_idx = torch.empty(rows, num_chunks, dtype=torch.int32, device=device)
     _gumbel_kernel[(rows, num_chunks)](
         logits, logits.stride(0), inv_t, cutoff, keys, best, best_idx, vocab, num_chunks,
-        CHUNK=chunk, BLOCK=block, num_warps=4,
+        CHUNK=chunk, BLOCK=block, num_warps=4, enable_fp_fusion=False,
     )  # fmt: skip
     winner = torch.argmax(best, dim=1, keepdim=True)  # first chunk on ties: lowest index
     return best_idx.gather(1, winner).squeeze(1).to(torch.int64)
