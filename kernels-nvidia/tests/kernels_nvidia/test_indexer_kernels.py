@@ -19,14 +19,17 @@ def test_backend_registers_the_indexer_kernels():
     assert {"indexer_scores", "select_topk"} <= set(backend.ops)
 
 
-@pytest.mark.parametrize("case", cases_for(["indexer_scores"], "small"), ids=str)
+OPS = ["indexer_scores", "select_topk", "hadamard_rotate"]
+
+
+@pytest.mark.parametrize("case", cases_for(OPS, "small"), ids=str)
 def test_conformance_small(case):
     check_case(backend.ops[case.op], case, DEVICE)
 
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("case", cases_for(["indexer_scores"], "real"), ids=str)
+@pytest.mark.parametrize("case", cases_for(OPS, "real"), ids=str)
 def test_conformance_real(case):
     check_case(backend.ops[case.op], case, DEVICE)
 
@@ -45,7 +48,11 @@ def test_select_topk_picks_the_same_set(width, k):
     got = backend.ops["select_topk"](scores, cand, k)
     want = kernels.OPS["select_topk"].reference(scores, cand, k)
     assert got.shape == want.shape == (rows, k) and got.dtype == torch.int64
-    assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+    assert torch.equal(got.sort(-1).values, want.sort(-1).values)  # the same winners
+    positions = torch.arange(width, device=DEVICE).expand(rows, -1).masked_fill(cand < 0, -1)
+    picked = backend.ops["select_topk"](scores, positions, k)
+    picked_scores = scores.gather(-1, picked.clamp(min=0)).masked_fill(picked < 0, -float("inf"))
+    assert (picked_scores[:, :-1] >= picked_scores[:, 1:]).all()  # descending (ties any order)
 
 
 def test_select_topk_ties_and_short_rows():
@@ -54,9 +61,9 @@ def test_select_topk_ties_and_short_rows():
     scores[1, 3:] = float("-inf")
     cand = torch.arange(12).view(2, 6) + 100
     got = backend.ops["select_topk"](scores.to(DEVICE), cand.to(DEVICE), 4).cpu()
-    first = set(got[0].tolist())
-    assert len(first) == 4 and {100, 105} <= first and first <= {100, 101, 102, 103, 105}
-    assert sorted(got[1].tolist()) == [-1, -1, 106, 108]
+    assert got[0, :2].tolist() == [100, 105]
+    assert len(set(got[0, 2:].tolist())) == 2 and set(got[0, 2:].tolist()) <= {101, 102, 103}
+    assert got[1].tolist() == [108, 106, -1, -1]
 
 
 def test_scores_are_batch_invariant():

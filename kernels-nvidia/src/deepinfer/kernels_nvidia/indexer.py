@@ -6,10 +6,11 @@ rows once and multiplies all ``Hi`` indexer heads of the row against them in one
 in registers: the ``[T, Hi, C]`` dot products never reach memory. Keys may be stored in the
 queries' dtype, fp32, or ``float8_e4m3fn`` (upcast in registers).
 
-Selection (the contract leaves the order within a row open): one program per row holds the
-row's scores in registers, finds the k-th largest by a 32-step binary search on the order-
-preserving integer image of the fp32 bits (a count per step), then writes the winners through
-a prefix sum; no sort. Rows wider than ``TOPK_MAX_CANDIDATES`` use unsorted ``torch.topk``.
+Selection: one program per row holds the row's scores in registers, finds the k-th largest by
+a 32-step binary search on the order-preserving integer image of the fp32 bits (a count per
+step), then writes the winners' positions through a prefix sum; only the k winners are then
+sorted (descending, as the contract asks). Rows wider than ``TOPK_MAX_CANDIDATES`` use
+``torch.topk``.
 """
 
 from __future__ import annotations
@@ -111,15 +112,15 @@ def _ordered_key(scores):
 
 @triton.jit
 def _topk_kernel(
-    scores_ptr, cand_ptr, out_ptr, num_cand, k, stride_st, stride_ct, stride_ot,
+    scores_ptr, out_ptr, num_cand, k, stride_st, stride_ot,
     BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """One program per row: binary search on the key bits for the k-th largest score, then a
-    prefix sum places the winners (ties at the threshold taken by position)."""
+    prefix sum writes the winners' column positions (ties at the threshold taken by position;
+    ``-1`` pads)."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_C)
-    inside = offs < num_cand
-    scores = tl.load(scores_ptr + row * stride_st + offs, mask=inside, other=float("-inf"))
+    scores = tl.load(scores_ptr + row * stride_st + offs, mask=offs < num_cand, other=-float("inf"))
     key = _ordered_key(scores)
     num_valid = tl.sum((key > 0).to(tl.int32), axis=0)
     want = tl.minimum(num_valid, k)
@@ -132,23 +133,20 @@ def _topk_kernel(
         hi = tl.where(count >= want, hi, mid - 1)
     threshold = lo.to(tl.uint32)
     above = key > threshold
-    tied = (key == threshold) & (key > 0)
-    room = want - tl.sum(above.to(tl.int32), axis=0)
-    chosen = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= room))
-    slot = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
-    cand = tl.load(cand_ptr + row * stride_ct + offs, mask=inside, other=-1).to(tl.int64)
-    tl.store(out_ptr + row * stride_ot + slot, cand, mask=chosen)
+    num_above = tl.sum(above.to(tl.int32), axis=0)
+    slot = tl.cumsum(above.to(tl.int32), axis=0) - 1
+    tl.store(out_ptr + row * stride_ot + slot, offs, mask=above)
+    tied = (key == threshold) & (key > 0)  # the places left go to ties in position order
+    slot = num_above + tl.cumsum(tied.to(tl.int32), axis=0) - 1
+    tl.store(out_ptr + row * stride_ot + slot, offs, mask=tied & (slot < want))
     tail = tl.arange(0, BLOCK_K)
-    tl.store(
-        out_ptr + row * stride_ot + tail,
-        tl.full([BLOCK_K], -1, tl.int64),
-        mask=(tail >= want) & (tail < k),
-    )
+    pad = (tail >= want) & (tail < k)
+    tl.store(out_ptr + row * stride_ot + tail, tl.full([BLOCK_K], -1, tl.int32), mask=pad)
 
 
 def _topk_torch(scores, candidates, k):
     width = min(k, scores.shape[-1])
-    top = scores.topk(width, dim=-1, sorted=False)
+    top = scores.topk(width, dim=-1)
     picked = candidates.long().gather(-1, top.indices)
     picked = picked.masked_fill(~torch.isfinite(top.values), -1)
     if width < k:
@@ -158,8 +156,9 @@ def _topk_torch(scores, candidates, k):
 
 @implements("select_topk")
 def select_topk(scores, candidates, k):
-    """Rows up to ``TOPK_MAX_CANDIDATES`` wide: the Triton kernel; wider rows: unsorted
-    ``torch.topk``. ``+inf`` / NaN scores are not expected (the scores are finite or ``-inf``)."""
+    """Rows up to ``TOPK_MAX_CANDIDATES`` wide: the Triton selection, then a sort of the k
+    winners by score (the contract wants descending order); wider rows: ``torch.topk``.
+    ``+inf`` / NaN scores are not expected (the scores are finite or ``-inf``)."""
     if scores.shape != candidates.shape or scores.dim() != 2:
         raise ValueError(
             f"candidates: expected shape {tuple(scores.shape)}, got {tuple(candidates.shape)}"
@@ -167,15 +166,85 @@ def select_topk(scores, candidates, k):
     rows, width = scores.shape
     if width > TOPK_MAX_CANDIDATES or scores.dtype != torch.float32:
         return _topk_torch(scores, candidates, k)
-    out = torch.empty(rows, k, dtype=torch.int64, device=scores.device)
     if rows == 0 or k == 0:
-        return out
+        return torch.empty(rows, k, dtype=torch.int64, device=scores.device)
     scores = scores if scores.stride(1) == 1 else scores.contiguous()
-    candidates = candidates if candidates.stride(1) == 1 else candidates.contiguous()
+    positions = torch.empty(rows, k, dtype=torch.int32, device=scores.device)
     block_c = triton.next_power_of_2(max(width, 16))
     _topk_kernel[(rows,)](
-        scores, candidates, out, width, k, scores.stride(0), candidates.stride(0), out.stride(0),
+        scores, positions, width, k, scores.stride(0), positions.stride(0),
         BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(k),
         num_warps=min(16, max(4, block_c // 1024)),
     )  # fmt: skip
-    return out
+    # Only the k winners are sorted (descending score, the contract's order); pads sort last.
+    valid = positions >= 0
+    columns = positions.long().clamp(min=0)
+    won = scores.gather(-1, columns).masked_fill(~valid, float("-inf"))
+    order = won.argsort(dim=-1, descending=True)
+    columns, valid = columns.gather(-1, order), valid.gather(-1, order)
+    return candidates.gather(-1, columns).long().masked_fill(~valid, -1)
+
+
+@triton.jit
+def _hadamard_block(rows_idx, cols_idx):
+    """Sylvester Hadamard entries ``(-1) ** popcount(i & j)`` for an [i-block, j-block]."""
+    bits = rows_idx[:, None] & cols_idx[None, :]
+    bits ^= bits >> 16
+    bits ^= bits >> 8
+    bits ^= bits >> 4
+    bits ^= bits >> 2
+    bits ^= bits >> 1
+    return 1.0 - 2.0 * (bits & 1).to(tl.float32)
+
+
+@triton.jit
+def _hadamard_kernel(
+    x_ptr, out_ptr, num_rows, dim, stride_x, stride_o, scale,
+    BR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """out[rows, n-block] = x[rows] @ H[:, n-block] * scale, H built on the fly (exact +-1)."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    rmask = rows < num_rows
+    acc = tl.zeros([BR, BN], tl.float32)
+    for k0 in range(0, dim, BK):
+        ks = k0 + tl.arange(0, BK)
+        x = tl.load(
+            x_ptr + rows.to(tl.int64)[:, None] * stride_x + ks[None, :],
+            mask=rmask[:, None] & (ks < dim)[None, :],
+            other=0.0,
+        )
+        h = _hadamard_block(ks, cols).to(x.dtype)
+        if IEEE:
+            acc = tl.dot(x, h, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, h, acc)
+    tl.store(
+        out_ptr + rows.to(tl.int64)[:, None] * stride_o + cols[None, :],
+        (acc * scale).to(out_ptr.dtype.element_ty),
+        mask=rmask[:, None] & (cols < dim)[None, :],
+    )
+
+
+@implements("hadamard_rotate")
+def hadamard_rotate(x):
+    """Normalised Walsh-Hadamard transform of the last dim as a product with the +-1 matrix,
+    generated in registers (exact in bf16 and fp32 operands; fp32 accumulation)."""
+    dim = x.shape[-1]
+    if dim < 1 or dim & (dim - 1):
+        raise ValueError(f"x: the last dim must be a power of two, got {dim}")
+    x2 = x.reshape(-1, dim)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    compute = x2 if x2.dtype in (torch.bfloat16, torch.float16) else x2.float()
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    if x2.shape[0] == 0:
+        return out.view(x.shape)
+    block = max(16, min(64, dim))
+    grid = (triton.cdiv(x2.shape[0], 16), triton.cdiv(dim, block))
+    _hadamard_kernel[grid](
+        compute, out, x2.shape[0], dim, compute.stride(0), out.stride(0), dim**-0.5,
+        BR=16, BN=block, BK=block, IEEE=compute.dtype == torch.float32,
+        num_warps=8 if compute.dtype == torch.float32 else 4,
+    )  # fmt: skip
+    return out.view(x.shape)
