@@ -104,6 +104,7 @@ TOPK_MAX_CANDIDATES = 16384  # widest row the register-resident top-k kernel tak
 @triton.jit
 def _ordered_key(scores):
     """uint32 keys in the order of the fp32 ``scores``; 0 for ``-inf`` / NaN (never chosen)."""
+    scores = tl.where(scores == 0.0, 0.0, scores)  # -0.0 ties with +0.0, as in torch.sort
     bits = scores.to(tl.int32, bitcast=True)
     signed = bits ^ ((bits >> 31) & 0x7FFFFFFF)
     key = (signed ^ -2147483648).to(tl.uint32, bitcast=True)
@@ -116,8 +117,8 @@ def _topk_kernel(
     BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """One program per row: binary search on the key bits for the k-th largest score, then a
-    prefix sum writes the winners' column positions (ties at the threshold taken by position;
-    ``-1`` pads)."""
+    prefix sum writes the winners' column positions in column order (ties at the threshold:
+    lowest columns first; ``-1`` pads)."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_C)
     scores = tl.load(scores_ptr + row * stride_st + offs, mask=offs < num_cand, other=-float("inf"))
@@ -176,11 +177,12 @@ def select_topk(scores, candidates, k):
         BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(k),
         num_warps=min(16, max(4, block_c // 1024)),
     )  # fmt: skip
-    # Only the k winners are sorted (descending score, the contract's order); pads sort last.
+    # Only the k winners are sorted (descending score, the contract's order; the kernel wrote
+    # them in column order, so a stable sort breaks ties by column); pads sort last.
     valid = positions >= 0
     columns = positions.long().clamp(min=0)
     won = scores.gather(-1, columns).masked_fill(~valid, float("-inf"))
-    order = won.argsort(dim=-1, descending=True)
+    order = won.sort(dim=-1, descending=True, stable=True).indices  # ties: lower column first
     columns, valid = columns.gather(-1, order), valid.gather(-1, order)
     return candidates.gather(-1, columns).long().masked_fill(~valid, -1)
 
