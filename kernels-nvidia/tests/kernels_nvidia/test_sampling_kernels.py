@@ -94,7 +94,7 @@ jobs = [
      "BLOCK": "constexpr"}, {"BLOCK": 1024}),
     (k._cutoff_kernel, {"logits_ptr": "*fp32", **rows, "inv_t_ptr": "*fp32", "top_k_ptr": "*i32",
      "top_p_ptr": "*fp32", "min_p_ptr": "*fp32", "out_ptr": "*fp32", "BLOCK": "constexpr",
-     "NP": "constexpr"}, {"BLOCK": 1024, "NP": 16}),
+     "NP": "constexpr", "NB": "constexpr"}, {"BLOCK": 1024, "NP": 16, "NB": 128}),
     (k._gumbel_kernel, {"logits_ptr": "*fp32", **rows, "inv_t_ptr": "*fp32", "cutoff_ptr": "*fp32",
      "keys_ptr": "*i64", "best_ptr": "*fp32", "best_idx_ptr": "*i32", "num_chunks": "i32",
      "CHUNK": "constexpr", "BLOCK": "constexpr"}, {"CHUNK": 8192, "BLOCK": 1024}),

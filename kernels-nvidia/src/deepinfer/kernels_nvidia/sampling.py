@@ -6,7 +6,8 @@
   integer encoding of float32, snapping the bracket to row values after each pass (so it stops
   when one distinct value is left; 8 passes at most): top-k searches for the smallest
   ``x`` with ``count(s > x) < k``, top-p for the smallest ``x`` with
-  ``mass(s > x, s >= t_k) < top_p * Z_k``; min-p is one pass. The answer is the smallest kept
+  ``mass(s > x, s >= t_k) < top_p * Z_k``; min-p is one pass. The top-k search starts at the
+  k-th largest block maximum, the top-p search at ``m + log((1 - p) Z_k / 4V)``. The answer is the smallest kept
   value, as in the reference; ties at the cut are kept.
 * ``gumbel_sample``: the row is split into chunks; each program computes the counter-hash
   Gumbel noise of its tokens in registers and reduces ``argmax(s + g)`` (lowest index on ties),
@@ -149,9 +150,24 @@ def _row_pass(row_ptr, vocab, inv_t, m, threshold, min_p, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _max_pass(row_ptr, vocab, inv_t, k, BLOCK: tl.constexpr, NB: tl.constexpr):
+    """The row max, and a lower bound on the k-th largest value: the k-th largest of the
+    per-block maxima (k blocks hold a value at least that large); -inf when k > NB."""
+    ids = tl.arange(0, NB)
+    maxima = tl.full([NB], float("-inf"), tl.float32)
+    for start in range(0, vocab, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        s = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inv_t
+        maxima = tl.where(ids == start // BLOCK, tl.max(s), maxima)
+    ordered = tl.sort(maxima, descending=True)
+    bound = tl.max(tl.where(ids.to(tl.int64) == k - 1, ordered, float("-inf")))
+    return tl.max(maxima), bound
+
+
+@triton.jit
 def _cutoff_kernel(
     logits_ptr, stride, inv_t_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, vocab,
-    BLOCK: tl.constexpr, NP: tl.constexpr,
+    BLOCK: tl.constexpr, NP: tl.constexpr, NB: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     row_ptr = logits_ptr + row.to(tl.int64) * stride
@@ -160,19 +176,22 @@ def _cutoff_kernel(
     p = tl.load(top_p_ptr + row)
     min_p = tl.load(min_p_ptr + row)
     neg_inf = tl.full([], float("-inf"), tl.float32)
-    m, _, _, _, _ = _row_pass(row_ptr, vocab, inv_t, 0.0, neg_inf, 2.0, BLOCK)
-    lo = _float_to_key(neg_inf)
+    m, k_bound = _max_pass(row_ptr, vocab, inv_t, k, BLOCK, NB)
     hi = _float_to_key(m)
     t_k = neg_inf
     if (k > 0) & (k < vocab):
-        t_k = _search(row_ptr, vocab, inv_t, m, neg_inf, k.to(tl.float32), lo, hi,
-                      False, BLOCK, NP)  # fmt: skip
+        t_k = _search(row_ptr, vocab, inv_t, m, neg_inf, k.to(tl.float32), _float_to_key(k_bound),
+                      hi, False, BLOCK, NP)  # fmt: skip
     _, _, _, t_min_p, z_k = _row_pass(row_ptr, vocab, inv_t, m, t_k, min_p, BLOCK)
     if min_p <= 0.0:
         t_min_p = neg_inf
     t_p = neg_inf
     if p < 1.0:
-        t_p = _search(row_ptr, vocab, inv_t, m, t_k, p * z_k, _float_to_key(t_k), hi,
+        # Values with exp(s - m) < tau = (1 - p) Z_k / (4 V) hold less than (1 - p) Z_k / 4 in
+        # total, so the mass above each exceeds p Z_k: the top-p cut is at least m + log(tau).
+        p_bound = m + tl.log((1.0 - p) * z_k / (4.0 * vocab))
+        lo_p = tl.maximum(_float_to_key(t_k), _float_to_key(p_bound))
+        t_p = _search(row_ptr, vocab, inv_t, m, t_k, p * z_k, lo_p, hi,
                       True, BLOCK, NP)  # fmt: skip
     cut = tl.maximum(tl.maximum(t_k, t_p), t_min_p)
     _, smallest_kept, num_below, _, _ = _row_pass(row_ptr, vocab, inv_t, m, cut, 2.0, BLOCK)
@@ -202,10 +221,12 @@ def top_k_top_p_min_p_cutoff(logits, temperature, top_k, top_p, min_p):
     top_p = _row_floats(top_p, rows, "top_p", device)
     min_p = _row_floats(min_p, rows, "min_p", device)
     out = torch.empty(rows, dtype=torch.float32, device=device)
-    block = min(1024, triton.next_power_of_2(vocab))
+    # at least ~8 blocks per row so the block maxima bound top-k usefully at small vocabularies
+    block = min(1024, max(64, triton.next_power_of_2(triton.cdiv(vocab, 8))))
+    num_blocks = triton.next_power_of_2(triton.cdiv(vocab, block))
     _cutoff_kernel[(rows,)](
         logits, logits.stride(0), inv_t, top_k, top_p, min_p, out, vocab,
-        BLOCK=block, NP=_NUM_PIVOTS, num_warps=8, enable_fp_fusion=False,
+        BLOCK=block, NP=_NUM_PIVOTS, NB=num_blocks, num_warps=8, enable_fp_fusion=False,
     )  # fmt: skip
     return out
 
