@@ -146,10 +146,12 @@ def _topk_kernel(
 
 
 def _topk_torch(scores, candidates, k):
+    """Wide rows: a stable descending sort (ties by column, like the kernel)."""
     width = min(k, scores.shape[-1])
-    top = scores.topk(width, dim=-1)
-    picked = candidates.long().gather(-1, top.indices)
-    picked = picked.masked_fill(~torch.isfinite(top.values), -1)
+    order = torch.sort(scores, dim=-1, descending=True, stable=True)
+    values, indices = order.values[..., :width], order.indices[..., :width]
+    picked = candidates.long().gather(-1, indices)
+    picked = picked.masked_fill(~torch.isfinite(values), -1)
     if width < k:
         picked = torch.nn.functional.pad(picked, (0, k - width), value=-1)
     return picked
