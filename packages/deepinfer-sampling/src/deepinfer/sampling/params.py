@@ -206,6 +206,15 @@ class SamplingParams:
         _check_int("first_n_token_no_eos", self.first_n_token_no_eos, 0)
         _check_int("eos_token_id", self.eos_token_id, 0, optional=True)
         self._check_structured()
+        self._cache_row_values()
+
+    def _cache_row_values(self) -> None:
+        """Per-step host preparation reads these instead of re-deriving them for every row."""
+        cache = object.__setattr__
+        cache(self, "row_floats", (self.temperature or 1.0, self.top_p, self.min_p))
+        cache(self, "has_penalty", self.presence_penalty != 0 or self.frequency_penalty != 0
+              or self.repetition_penalty != 1)  # fmt: skip
+        cache(self, "has_bans", self.min_tokens > 0 or self.first_n_token_no_eos > 0)
 
     def _resolve_seed_alias(self) -> None:
         if self.seed is not None and self.seq_seed is not None and self.seed != self.seq_seed:

@@ -37,10 +37,6 @@ class ProcessorInputs:
     bias_values: torch.Tensor | None = None
 
 
-def _has_penalty(p: SamplingParams) -> bool:
-    return p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1
-
-
 def _token_counts(
     output_token_ids: Sequence[Sequence[int]], vocab: int, device: torch.device
 ) -> torch.Tensor:
@@ -59,6 +55,8 @@ def _token_counts(
 def _bans(params: Sequence[SamplingParams], output_token_ids, vocab: int):
     rows, tokens = [], []
     for row, p in enumerate(params):
+        if not p.has_bans:
+            continue
         generated = len(output_token_ids[row]) if output_token_ids is not None else 0
         banned = set()
         eos_banned = generated < max(p.min_tokens, p.first_n_token_no_eos)
@@ -76,6 +74,8 @@ def _bans(params: Sequence[SamplingParams], output_token_ids, vocab: int):
 def _bias(params: Sequence[SamplingParams], vocab: int):
     rows, tokens, values = [], [], []
     for row, p in enumerate(params):
+        if not p.logit_bias:
+            continue
         for token, bias in p.logit_bias.items():
             if token >= vocab:
                 raise ValueError(
@@ -100,7 +100,7 @@ def prepare_processors(
         return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
     fields: dict[str, torch.Tensor] = {}
-    if any(_has_penalty(p) for p in params):
+    if any(p.has_penalty for p in params):
         if output_token_ids is None:
             raise ValueError("sample: penalties were asked for but output_token_ids is None")
         fields["token_counts"] = _token_counts(output_token_ids, vocab, device)

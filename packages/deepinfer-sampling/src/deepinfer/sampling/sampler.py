@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from deepinfer import kernels
@@ -85,19 +86,19 @@ class _RowTensors:
 def _row_tensors(params, positions, device) -> _RowTensors:
     """Per-row parameters packed into two host tensors, so two host-to-device copies."""
     fresh = iter(rng.random_seeds(sum(p.seq_seed is None for p in params)))
-    seeds = [p.seq_seed if p.seq_seed is not None else next(fresh) for p in params]
-    floats = torch.tensor(
-        [[p.temperature or 1.0 for p in params], [p.top_p for p in params],
-         [p.min_p for p in params]], dtype=torch.float32,
+    floats = torch.from_numpy(np.array([p.row_floats for p in params], dtype=np.float32).T.copy())
+    ints = torch.from_numpy(
+        np.array(
+            [(p.top_k, p.seq_seed if p.seq_seed is not None else next(fresh), p.is_greedy)
+             for p in params],
+            dtype=np.int64,
+        ).T.copy()
     )  # fmt: skip
-    ints = torch.tensor(
-        [[p.top_k for p in params], seeds, [int(p.is_greedy) for p in params]], dtype=torch.int64
-    )
     floats, ints = floats.to(device, non_blocking=True), ints.to(device, non_blocking=True)
     if isinstance(positions, torch.Tensor):
         pos = positions.to(device=device, dtype=torch.int64)
     else:
-        pos = torch.tensor(list(positions), dtype=torch.int64).to(device, non_blocking=True)
+        pos = torch.from_numpy(np.asarray(positions, dtype=np.int64)).to(device, non_blocking=True)
     return _RowTensors(
         temperature=floats[0],
         top_p=floats[1],
