@@ -236,3 +236,15 @@ def test_submit_of_an_already_finished_compile_does_not_deadlock(service):
     worker.join(timeout=20)
     assert results == [READY], "submit() deadlocked on a compile that finished immediately"
     assert inline._in_flight == {}
+
+
+def test_choice_matches_exactly_its_strings(service, tokenizer):
+    from deepinfer.sampling import StructuredOutputs
+
+    choices = ["a b", "x-y", "#tag", "a&b", 'say "hi"', "back\\slash", "(p|q)*", "1.5", "[z]"]
+    compiled = service.compile(StructuredOutputs(choice=choices).to_spec())
+    for text in choices + ["a", "x", "(p|q)", "105"]:
+        state = StructuredOutputState(compiled)
+        ids = tokenizer.encode(text) + [tokenizer.eos_token_id]
+        accepted = state.accept_tokens(ids) == len(ids) and state.is_terminated()
+        assert accepted == (text in choices), text

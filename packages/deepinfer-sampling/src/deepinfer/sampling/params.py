@@ -10,7 +10,6 @@ grammar=..., choice=[...])``; both resolve to one :class:`GrammarSpec` (``params
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +19,15 @@ from deepinfer.sampling.rng import random_seeds
 MAX_LOGPROBS = 1000
 SEED_MASK = (1 << 63) - 1
 _SCHEMA_TYPES = ("json", "regex", "ebnf")
+
+
+_REGEX_SPECIAL = frozenset("\\^$.|?*+()[]{}/-")
+
+
+def _regex_literal(text: str) -> str:
+    """``text`` as a regex matching exactly it (only metacharacters are escaped, which both
+    Python's ``re`` and xgrammar's ECMAScript-style parser accept)."""
+    return "".join("\\" + ch if ch in _REGEX_SPECIAL else ch for ch in text)
 
 
 def _fail(name: str, value: Any, expected: str) -> None:
@@ -108,7 +116,7 @@ class StructuredOutputs:
             return GrammarSpec("regex", self.regex)
         if self.grammar is not None:
             return GrammarSpec("ebnf", self.grammar)
-        return GrammarSpec("regex", "|".join(f"(?:{re.escape(c)})" for c in self.choice))
+        return GrammarSpec("regex", "|".join(f"({_regex_literal(c)})" for c in self.choice))
 
 
 def _spec_from_so_args(so_args: Any) -> GrammarSpec:
