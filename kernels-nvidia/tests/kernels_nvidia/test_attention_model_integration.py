@@ -19,7 +19,9 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
 OURS = {
     "sparse_mqa_sink", "hc_mix_coefficients", "hc_head_coefficients", "hc_collapse",
     "hc_expand", "indexer_scores", "select_topk", "compress_pool", "apply_rope",
+    "candidate_block_mask", "hadamard_rotate",
 }  # fmt: skip
+OPTIONAL = {"hc_head_coefficients", "candidate_block_mask", "hadamard_rotate"}  # not every model
 RAW = {
     "architectures": ["DeepseekV4ForCausalLM"], "vocab_size": 61, "hidden_size": 32,
     "moe_intermediate_size": 16, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -94,5 +96,5 @@ def test_tiny_model_matches_the_reference_backend(monkeypatch, raw, seq_len):
 
         monkeypatch.setattr(registry, "resolve", ours)
         got = _logits(model, tokens)
-    assert OURS - {"hc_head_coefficients"} <= used
+    assert used >= OURS - OPTIONAL
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)

@@ -19,7 +19,7 @@ def test_backend_registers_the_indexer_kernels():
     assert {"indexer_scores", "select_topk"} <= set(backend.ops)
 
 
-OPS = ["indexer_scores", "select_topk", "hadamard_rotate"]
+OPS = ["indexer_scores", "select_topk", "hadamard_rotate", "candidate_block_mask"]
 
 
 @pytest.mark.parametrize("case", cases_for(OPS, "small"), ids=str)
@@ -94,3 +94,27 @@ def test_rejects_bad_shapes():
     q = torch.randn(2, 16, 32, device=DEVICE)
     with pytest.raises(ValueError, match="weights: expected shape"):
         backend.ops["indexer_scores"](q, q[:, :, 0].t(), q[0], torch.zeros(2, 3, dtype=torch.long))
+
+
+def test_candidate_blocks_tie_rule_and_newest_block():
+    """Equal block maxima keep the earlier block; the newest visible block is always kept;
+    blocks with nothing visible never are."""
+    g = torch.Generator().manual_seed(11)
+    rows, width, block, keep_blocks = 4, 70, 4, 5
+    counts = torch.tensor([70, 33, 3, 0])
+    scores = torch.randn(rows, width, generator=g).relu().round()  # many equal maxima
+    scores[torch.arange(width)[None, :] >= counts[:, None]] = -float("inf")
+    got = backend.ops["candidate_block_mask"](
+        scores.to(DEVICE), counts.to(DEVICE), keep_blocks, block
+    )
+    got = got.cpu()
+    for r in range(rows):
+        maxima = torch.nn.functional.pad(scores[r], (0, -width % block), value=-float("inf"))
+        maxima = maxima.view(-1, block).amax(-1)
+        if counts[r] > 0:
+            maxima[(counts[r] - 1) // block] = float("inf")
+        order = torch.sort(maxima, descending=True, stable=True)
+        kept = order.indices[:keep_blocks][order.values[:keep_blocks] > -float("inf")]
+        want = torch.zeros(maxima.shape[0], dtype=torch.bool)
+        want[kept] = True
+        assert torch.equal(got[r], want.repeat_interleave(block)[:width]), r

@@ -1,0 +1,139 @@
+"""Top-k selection over indexer scores and V4.1's candidate-block pre-filter, in Triton.
+
+Selection: one program per row holds the row's scores in registers, finds the k-th largest by
+a 32-step binary search on the order-preserving integer image of the fp32 bits (a count per
+step), then writes the winners' positions through a prefix sum; only the k winners are then
+sorted (descending, as the contract asks). Ties at the threshold go to the lowest columns and
+the final sort is stable, so the result equals a stable descending sort's first k. Rows wider
+than ``TOPK_MAX_CANDIDATES`` use torch's stable sort.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer.kernels_nvidia.registry import implements
+
+TOPK_MAX_CANDIDATES = 16384  # widest row the register-resident top-k kernel takes
+
+
+@triton.jit
+def _ordered_key(scores):
+    """uint32 keys in the order of the fp32 ``scores``; 0 for ``-inf`` / NaN (never chosen)."""
+    scores = tl.where(scores == 0.0, 0.0, scores)  # -0.0 ties with +0.0, as in torch.sort
+    bits = scores.to(tl.int32, bitcast=True)
+    signed = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    key = (signed ^ -2147483648).to(tl.uint32, bitcast=True)
+    return tl.where(scores > float("-inf"), key, 0)
+
+
+@triton.jit
+def _topk_kernel(
+    scores_ptr, out_ptr, num_cand, k, stride_st, stride_ot,
+    BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One program per row: binary search on the key bits for the k-th largest score, then a
+    prefix sum writes the winners' column positions in column order (ties at the threshold:
+    lowest columns first; ``-1`` pads)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_C)
+    scores = tl.load(scores_ptr + row * stride_st + offs, mask=offs < num_cand, other=-float("inf"))
+    key = _ordered_key(scores)
+    num_valid = tl.sum((key > 0).to(tl.int32), axis=0)
+    want = tl.minimum(num_valid, k)
+    lo = tl.full([], 0, tl.int64)  # invariant: count(key >= lo) >= want
+    hi = tl.full([], 4294967295, tl.int64)
+    for _ in range(32):
+        mid = (lo + hi + 1) // 2
+        count = tl.sum((key >= mid.to(tl.uint32)).to(tl.int32), axis=0)
+        lo = tl.where(count >= want, mid, lo)
+        hi = tl.where(count >= want, hi, mid - 1)
+    threshold = lo.to(tl.uint32)
+    above = key > threshold
+    num_above = tl.sum(above.to(tl.int32), axis=0)
+    slot = tl.cumsum(above.to(tl.int32), axis=0) - 1
+    tl.store(out_ptr + row * stride_ot + slot, offs, mask=above)
+    tied = (key == threshold) & (key > 0)  # the places left go to ties in position order
+    slot = num_above + tl.cumsum(tied.to(tl.int32), axis=0) - 1
+    tl.store(out_ptr + row * stride_ot + slot, offs, mask=tied & (slot < want))
+    tail = tl.arange(0, BLOCK_K)
+    pad = (tail >= want) & (tail < k)
+    tl.store(out_ptr + row * stride_ot + tail, tl.full([BLOCK_K], -1, tl.int32), mask=pad)
+
+
+def _winner_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """``[T, k]`` int32 columns of each row's k best finite scores, in column order, ``-1``
+    pads (scores ``[T, C]`` fp32 with unit column stride, ``C <= TOPK_MAX_CANDIDATES``)."""
+    rows, width = scores.shape
+    positions = torch.empty(rows, k, dtype=torch.int32, device=scores.device)
+    block_c = triton.next_power_of_2(max(width, 16))
+    _topk_kernel[(rows,)](
+        scores, positions, width, k, scores.stride(0), positions.stride(0),
+        BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(k),
+        num_warps=min(16, max(4, block_c // 1024)),
+    )  # fmt: skip
+    return positions
+
+
+def _topk_torch(scores, candidates, k):
+    """Wide rows: a stable descending sort (ties by column, like the kernel)."""
+    width = min(k, scores.shape[-1])
+    order = torch.sort(scores, dim=-1, descending=True, stable=True)
+    values, indices = order.values[..., :width], order.indices[..., :width]
+    picked = candidates.long().gather(-1, indices)
+    picked = picked.masked_fill(~torch.isfinite(values), -1)
+    if width < k:
+        picked = torch.nn.functional.pad(picked, (0, k - width), value=-1)
+    return picked
+
+
+@implements("select_topk")
+def select_topk(scores, candidates, k):
+    """Rows up to ``TOPK_MAX_CANDIDATES`` wide: the Triton selection, then a sort of the k
+    winners by score (the contract wants descending order); wider rows: ``torch.topk``.
+    ``+inf`` / NaN scores are not expected (the scores are finite or ``-inf``)."""
+    if scores.shape != candidates.shape or scores.dim() != 2:
+        raise ValueError(
+            f"candidates: expected shape {tuple(scores.shape)}, got {tuple(candidates.shape)}"
+        )
+    rows, width = scores.shape
+    if width > TOPK_MAX_CANDIDATES or scores.dtype != torch.float32:
+        return _topk_torch(scores, candidates, k)
+    if rows == 0 or k == 0:
+        return torch.empty(rows, k, dtype=torch.int64, device=scores.device)
+    scores = scores if scores.stride(1) == 1 else scores.contiguous()
+    positions = _winner_positions(scores, k)
+    # Only the k winners are sorted (descending score, the contract's order; the kernel wrote
+    # them in column order, so a stable sort breaks ties by column); pads sort last.
+    valid = positions >= 0
+    columns = positions.long().clamp(min=0)
+    won = scores.gather(-1, columns).masked_fill(~valid, float("-inf"))
+    order = won.sort(dim=-1, descending=True, stable=True).indices  # ties: lower column first
+    columns, valid = columns.gather(-1, order), valid.gather(-1, order)
+    return candidates.gather(-1, columns).long().masked_fill(~valid, -1)
+
+
+@implements("candidate_block_mask")
+def candidate_block_mask(scores, visible_count, topk_blocks, block_size):
+    """Block maxima (torch), the newest visible block forced in, then the top-k kernel picks
+    the blocks (ties: the earlier block); the mask is the chosen blocks' columns."""
+    if scores.dim() != 2 or visible_count.shape != (scores.shape[0],):
+        raise ValueError(f"scores/visible_count: expected [T, C]/[T], got "
+                         f"{tuple(scores.shape)}/{tuple(visible_count.shape)}")  # fmt: skip
+    rows, width = scores.shape
+    padded = torch.nn.functional.pad(scores.float(), (0, -width % block_size), value=-float("inf"))
+    blocks = padded.unflatten(-1, (-1, block_size)).amax(-1)  # [T, nb]
+    num_blocks = blocks.shape[-1]
+    ids = torch.arange(num_blocks, device=scores.device)
+    newest = (visible_count.long() - 1).div(block_size, rounding_mode="floor").unsqueeze(-1)
+    blocks = blocks.masked_fill(ids == newest, float("inf")).contiguous()
+    count = min(topk_blocks, num_blocks)
+    if num_blocks > TOPK_MAX_CANDIDATES:
+        chosen = _topk_torch(blocks, ids.expand(rows, -1), count)
+    else:
+        chosen = _winner_positions(blocks, count).long()
+    keep = torch.zeros(rows, num_blocks + 1, dtype=torch.bool, device=scores.device)
+    keep.scatter_(-1, torch.where(chosen < 0, num_blocks, chosen), True)
+    return keep[:, :num_blocks].repeat_interleave(block_size, dim=-1)[:, :width]
