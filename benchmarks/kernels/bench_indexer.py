@@ -51,6 +51,17 @@ def bench(rows: int, heads: int, entries: int, key_dtype: torch.dtype, ceiling: 
             "reference_us": ref_ms * 1e3}  # fmt: skip
 
 
+def bench_candidate_mask(rows: int, entries: int, blocks: int, block_size: int) -> dict:
+    """V4.1 candidate pre-filter at 64k context (ratio 1): keep 2048 of the 8-entry blocks."""
+    scores = torch.randn(rows, entries, device="cuda")
+    counts = torch.full((rows,), entries, device="cuda", dtype=torch.int64)
+    args = (scores, counts, blocks, block_size)
+    ms = time_cuda(lambda: backend.ops["candidate_block_mask"](*args), iters=50)
+    ref_ms = time_cuda(lambda: kernels.OPS["candidate_block_mask"].reference(*args), iters=10)
+    return {"case": f"candidate_block_mask T={rows} C={entries} keep {blocks}x{block_size}",
+            "triton_us": ms * 1e3, "reference_us": ref_ms * 1e3}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="write the results as JSON here")
@@ -64,6 +75,7 @@ def main() -> None:
         bench(64, 64, 16384, torch.float8_e4m3fn, ceiling),
         bench(64, 32, 16384, torch.bfloat16, ceiling),
         bench(64, 64, 32768, torch.bfloat16, ceiling),
+        bench_candidate_mask(64, 65536, 2048, 8),
     ]
     cols = ["case", "triton_us", "scores_only_us", "topk_only_us", "torch_topk_us",
             "triton_TB/s", "%ceiling", "unique_TB/s", "reference_us"]  # fmt: skip
