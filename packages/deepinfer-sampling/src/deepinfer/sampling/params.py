@@ -223,6 +223,8 @@ class SamplingParams:
         cache(self, "has_penalty", self.presence_penalty != 0 or self.frequency_penalty != 0
               or self.repetition_penalty != 1)  # fmt: skip
         cache(self, "has_bans", self.min_tokens > 0 or self.first_n_token_no_eos > 0)
+        plain = not (self.has_penalty or self.has_bans or self.logit_bias)
+        cache(self, "is_plain_greedy", plain and self.temperature == 0.0 and self.logprobs is None)
 
     def _resolve_seed_alias(self) -> None:
         if self.seed is not None and self.seq_seed is not None and self.seed != self.seq_seed:

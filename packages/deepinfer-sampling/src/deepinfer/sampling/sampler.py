@@ -161,10 +161,12 @@ def sample(
     (``rng.STREAM_SAMPLE``; drafting passes ``rng.STREAM_DRAFT``).
     """
     _validate(logits, params, positions, output_token_ids, bitmask)
+    if bitmask is None and all(p.is_plain_greedy for p in params):
+        return SampleResult(token_ids=torch.argmax(logits, dim=-1))  # greedy fast path
     want_logprobs = any(p.logprobs is not None for p in params)
     processed = _process(logits, params, output_token_ids, bitmask)
     if all(p.is_greedy for p in params) and not want_logprobs:
-        return SampleResult(token_ids=torch.argmax(processed, dim=-1))  # greedy fast path
+        return SampleResult(token_ids=torch.argmax(processed, dim=-1))
     rows = _row_tensors(params, positions, logits.device)
     cutoff = kernels.top_k_top_p_min_p_cutoff(
         processed, rows.temperature, rows.top_k, rows.top_p, rows.min_p
