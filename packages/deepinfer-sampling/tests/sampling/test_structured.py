@@ -248,3 +248,21 @@ def test_choice_matches_exactly_its_strings(service, tokenizer):
         ids = tokenizer.encode(text) + [tokenizer.eos_token_id]
         accepted = state.accept_tokens(ids) == len(ids) and state.is_terminated()
         assert accepted == (text in choices), text
+
+
+def test_batched_mask_fill_equals_one_by_one(service, tokenizer):
+    from deepinfer.sampling import fill_bitmasks
+
+    x, y = (tokenizer.convert_tokens_to_ids(t) for t in "xy")
+    specs = [GrammarSpec("json", json.dumps(s)) for s in JSON_SCHEMAS[:6]]
+    states = [StructuredOutputState(service.compile(spec)) for spec in specs]
+    states.append(StructuredOutputState(service.compile(specs[0]), trigger_token_ids=[x, y]))
+    states[1].accept_tokens(tokenizer.encode('{"ok": '))
+    rows = [6, 0, 5, 1, 4, 3, 2]
+    batched = allocate_token_bitmask(7, service.vocab_size).zero_()
+    fill_bitmasks(states, batched, rows)
+    one_by_one = allocate_token_bitmask(7, service.vocab_size).zero_()
+    for state, row in zip(states, rows):
+        state.fill_bitmask(one_by_one, row)
+    assert torch.equal(batched, one_by_one)
+    assert (batched[rows[-1]] == -1).all()  # the trigger row is free

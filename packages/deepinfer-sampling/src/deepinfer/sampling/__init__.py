@@ -20,7 +20,11 @@ from deepinfer.sampling.params import (
     resolve_seeds,
 )
 from deepinfer.sampling.sampler import SampleResult, prompt_logprobs, sample
-from deepinfer.sampling.structured import StructuredOutputState, allocate_token_bitmask
+from deepinfer.sampling.structured import (
+    StructuredOutputState,
+    allocate_token_bitmask,
+    fill_bitmasks,
+)
 from deepinfer.sampling.version import __version__
 
 __all__ = [
@@ -35,6 +39,7 @@ __all__ = [
     "__version__",
     "allocate_token_bitmask",
     "compiler_for_tokenizer",
+    "fill_bitmasks",
     "prompt_logprobs",
     "resolve_seeds",
     "rng",

@@ -179,6 +179,30 @@ class StructuredOutputState:
         return accepted + 1
 
 
+def fill_bitmasks(
+    states: Sequence[StructuredOutputState],
+    bitmask: torch.Tensor,
+    rows: Sequence[int],
+    *,
+    batch_matcher: xgr.BatchGrammarMatcher | None = None,
+) -> None:
+    """``states[i].fill_bitmask(bitmask, rows[i])`` for every i, with the grammar-phase rows
+    filled together by xgrammar's multithreaded ``BatchGrammarMatcher`` (pass one to reuse its
+    threads; by default one is made per call)."""
+    if len(states) != len(rows):
+        raise ValueError(f"fill_bitmasks: {len(states)} states for {len(rows)} rows")
+    grammar_rows, matchers = [], []
+    for state, row in zip(states, rows):
+        if state.phase == GRAMMAR:
+            grammar_rows.append(int(row))
+            matchers.append(state._matcher)
+        else:
+            state.fill_bitmask(bitmask, row)
+    if matchers:
+        batch_matcher = batch_matcher if batch_matcher is not None else xgr.BatchGrammarMatcher()
+        batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, indices=grammar_rows)
+
+
 __all__ = [
     "DONE",
     "FORCING",
@@ -186,4 +210,5 @@ __all__ = [
     "GRAMMAR",
     "StructuredOutputState",
     "allocate_token_bitmask",
+    "fill_bitmasks",
 ]
