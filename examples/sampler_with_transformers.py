@@ -58,25 +58,21 @@ def generate_json(model, tokenizer, prompt: str, params: SamplingParams) -> str:
     compiler = compiler_for_tokenizer(tokenizer, vocab_size=vocab_size, json_any_whitespace=False)
     state = StructuredOutputState(compiler.compile(params.grammar_spec))
     bitmask = allocate_token_bitmask(1, vocab_size)
-    input_ids = torch.tensor([tokenizer.encode(prompt)])
+    prompt_ids = tokenizer.encode(prompt)
     generated: list[int] = []
-    past = None
     for _ in range(params.max_tokens):
-        out = model(input_ids=input_ids, past_key_values=past, use_cache=True)
-        past = out.past_key_values
+        # The whole sequence each step (no KV cache): simplest with any transformers version.
+        input_ids = torch.tensor([prompt_ids + generated])
+        logits = model(input_ids=input_ids).logits[:, -1, :]
         state.fill_bitmask(bitmask, 0)
-        position = len(tokenizer.encode(prompt)) + len(generated)
-        result = sample(
-            out.logits[:, -1, :], [params], [position],
-            output_token_ids=[generated], bitmask=bitmask,
-        )  # fmt: skip
+        position = len(prompt_ids) + len(generated)
+        result = sample(logits, [params], [position], output_token_ids=[generated], bitmask=bitmask)
         token = result.token_ids.item()
         if not state.accept_token(token):
             raise RuntimeError(f"the grammar rejected token {token}")
         if state.is_terminated() or token == tokenizer.eos_token_id:
             break
         generated.append(token)
-        input_ids = result.token_ids[:, None]
     return tokenizer.decode(generated)
 
 

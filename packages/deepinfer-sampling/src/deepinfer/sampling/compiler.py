@@ -169,7 +169,10 @@ _SERVICES_LOCK = threading.Lock()
 def compiler_for_tokenizer(
     tokenizer: Any, vocab_size: int | None = None, **kwargs: Any
 ) -> GrammarCompilerService:
-    """The process-wide service for ``tokenizer`` (one per tokenizer and vocab size)."""
+    """The process-wide service for ``tokenizer`` (one per tokenizer and vocab size).
+
+    ``kwargs`` (GrammarCompilerService options) apply only when the service is first made.
+    """
     with _SERVICES_LOCK:
         per_tokenizer = _SERVICES.setdefault(tokenizer, {})
         service = per_tokenizer.get(vocab_size)
