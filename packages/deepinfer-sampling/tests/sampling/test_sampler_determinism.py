@@ -7,6 +7,16 @@ from deepinfer.kernels.reference.sampling import gumbel_noise
 from deepinfer.sampling import SamplingParams, rng, sample
 
 VOCAB = 300
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU"),
+        ],
+    ),
+]
 
 
 def _batch(gen, rows):
@@ -24,9 +34,11 @@ def _batch(gen, rows):
     return logits, params, positions
 
 
-def test_row_is_identical_alone_and_at_every_index_of_a_batch_of_64():
+@pytest.mark.parametrize("device", DEVICES)
+def test_row_is_identical_alone_and_at_every_index_of_a_batch_of_64(device):
     gen = torch.Generator().manual_seed(0)
     logits, params, positions = _batch(gen, 64)
+    logits = logits.to(device)
     batched = sample(logits, params, positions).token_ids
     for index in range(64):
         alone = sample(logits[index : index + 1], [params[index]], [positions[index]]).token_ids
