@@ -98,3 +98,40 @@ def test_tiny_model_matches_the_reference_backend(monkeypatch, raw, seq_len):
         got = _logits(model, tokens)
     assert used >= OURS - OPTIONAL
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
+def test_attention_stack_kernels_never_sync_with_the_host():
+    """Each op only enqueues work (no .item()/.tolist()/nonzero on device tensors): safe inside
+    a CUDA graph and under asynchronous scheduling."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, device="cuda", generator=g).to(dtype)
+
+    ops = backend.ops
+    q, kv = randn(8, 64, 512), randn(4096, 512)
+    idx = torch.randint(-1, 4096, (8, 640), device="cuda", generator=g)
+    h, f = randn(8, 4, 4096), randn(8, 4096)
+    fn, base, scale = randn(24, 16384, dtype=torch.float32) * 0.01, randn(24), randn(3)
+    scores = randn(8, 2048, dtype=torch.float32)
+    cand = torch.arange(2048, device="cuda").expand(8, -1).contiguous()
+    ang = randn(8, 32, dtype=torch.float32)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ops["sparse_mqa_sink"](q, kv, idx, randn(64, dtype=torch.float32), 0.05)
+        pre, post, comb = ops["hc_mix_coefficients"](
+            h, fn, base, scale, norm_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20
+        )
+        ops["hc_collapse"](h, pre)
+        ops["hc_expand"](f, h, post, comb)
+        ops["indexer_scores"](randn(8, 64, 128), randn(8, 64), randn(2048, 128), cand)
+        ops["select_topk"](scores, cand, 512)
+        ops["candidate_block_mask"](scores, torch.full((8,), 2000, device="cuda"), 64, 8)
+        ops["hadamard_rotate"](randn(8, 128))
+        ops["compress_pool"](randn(256, 8, 512), randn(256, 8, 512, dtype=torch.float32))
+        ops["apply_rope"](q, ang.cos(), ang.sin(), inverse=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
