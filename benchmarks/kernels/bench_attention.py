@@ -37,11 +37,14 @@ DECODE_SWEEP = [
     AttentionTiles(block_n=64, num_stages=3, split_rows_max=WHOLE),
     AttentionTiles(head_block=32, block_n=64, num_stages=3, split_rows_max=WHOLE),
     AttentionTiles(split_rows_max=WHOLE),
+    AttentionTiles(block_n=16, split_rows_max=WHOLE),  # no register spills (sm_90 AOT, bf16)
 ]
 PREFILL_SWEEP = [
     AttentionTiles(block_n=64, num_stages=3, split_rows_max=WHOLE),
     AttentionTiles(split_rows_max=WHOLE),
     AttentionTiles(block_n=64, num_stages=2, split_rows_max=WHOLE),
+    AttentionTiles(block_n=16, split_rows_max=WHOLE),
+    AttentionTiles(head_block=32, block_n=64, num_stages=3, split_rows_max=WHOLE),
 ]
 
 
