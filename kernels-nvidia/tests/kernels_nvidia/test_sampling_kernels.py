@@ -3,10 +3,11 @@ small shapes on CPU, and at real shapes on the GPU (with a speed print against t
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton kernel modules are imported
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+if not torch.cuda.is_available():  # CPU: the Triton interpreter (set before kernels are imported)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from deepinfer.kernels.testing import cases_for, check_case, patch_triton_interpreter  # noqa: E402
 
