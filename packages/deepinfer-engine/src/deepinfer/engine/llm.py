@@ -68,6 +68,8 @@ class LLM:
             none (so a rerun of the same script reproduces them).
         block_size: tokens per KV-cache block.
         enable_chunked_prefill: split long prompts across steps.
+        num_cache_blocks: use this many KV-cache blocks instead of the number that fits in
+            memory (reproducible capacity; small values force preemption in tests).
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class LLM:
         seed: int = 0,
         block_size: int = 128,
         enable_chunked_prefill: bool = True,
+        num_cache_blocks: int | None = None,
     ) -> None:
         if max_num_batched_tokens is None:
             max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS
@@ -103,6 +106,7 @@ class LLM:
             seed=seed,
             block_size=block_size,
             enable_chunked_prefill=enable_chunked_prefill,
+            num_cache_blocks=num_cache_blocks,
         )
         loaded = self.load_model(config)
         self.config = resolve_max_model_len(config, loaded)

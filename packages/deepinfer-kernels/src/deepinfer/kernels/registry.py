@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepinfer.kernels import envs
+from deepinfer.kernels.invariant import ROW_WISE, call_rowwise, linear_rowwise
 from deepinfer.kernels.version import API_VERSION
 
 logger = logging.getLogger("deepinfer.kernels")
@@ -240,14 +241,24 @@ def _device_type(args: tuple[Any, ...]) -> str | None:
 
 
 def resolve(name: str, args: tuple[Any, ...] = ()) -> Callable[..., Any]:
-    """The implementation an op call with ``args`` runs: the active backend's or the reference."""
+    """The implementation an op call with ``args`` runs: the active backend's or the reference.
+
+    With ``DEEPINFER_BATCH_INVARIANT=1`` the reference runs row by row where its result could
+    otherwise depend on the other rows (:mod:`deepinfer.kernels.invariant`).
+    """
     selection = active()
     backend = selection.backend
     if backend is not REFERENCE:
         impl = _resolve_cached(name, backend.name)
         if impl is not None and _device_type(args) in (backend.device_type, None):
             return impl
-    return OPS[name].reference
+    reference = OPS[name].reference
+    if name == "linear" and envs.batch_invariant():
+        return linear_rowwise
+    if name in ROW_WISE and envs.batch_invariant():
+        contract = OPS[name].contract
+        return functools.partial(call_rowwise, name, contract, reference)
+    return reference
 
 
 def implementation_table() -> list[tuple[str, dict[str, str]]]:

@@ -39,6 +39,7 @@ class EngineConfig:
     seed: int = 0
     block_size: int = 128
     enable_chunked_prefill: bool = True
+    num_cache_blocks: int | None = None
 
     def __post_init__(self) -> None:
         _check_choice("accelerator", self.accelerator, ACCELERATORS)
@@ -48,6 +49,8 @@ class EngineConfig:
             _check_positive_int(name, getattr(self, name))
         if self.max_model_len is not None:
             _check_positive_int("max_model_len", self.max_model_len)
+        if self.num_cache_blocks is not None:
+            _check_positive_int("num_cache_blocks", self.num_cache_blocks)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed={self.seed!r}: expected an integer")
         util = self.gpu_memory_utilization

@@ -16,10 +16,13 @@ def indexer_scores(
 
 
 def select_topk(scores: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor:
+    # A stable sort breaks ties (equal scores are common after the ReLU) by column, so the
+    # choice does not depend on how much padding the batch added after a row's candidates.
     width = min(k, scores.shape[-1])
-    top = scores.topk(width, dim=-1)
-    picked = candidates.long().gather(-1, top.indices)
-    picked = torch.where(torch.isfinite(top.values), picked, torch.full_like(picked, -1))
+    order = torch.sort(scores, dim=-1, descending=True, stable=True)
+    values, indices = order.values[..., :width], order.indices[..., :width]
+    picked = candidates.long().gather(-1, indices)
+    picked = torch.where(torch.isfinite(values), picked, torch.full_like(picked, -1))
     if width < k:
         picked = torch.nn.functional.pad(picked, (0, k - width), value=-1)
     return picked
@@ -34,9 +37,12 @@ def candidate_block_mask(
     newest = ((visible_count - 1) // block_size).unsqueeze(-1)  # -1 when nothing is visible
     ids = torch.arange(blocks.shape[-1], device=scores.device)
     blocks = blocks.masked_fill(ids == newest, float("inf"))
-    top = blocks.topk(min(topk_blocks, blocks.shape[-1]), dim=-1)
+    # Stable: equal block scores keep the earlier block, whatever padding follows the row.
+    order = torch.sort(blocks, dim=-1, descending=True, stable=True)
+    count = min(topk_blocks, blocks.shape[-1])
+    values, indices = order.values[..., :count], order.indices[..., :count]
     keep = torch.zeros_like(blocks, dtype=torch.bool)
-    keep.scatter_(-1, top.indices, top.values > float("-inf"))
+    keep.scatter_(-1, indices, values > float("-inf"))
     return keep.repeat_interleave(block_size, dim=-1)[:, :width]
 
 

@@ -1,0 +1,155 @@
+"""``load_model``: from an ``EngineConfig`` to a running executor with its cache.
+
+Steps: select the accelerator (the argument beats ``DEEPINFER_ACCELERATOR``) -> resolve the
+checkpoint (directory, ``DEEPINFER_HF_MODEL_DIR`` or hub id) -> parse ``config.json`` -> build
+the model on the device and fill it (validated streaming load, or ``load_format="dummy"``) ->
+profile one forward of ``max_num_batched_tokens`` tokens to measure activation memory -> size
+the cache from what is left of ``gpu_memory_utilization`` (a RAM budget on CPU) -> allocate it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from deepinfer import kernels
+from deepinfer.engine.checkpoint import resolve_model_path
+from deepinfer.engine.checkpoint.model_loader import load_model as load_checkpoint_model
+from deepinfer.engine.core.capacity import plan_cache_capacity
+from deepinfer.engine.core.engine_config import EngineConfig, LoadedModel
+from deepinfer.engine.model.cache import CacheLayout, ModelCache, cache_footprint
+from deepinfer.engine.model.config import ModelConfig
+from deepinfer.engine.model.metadata import ForwardBatch
+from deepinfer.engine.runner.grammar import GrammarManager
+from deepinfer.engine.runner.model_runner import ModelRunner
+
+logger = logging.getLogger("deepinfer.engine")
+
+DEVICES = {"nvidia": "cuda", "ascend": "npu", "cpu": "cpu"}
+CPU_CACHE_BUDGET = 4 * 2**30  # bytes: the most the cache takes on a CPU
+PROFILE_TOKENS_CAP = 16384
+
+
+def load_model(config: EngineConfig) -> LoadedModel:
+    selection = kernels.set_accelerator(config.accelerator)
+    device = torch.device(DEVICES[selection.accelerator])
+    path = resolve_model_path(config.model, weights=config.load_format != "dummy")
+    dtype = getattr(torch, config.dtype)
+    torch.manual_seed(config.seed)
+    model = load_checkpoint_model(
+        path,
+        load_format=config.load_format,
+        quant_simulation=config.quant_simulation,
+        device=device,
+        dtype=dtype,
+        seed=config.seed,
+    )
+    model.eval()
+    model_config: ModelConfig = model.config
+    tokenizer = _load_tokenizer(path)
+    num_blocks, num_slots = _size_cache(model, model_config, config, device, dtype)
+    layout = CacheLayout(num_blocks, num_slots, block_size=config.block_size)
+    cache = ModelCache(model_config, layout, dtype=dtype, device=device)
+    vocab = model_config.vocab_size
+    grammar = GrammarManager(tokenizer, vocab) if tokenizer is not None else None
+    ratios = tuple(sorted({r for r in model_config.compress_ratios if r > 0})) or (1,)
+    return LoadedModel(
+        executor=ModelRunner(model, cache, grammar=grammar),
+        tokenizer=tokenizer,
+        vocab_size=vocab,
+        eos_token_ids=_eos_ids(path, model_config, tokenizer),
+        max_position_embeddings=model_config.max_position_embeddings,
+        num_blocks=num_blocks,
+        num_state_slots=num_slots,
+        compression_ratios=ratios,
+    )
+
+
+def _load_tokenizer(path: Path):
+    if not (path / "tokenizer.json").exists():
+        logger.warning("%s has no tokenizer.json: only prompt_token_ids can be used", path)
+        return None
+    from deepinfer.engine.tokenizer import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+def _eos_ids(path: Path, model_config: ModelConfig, tokenizer) -> frozenset[int]:
+    ids = set()
+    if model_config.eos_token_id is not None:
+        ids.add(model_config.eos_token_id)
+    generation = path / "generation_config.json"
+    if generation.exists():
+        eos = json.loads(generation.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if tokenizer is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
+
+
+def _size_cache(model, model_config, config: EngineConfig, device, dtype) -> tuple[int, int]:
+    """(num_blocks, num_state_slots), each including the reserved id 0 (see
+    :func:`plan_cache_capacity`); never more blocks than ``max_num_seqs`` full-length
+    sequences need."""
+    footprint = cache_footprint(model_config, block_size=config.block_size, dtype=dtype)
+    if device.type == "cuda":
+        activation = _profile_activation_bytes(model, model_config, config, device, dtype)
+        free, total = torch.cuda.mem_get_info(device)
+        peak, utilization = (total - free) + activation, config.gpu_memory_utilization
+    else:  # a CPU has no device memory to fill: a fixed share of RAM
+        total, peak, utilization = min(CPU_CACHE_BUDGET, int(_available_ram() * 0.25)), 0, 1.0
+    capacity = plan_cache_capacity(
+        total_memory_bytes=total,
+        peak_memory_bytes=peak,
+        gpu_memory_utilization=utilization,
+        bytes_per_block=footprint.bytes_per_block,
+        bytes_per_state_slot=footprint.bytes_per_slot,
+        max_num_seqs=config.max_num_seqs,
+        block_size=config.block_size,
+    )
+    if config.num_cache_blocks is not None:
+        return config.num_cache_blocks + 1, capacity.num_state_slots  # + the reserved block 0
+    max_len = config.max_model_len or model_config.max_position_embeddings
+    wanted = config.max_num_seqs * -(-max_len // config.block_size) + 1
+    return min(capacity.num_blocks, wanted), capacity.num_state_slots
+
+
+def _available_ram() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 8 * 2**30
+
+
+@torch.inference_mode()
+def _profile_activation_bytes(model, model_config, config: EngineConfig, device, dtype) -> int:
+    """Peak memory of one forward over ``max_num_batched_tokens`` tokens, above the weights."""
+    tokens = min(
+        config.max_num_batched_tokens, PROFILE_TOKENS_CAP, model_config.max_position_embeddings
+    )
+    blocks = -(-tokens // config.block_size) + 1
+    cache = ModelCache(
+        model_config, CacheLayout(blocks, 2, config.block_size), dtype=dtype, device=device
+    )
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    batch = ForwardBatch(
+        input_ids=torch.randint(0, model_config.vocab_size, (tokens,), device=device),
+        positions=torch.arange(tokens, device=device),
+        cu_seqlens_q=torch.tensor([0, tokens], dtype=torch.int32, device=device),
+        seq_lens=torch.tensor([tokens], device=device),
+        block_tables=torch.arange(1, blocks, dtype=torch.int32, device=device)[None],
+        state_slots=torch.tensor([1], device=device),
+        logits_indices=torch.tensor([tokens - 1], device=device),
+    )
+    model(batch, cache)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del cache
+    torch.cuda.empty_cache()
+    return int(peak * 1.1)

@@ -1,0 +1,117 @@
+"""The whole engine (scheduler + model runner + real tiny checkpoints) is exact.
+
+With ``DEEPINFER_BATCH_INVARIANT=1`` greedy outputs of 50 prompts of mixed lengths are
+token-identical alone, all together, chunked, under preemption, and equal to a plain loop
+over the model's full forward; without the flag, logprobs agree within 1e-4.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from deepinfer.engine.checkpoint.model_loader import load_model as load_checkpoint_model
+from deepinfer.engine.llm import LLM
+from deepinfer.engine.model.simple_runner import SimpleRunner
+from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config, tiny_v41_config
+from deepinfer.sampling import SamplingParams
+
+MAX_TOKENS = 3
+# (architecture, quantised, block size): V4's ratio-128 layers need 128-token blocks.
+CHECKPOINTS = [("v4", False, 128), ("v4", True, 128), ("v41", False, 16), ("v41", True, 16)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(
+    scope="module", params=CHECKPOINTS, ids=lambda c: f"{c[0]}-{'fp8' if c[1] else 'float'}"
+)
+def checkpoint(request, tmp_path_factory):
+    kind, quantized, block_size = request.param
+    directory = tmp_path_factory.mktemp(f"{kind}-{quantized}")
+    config = tiny_v41_config(vision=False) if kind == "v41" else tiny_v4_config()
+    make_random_checkpoint(directory, config, quantized=quantized, seed=0)
+    return directory, block_size
+
+
+def _prompts(block_size: int) -> list[list[int]]:
+    """44 short prompts and 6 that end just before a block boundary (they grow into a new
+    block while decoding, which is what forces preemption when blocks are scarce)."""
+    rng = random.Random(0)
+    lengths = [rng.randrange(3, 25) for _ in range(44)]
+    lengths += [block_size - rng.randrange(1, 3) for _ in range(6)]
+    rng.shuffle(lengths)
+    return [[rng.randrange(20, 250) for _ in range(n)] for n in lengths]
+
+
+def _engine(directory, block_size: int, **kwargs) -> LLM:
+    kwargs.setdefault("max_model_len", 320)
+    return LLM(str(directory), dtype="float32", block_size=block_size, **kwargs)
+
+
+def _greedy(llm: LLM, prompts, **params):
+    sp = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, **params)
+    return llm.generate(prompt_token_ids=prompts, sampling_params=sp, use_tqdm=False)
+
+
+def _plain_loop(directory, prompts) -> list[list[int]]:
+    """Greedy decoding by re-running the full forward over the whole sequence each token."""
+    model = load_checkpoint_model(directory, device="cpu", dtype=torch.float32, progress=False)
+    outputs = []
+    for prompt in prompts:
+        tokens = list(prompt)
+        for _ in range(MAX_TOKENS):
+            runner = SimpleRunner(model, max_seqs=1, max_len=len(tokens))
+            tokens.append(int(runner.step({0: tokens})[0][-1].argmax()))
+        outputs.append(tokens[len(prompt) :])
+    return outputs
+
+
+def test_greedy_outputs_are_identical_however_they_are_batched(checkpoint, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+    directory, block_size = checkpoint
+    prompts = _prompts(block_size)
+    llm = _engine(directory, block_size, max_num_seqs=64)
+    together = [o.outputs[0].token_ids for o in _greedy(llm, prompts)]
+    alone = [_greedy(llm, [p])[0].outputs[0].token_ids for p in prompts]
+    assert alone == together
+
+    chunked = _engine(directory, block_size, max_num_seqs=64, max_num_batched_tokens=24)
+    assert [o.outputs[0].token_ids for o in _greedy(chunked, prompts)] == together
+
+    scarce = _engine(
+        directory, block_size, max_num_seqs=64, num_cache_blocks=12, max_model_len=12 * block_size
+    )
+    outputs = _greedy(scarce, prompts)
+    assert [o.outputs[0].token_ids for o in outputs] == together
+    assert sum(o.metrics.num_preemptions for o in outputs) > 0, "no preemption was forced"
+
+    assert _plain_loop(directory, prompts) == together
+
+
+def test_logprobs_agree_without_the_batch_invariant_flag(checkpoint, monkeypatch):
+    monkeypatch.delenv("DEEPINFER_BATCH_INVARIANT", raising=False)
+    directory, block_size = checkpoint
+    prompts = _prompts(block_size)[:20]
+    llm = _engine(directory, block_size, max_num_seqs=64)
+    chunked = _engine(directory, block_size, max_num_seqs=64, max_num_batched_tokens=24)
+    runs = [
+        _greedy(llm, prompts, logprobs=0),
+        [_greedy(llm, [p], logprobs=0)[0] for p in prompts],
+        _greedy(chunked, prompts, logprobs=0),
+    ]
+    reference = runs[0]
+    for run in runs[1:]:
+        for got, want in zip(run, reference):
+            got, want = got.outputs[0], want.outputs[0]
+            assert got.token_ids == want.token_ids
+            for g, w, token in zip(got.logprobs, want.logprobs, want.token_ids):
+                assert abs(g[token] - w[token]) < 1e-4

@@ -1,0 +1,142 @@
+"""Batch-invariant execution of the reference backend (``DEEPINFER_BATCH_INVARIANT=1``).
+
+The reference ops are plain torch: a matmul over ``M`` rows may pick its blocking (and so its
+summation order) from ``M``, a reduction over a padded index list depends on the padded width
+(the longest list in the batch), and torch's CPU reductions over a short inner dimension may
+be vectorised across rows. In batch-invariant mode the ops listed here run one
+row at a time, each row with only its own valid indices, so a row's result is a function of
+that row's inputs alone: bitwise identical whatever else is in the batch. Slow, and exact.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class RowSplit:
+    """rows: the arguments indexed by token along dim 0; index: the ``[T, C]`` index-list
+    argument whose ``-1`` padding is dropped per row, together with the same columns of the
+    ``columns`` arguments; pad_output: for a ``[T, C]`` output, the value the dropped columns
+    get back (None: the output is not per column)."""
+
+    rows: tuple[str, ...]
+    index: str | None = None
+    columns: tuple[str, ...] = ()
+    pad_output: float | None = None
+    prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # once, before the rows
+
+
+def _dequantised_weight(arguments: dict[str, Any]) -> dict[str, Any]:
+    """Dequantise a quantised weight once for all rows (the same fp32 values every row would
+    compute), instead of once per row."""
+    from deepinfer.kernels.reference.linear import dequant_weight
+
+    if arguments.get("scale") is None:
+        return arguments
+    weight = dequant_weight(arguments["weight"], arguments["scale"], arguments.get("block_size"))
+    return {**arguments, "weight": weight.float(), "scale": None, "block_size": None}
+
+
+ROW_WISE: dict[str, RowSplit] = {
+    "rms_norm": RowSplit(("x",)),
+    "fused_add_rms_norm": RowSplit(("x", "residual")),
+    "grouped_linear": RowSplit(("x",), prepare=_dequantised_weight),
+    "fp8_gemm_nt": RowSplit(("a", "a_scale")),
+    "fp4_moe_experts": RowSplit(("x", "topk_weights", "topk_ids")),
+    "hc_mix_coefficients": RowSplit(("x",)),
+    "hc_head_coefficients": RowSplit(("x",)),
+    "hadamard_rotate": RowSplit(("x",)),
+    "compress_pool": RowSplit(("kv", "score")),
+    # Small inner reductions (top-k weights, stream sums, per-block amax) may be vectorised
+    # across rows by torch's CPU kernels, so even these go row by row.
+    "route_topk": RowSplit(("logits",)),
+    "route_hash": RowSplit(("logits", "ids")),
+    "hc_collapse": RowSplit(("h", "pre")),
+    "hc_expand": RowSplit(("f", "h", "post", "comb")),
+    # Not listed: ops whose only reductions are max / sort (the FP8 / FP4 scale of a block,
+    # top-k with stable ties, the candidate pre-filter): exact in any order.
+    "sparse_mqa_sink": RowSplit(("q", "indices"), index="indices"),
+    "indexer_scores": RowSplit(
+        ("q", "weights", "candidates"), index="candidates", pad_output=float("-inf")
+    ),
+}
+
+
+def linear_rowwise(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    *,
+    block_size: tuple[int, int] | None = None,
+    act_quant_group: int | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """The reference ``linear`` as one batched matmul of ``T`` independent ``1 x K`` products
+    (``bmm`` over a stride-0 weight): every row runs the same-shaped product whatever ``T``."""
+    from deepinfer.kernels.reference import quant
+    from deepinfer.kernels.reference.linear import dequant_weight
+
+    out_dtype = out_dtype or x.dtype
+    w = dequant_weight(weight, scale, block_size)
+    if scale is None and act_quant_group is None:
+        compute = torch.promote_types(x.dtype, w.dtype)
+        xc, wc = x.to(compute), w.to(compute)
+    else:
+        xc, wc = x.float(), w.float()
+        if act_quant_group is not None:
+            xc = quant.fp8_sim(xc, act_quant_group)
+    rows = xc.reshape(-1, 1, xc.shape[-1])
+    y = torch.bmm(rows, wc.t().expand(rows.shape[0], *wc.t().shape))
+    return y.reshape(*x.shape[:-1], wc.shape[0]).to(out_dtype)
+
+
+def _concat(outputs: list[Any]) -> Any:
+    if isinstance(outputs[0], tuple):
+        return tuple(_concat(list(parts)) for parts in zip(*outputs))
+    return torch.cat(outputs, dim=0)
+
+
+def _restore_columns(out: torch.Tensor, valid: torch.Tensor, pad: float) -> torch.Tensor:
+    full = torch.full((1, valid.shape[0], *out.shape[2:]), pad, dtype=out.dtype, device=out.device)
+    full[:, valid] = out
+    return full
+
+
+def call_rowwise(name: str, contract: Callable, impl: Callable, *args: Any, **kwargs: Any) -> Any:
+    split = ROW_WISE[name]
+    bound = inspect.signature(contract).bind(*args, **kwargs)
+    arguments = dict(bound.arguments)
+    outs = {k: arguments.pop(k) for k in ("out", "residual_out") if arguments.get(k) is not None}
+    num_rows = arguments[split.rows[0]].shape[0]
+    if num_rows <= 1 and not split.index:
+        return impl(*args, **kwargs)
+    if split.prepare is not None:
+        arguments = split.prepare(arguments)
+    results = []
+    for t in range(num_rows):
+        row = dict(arguments)
+        for key in split.rows:
+            row[key] = arguments[key][t : t + 1]
+        valid = None
+        if split.index is not None and row[split.index].shape[1] > 0:
+            valid = row[split.index][0] >= 0
+            if not bool(valid.any()):
+                valid = torch.zeros_like(valid)
+                valid[0] = True  # keep one (padding) column so shapes stay valid
+            for key in (split.index, *split.columns):
+                row[key] = row[key][:, valid]
+        out = impl(**row)
+        if split.pad_output is not None and valid is not None:
+            out = _restore_columns(out, valid, split.pad_output)
+        results.append(out)
+    result = _concat(results)
+    for (key, dest), value in zip(outs.items(), result if isinstance(result, tuple) else (result,)):
+        dest.copy_(value)
+        del key
+    return result
