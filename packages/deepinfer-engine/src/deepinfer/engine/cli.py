@@ -37,12 +37,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="accelerator to report on (default: DEEPINFER_ACCELERATOR, else detect)",
     )
     info.set_defaults(func=_info)
+    from deepinfer.engine.cli_run import add_commands
+
+    add_commands(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from deepinfer.engine.core.validation import InvalidRequestError
+    from deepinfer.kernels import AcceleratorUnavailableError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (AcceleratorUnavailableError, InvalidRequestError, ValueError, OSError) as e:
+        print(f"deepinfer: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
