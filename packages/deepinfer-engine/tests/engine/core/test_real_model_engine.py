@@ -1,88 +1,34 @@
 """The engine core driving the real tiny V4 model on CPU (fp32, reference ops).
 
-A minimal torch executor written here from ``RunnerState`` / ``build_step_plan`` (what the
-model runner will do, without its performance work) shows the step boundary carries enough
-for the real model: with ``DEEPINFER_BATCH_INVARIANT=1`` greedy outputs are identical alone,
+The engine's ``ModelRunner`` over a model built in memory (no checkpoint) shows the step
+boundary carries enough for the real model: with ``DEEPINFER_BATCH_INVARIANT=1`` greedy outputs are identical alone,
 batched, chunked and under preemption, and equal a plain loop over full forwards.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 
 import pytest
 import torch
 
 from deepinfer.engine.checkpoint.dummy import fill_dummy
 from deepinfer.engine.core import EngineCore, Request, Scheduler, SchedulerConfig
-from deepinfer.engine.core.batch_plan import RunnerState, build_step_plan
-from deepinfer.engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from deepinfer.engine.core.testing import run_until_done
 from deepinfer.engine.model.cache import CacheLayout, ModelCache
 from deepinfer.engine.model.config import parse_config
 from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.model.model import build_model
+from deepinfer.engine.runner import ModelRunner
 from deepinfer.engine.testing.configs import tiny_v4_config, tiny_v41_config
-from deepinfer.sampling import SamplingParams, sample
+from deepinfer.sampling import SamplingParams
 
 BLOCK_SIZE = 128
-PER_SLOT = ("window", "_kv", "_score")  # state-slot tensors: "{layer}.window", "*comp_kv", ...
-PER_BLOCK = (".kv", ".index_keys")  # arena tensors
 
 
-class TorchExecutor:
-    """Runs scheduled steps on a real model with a real cache (test-only runner)."""
-
-    def __init__(self, model, num_blocks: int, num_slots: int) -> None:
-        self.model = model
-        layout = CacheLayout(num_blocks=num_blocks, num_slots=num_slots, block_size=BLOCK_SIZE)
-        self.cache = ModelCache(model.config, layout, dtype=torch.float32)
-        self.state = RunnerState()
-
-    def _copy_rows(self, pairs, per_block: bool) -> None:
-        """Copy whole blocks (arena tensors) or whole state slots (rings, compressor state,
-        Engram history) from source to destination ids."""
-        count = self.cache.layout.num_blocks if per_block else self.cache.layout.num_slots
-        tensors = dict(self.cache.tensors)
-        if not per_block:
-            tensors.update({f"extra.{k}": v for k, v in self.cache.extra.items()})
-        for name, t in tensors.items():
-            is_block = name.endswith(PER_BLOCK) and "comp" not in name
-            is_slot = name.endswith(PER_SLOT) or name.startswith("extra.")
-            if is_block != per_block or not (is_block or is_slot):
-                continue
-            rows = t.shape[0] // count
-            for src, dst in pairs:
-                t[dst * rows : (dst + 1) * rows] = t[src * rows : (src + 1) * rows]
-
-    @torch.no_grad()
-    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        self.state.apply(so)
-        self._copy_rows(so.block_copies, per_block=True)
-        self._copy_rows(so.state_copies, per_block=False)
-        plan = build_step_plan(self.state, so)
-        rows, sample_at, _ = plan.logits_layout()
-        long = dict(dtype=torch.long)
-        batch = ForwardBatch(
-            input_ids=torch.tensor(plan.input_ids, **long),
-            positions=torch.tensor(plan.positions, **long),
-            cu_seqlens_q=torch.tensor(plan.cu_seqlens_q, dtype=torch.int32),
-            seq_lens=torch.tensor(plan.seq_lens, **long),
-            block_tables=torch.tensor(plan.block_tables, dtype=torch.int32),
-            state_slots=torch.tensor(plan.state_slots, **long),
-            logits_indices=torch.tensor(rows, **long),
-        )
-        logits = self.model(batch, self.cache)
-        params = [
-            replace(p, seq_seed=seed, seed=None)
-            for p, seed in zip(plan.sample_params(self.state), plan.sample_seeds)
-        ]
-        tokens = sample(logits[sample_at], params, plan.sample_positions).token_ids.tolist()
-        out = ModelRunnerOutput()
-        for s, b in enumerate(plan.sample_requests):
-            out.sampled_token_ids.setdefault(plan.request_ids[b], []).append(tokens[s])
-        return out
+def _runner(model, num_blocks: int, num_slots: int) -> ModelRunner:
+    layout = CacheLayout(num_blocks=num_blocks, num_slots=num_slots, block_size=BLOCK_SIZE)
+    return ModelRunner(model, ModelCache(model.config, layout, dtype=torch.float32))
 
 
 def _tiny_model(raw: dict):
@@ -131,7 +77,7 @@ def _generate(model, prompts, params, *, num_blocks=16, budget=512, max_seqs=8):
         block_size=BLOCK_SIZE,
         num_state_slots=max_seqs + 1,
     )
-    core = EngineCore(Scheduler(config), TorchExecutor(model, num_blocks, max_seqs + 1))
+    core = EngineCore(Scheduler(config), _runner(model, num_blocks, max_seqs + 1))
     for i, (prompt, p) in enumerate(zip(prompts, params)):
         core.add_request(Request(str(i), prompt, p, seed=p.seq_seed))
     tokens: dict[tuple[str, int], list[int]] = {}
