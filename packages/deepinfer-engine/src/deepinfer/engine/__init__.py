@@ -1,29 +1,39 @@
 """deepinfer.engine: the DeepSeek-V4 model family and the offline inference engine.
 
-from deepinfer.engine import LLM, SamplingParams
+    from deepinfer.engine import LLM, SamplingParams
 
-llm = LLM("path/or/hub-id")
-outputs = llm.generate(["def fibonacci(n):"], SamplingParams(max_tokens=32))
+    llm = LLM("path/or/hub-id")
+    outputs = llm.generate(["def fibonacci(n):"], SamplingParams(max_tokens=32))
+
+The public names load lazily, so importing a torch-free part (``deepinfer.engine.core``'s
+scheduler and block manager) does not import torch.
 """
 
-from deepinfer.engine.core import (
-    CompletionOutput,
-    InvalidRequestError,
-    RequestMetrics,
-    RequestOutput,
-)
-from deepinfer.engine.llm import LLM, RequestStream
-from deepinfer.engine.version import __version__
-from deepinfer.sampling import SamplingParams, StructuredOutputs
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "LLM",
-    "CompletionOutput",
-    "InvalidRequestError",
-    "RequestMetrics",
-    "RequestOutput",
-    "RequestStream",
-    "SamplingParams",
-    "StructuredOutputs",
-    "__version__",
-]
+from deepinfer.engine.version import __version__
+
+_EXPORTS = {
+    "LLM": "deepinfer.engine.llm",
+    "RequestStream": "deepinfer.engine.llm",
+    "CompletionOutput": "deepinfer.engine.core.outputs",
+    "RequestMetrics": "deepinfer.engine.core.outputs",
+    "RequestOutput": "deepinfer.engine.core.outputs",
+    "InvalidRequestError": "deepinfer.engine.core.validation",
+    "SamplingParams": "deepinfer.sampling",
+    "StructuredOutputs": "deepinfer.sampling",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'deepinfer.engine' has no attribute {name!r}")
+    return getattr(import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
