@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.kernels.reference.sampling import row_keys
+from deepinfer.kernels.counter_hash import row_keys
 from deepinfer.kernels_nvidia.registry import implements
 
 _NUM_PIVOTS = 16

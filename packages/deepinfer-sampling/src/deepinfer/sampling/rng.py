@@ -5,7 +5,8 @@ request's seed, the absolute position of the token being produced, a stream id n
 (``STREAM_SAMPLE``, ``STREAM_DRAFT``, ``STREAM_ACCEPT``, ``STREAM_RESIDUAL``) and a counter
 (the vocabulary index for Gumbel noise, 0 for a single coin). Nothing is stateful, so a row
 gives the same numbers whatever the batch, its index in it, or the device: the hash is integer
-arithmetic (SplitMix64's finaliser, wrapping int64 multiplies) and the conversion to float keeps
+arithmetic (:mod:`deepinfer.kernels.counter_hash`: SplitMix64's finaliser, wrapping int64
+multiplies) and the conversion to float keeps
 24 bits, which float32 represents exactly on every device.
 """
 
@@ -13,51 +14,15 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer.kernels import counter_hash
+
 STREAM_SAMPLE = 0
 STREAM_DRAFT = 1
 STREAM_ACCEPT = 2
 STREAM_RESIDUAL = 3
 
 
-def _i64(x: int) -> int:
-    """An unsigned 64-bit constant as the signed int64 with the same bits."""
-    return x - (1 << 64) if x >= (1 << 63) else x
-
-
-_GOLDEN = _i64(0x9E3779B97F4A7C15)
-_MIX1 = _i64(0xBF58476D1CE4E5B9)
-_MIX2 = _i64(0x94D049BB133111EB)
-_POS = _i64(0xD6E8FEB86659FD93)
-_STREAM = _i64(0xA0761D6478BD642F)
-
-
-def _stream_term(stream: int) -> int:
-    """``stream * _STREAM`` wrapped to int64, as the tensor arithmetic would wrap it."""
-    return _i64((stream * _STREAM) % (1 << 64))
-
-
-def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
-    """Logical right shift of int64 bit patterns."""
-    return (x >> s) & ((1 << (64 - s)) - 1)
-
-
-def _mix(z: torch.Tensor) -> torch.Tensor:
-    z = (z ^ _shr(z, 30)) * _MIX1
-    z = (z ^ _shr(z, 27)) * _MIX2
-    return z ^ _shr(z, 31)
-
-
-def hash64(
-    seeds: torch.Tensor, positions: torch.Tensor, stream: int, counters: torch.Tensor
-) -> torch.Tensor:
-    """64-bit hashes ``[B, N]`` (int64 bit patterns) of (seed[b], position[b], stream, counter[n]).
-
-    seeds, positions: ``[B]`` int64; counters: ``[N]`` int64; all on one device.
-    """
-    key = _mix(
-        seeds.to(torch.int64) * _GOLDEN + positions.to(torch.int64) * _POS + _stream_term(stream)
-    )
-    return _mix(key[:, None] + (counters.to(torch.int64)[None, :] + 1) * _GOLDEN)
+hash64 = counter_hash.hash64
 
 
 def uniform(
@@ -74,8 +39,7 @@ def uniform(
     integer ``k`` taken from the hash's top bits, identical on every device.
     """
     counters = torch.arange(offset, offset + num, device=seeds.device, dtype=torch.int64)
-    bits = _shr(hash64(seeds, positions, stream, counters), 40)
-    return (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return counter_hash.uniform24(hash64(seeds, positions, stream, counters))
 
 
 def gumbel(seeds: torch.Tensor, positions: torch.Tensor, stream: int, num: int) -> torch.Tensor:

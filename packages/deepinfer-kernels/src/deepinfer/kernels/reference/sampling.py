@@ -1,55 +1,22 @@
 """Reference sampling ops: token-bitmask masking, the top-k/top-p/min-p cutoff, seeded Gumbel draw.
 
-The hash below is the same SplitMix64-style counter hash as ``deepinfer.sampling.rng`` (kernels
-import nothing of ours, so it is restated here; a test in deepinfer-sampling pins them equal).
+Random numbers come from :mod:`deepinfer.kernels.counter_hash`, the hash
+``deepinfer.sampling.rng`` uses too.
 """
 
 from __future__ import annotations
 
 import torch
 
-
-def _i64(x: int) -> int:
-    return x - (1 << 64) if x >= (1 << 63) else x
-
-
-_GOLDEN = _i64(0x9E3779B97F4A7C15)
-_MIX1 = _i64(0xBF58476D1CE4E5B9)
-_MIX2 = _i64(0x94D049BB133111EB)
-_POS = _i64(0xD6E8FEB86659FD93)
-_STREAM = _i64(0xA0761D6478BD642F)
-
-
-def _stream_term(stream: int) -> int:
-    """``stream * _STREAM`` wrapped to int64, as the tensor arithmetic would wrap it."""
-    return _i64((stream * _STREAM) % (1 << 64))
-
-
-def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
-    return (x >> s) & ((1 << (64 - s)) - 1)
-
-
-def _mix(z: torch.Tensor) -> torch.Tensor:
-    z = (z ^ _shr(z, 30)) * _MIX1
-    z = (z ^ _shr(z, 27)) * _MIX2
-    return z ^ _shr(z, 31)
-
-
-def row_keys(seeds: torch.Tensor, positions: torch.Tensor, stream: int) -> torch.Tensor:
-    """The per-row hash key ``[B]`` int64 of (seed, position, stream); counters mix into it."""
-    return _mix(
-        seeds.to(torch.int64) * _GOLDEN + positions.to(torch.int64) * _POS + _stream_term(stream)
-    )
+from deepinfer.kernels import counter_hash
 
 
 def gumbel_noise(
     seeds: torch.Tensor, positions: torch.Tensor, stream: int, num: int
 ) -> torch.Tensor:
     """``-log(-log(u))`` float32 ``[B, num]``, u the 24-bit hash uniform of (seed, pos, stream, j)."""
-    key = row_keys(seeds, positions, stream)
     counters = torch.arange(num, device=seeds.device, dtype=torch.int64)
-    bits = _shr(_mix(key[:, None] + (counters[None, :] + 1) * _GOLDEN), 40)
-    u = (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    u = counter_hash.uniform24(counter_hash.hash64(seeds, positions, stream, counters))
     return -torch.log(-torch.log(u))
 
 
