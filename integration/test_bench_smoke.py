@@ -1,0 +1,140 @@
+"""The benchmark sweep never rots: its CPU smoke mode runs end to end and writes every point,
+and its roofline reproduces the arithmetic of ``shared/specs/performance.md`` section 4."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "benchmarks" / "sweep"), str(REPO / "benchmarks")]
+
+from models import V4_FLASH_RATIOS, resolve_model  # noqa: E402
+from plots import _plot, matplotlib_missing  # noqa: E402
+from roofline import Device, ModelShape, decode_point  # noqa: E402
+
+H200_2GPU = Device(bandwidth=4.3e12, flops=1.4e15)  # the spec's per-GPU assumptions
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("sweep")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run([str(REPO / "benchmarks" / "run_sweep.sh"), "--smoke", "--out", str(out)],
+                   check=True, env=env, cwd=REPO, timeout=120)  # fmt: skip
+    (json_path,) = out.glob("*.json")
+    return out, json.loads(json_path.read_text())
+
+
+def test_smoke_writes_every_point_with_consistent_throughputs(smoke) -> None:
+    _, result = smoke
+    ours = result["ours"]
+    assert [p["tokens"] for p in ours["prefill"]] == [64, 128]
+    assert [p["batch"] for p in ours["decode"]] == [1, 4]
+    for p in ours["prefill"]:
+        assert p["tok/s/gpu"] > 0
+        assert p["tok/s/gpu"] * p["step_ms"] / 1e3 == pytest.approx(p["tokens"])
+    for p in ours["decode"]:
+        assert p["tok/s/user"] > 0
+        assert p["tok/s/gpu"] == pytest.approx(p["batch"] * p["tok/s/user"])
+    assert "deepseek_v41" in result["baseline"]["skipped"]  # tiny model is V4.1: no HF twin
+    assert result["env"]["torch"] and result["env"]["triton"] and result["command"]
+
+
+def test_smoke_measurements_sit_under_the_roofline(smoke) -> None:
+    _, result = smoke
+    roof = result["roofline"]
+    assert roof["device"]["bandwidth_Bps"] > 0 and roof["device"]["matmul_flops"] > 0
+    ceiling = {p["batch"]: p["tok/s/gpu"] for p in roof["decode"]}
+    for p in result["ours"]["decode"]:
+        assert p["tok/s/gpu"] < ceiling[p["batch"]]
+    prefill_ceiling = {p["tokens"]: p["tok/s/gpu"] for p in roof["prefill"]}
+    for p in result["ours"]["prefill"]:
+        assert p["tok/s/gpu"] < prefill_ceiling[p["tokens"]]
+
+
+def test_smoke_writes_plots_when_matplotlib_is_present(smoke) -> None:
+    out, _ = smoke
+    pngs = sorted(p.name.rsplit("-", 1)[1] for p in out.glob("*.png"))
+    assert pngs == ([] if matplotlib_missing() else ["decode.png", "prefill.png"])
+
+
+class RecordingAxes:
+    """Stands in for a matplotlib Axes: records the series drawn."""
+
+    def __init__(self) -> None:
+        self.series: list[tuple[list, list, str]] = []
+
+    def plot(self, xs, ys, style, **kwargs) -> None:
+        self.series.append((list(xs), list(ys), kwargs["label"]))
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def test_plot_draws_roofline_ours_and_baseline() -> None:
+    point = {"batch": 2, "tok/s/user": 3.0, "tok/s/gpu": 6.0}
+    roof = {"batch": 2, "tok/s/user": 30.0, "tok/s/gpu": 60.0}
+    result = {"roofline": {"decode": [roof]}, "ours": {"decode": [point]},
+              "baseline": {"decode": [{**point, "tok/s/gpu": 1.5}]}}  # fmt: skip
+    ax = RecordingAxes()
+    _plot(ax, result, "decode", "tok/s/user", "tok/s/gpu")
+    assert [(s[2].split()[0], s[1]) for s in ax.series] == [
+        ("roofline", [60.0]), ("DeepInfer", [6.0]), ("transformers", [1.5])
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------- roofline vs performance.md
+@pytest.fixture(scope="module")
+def v4_flash() -> ModelShape:
+    return ModelShape.from_config(resolve_model("v4-flash-dummy", 43).config)
+
+
+def test_v4_flash_parameter_counts_match_the_spec(v4_flash) -> None:
+    assert v4_flash.compress_ratios == tuple(V4_FLASH_RATIOS)
+    assert v4_flash.expert_bytes / 1e6 == pytest.approx(13.37, rel=1e-3)
+    assert v4_flash.total_params / 1e9 == pytest.approx(284.3, rel=0.01)
+    assert v4_flash.active_params / 1e9 == pytest.approx(13.2, rel=0.01)
+    assert 2 * v4_flash.active_params / 1e9 == pytest.approx(26.5, rel=0.01)
+    assert v4_flash.flops_per_token(8192) / 1e9 == pytest.approx(29.5, rel=0.02)
+
+
+@pytest.mark.parametrize(("batch", "distinct"), [(1, 6), (32, 136), (64, 200), (256, 255.4)])
+def test_distinct_experts_match_the_spec(v4_flash, batch, distinct) -> None:
+    assert v4_flash.distinct_experts(batch) == pytest.approx(distinct, abs=0.5)
+
+
+@pytest.mark.parametrize(
+    ("batch", "gigabytes", "tok_s_gpu"),
+    [(1, 10.9, 396), (32, 86, 1598), (64, 123, 2234), (256, 158, 6981)],
+)
+def test_decode_step_bytes_and_throughput_match_the_spec(v4_flash, batch, gigabytes, tok_s_gpu):
+    point = decode_point(v4_flash, H200_2GPU, batch, context=8192)
+    assert point["bytes"] / 1e9 == pytest.approx(gigabytes, rel=0.03)
+    assert point["tok/s/gpu"] == pytest.approx(tok_s_gpu, rel=0.03)
+    assert point["t_mem_s"] > point["t_comp_s"]  # memory-bound below B ~ 1,700
+
+
+def test_kv_traffic_at_8k_matches_the_spec(v4_flash) -> None:
+    assert v4_flash.kv_bytes_per_token(8192) / 1e6 == pytest.approx(13, rel=0.05)
+
+
+def test_roofline_scales_with_the_layer_count() -> None:
+    shapes = [ModelShape.from_config(resolve_model("v4-flash-dummy", n).config) for n in (4, 8)]
+    experts = [s.weight_bytes_per_step(1) - s.weight_bytes_per_step(0) for s in shapes]
+    assert experts[1] == pytest.approx(2 * experts[0])
+
+
+def test_v41_dummy_shape_is_a_valid_engine_config_and_layers_are_validated() -> None:
+    from deepinfer.engine.model.config import parse_config
+
+    source = resolve_model("v41-flash-dummy", 4)
+    assert "4 of 40 layers" in source.label
+    assert parse_config(source.config).architecture == "DeepseekV41ForCausalLM"
+    with pytest.raises(ValueError, match="--layers: got 44"):
+        resolve_model("v4-flash-dummy", 44)
