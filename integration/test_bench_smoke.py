@@ -138,3 +138,29 @@ def test_v41_dummy_shape_is_a_valid_engine_config_and_layers_are_validated() -> 
     assert parse_config(source.config).architecture == "DeepseekV41ForCausalLM"
     with pytest.raises(ValueError, match="--layers: got 44"):
         resolve_model("v4-flash-dummy", 44)
+
+
+def test_v4_checkpoint_sweep_runs_the_transformers_baseline_side_by_side(tmp_path) -> None:
+    from deepinfer.engine.testing import tiny_v4_config
+    from deepinfer.engine.testing.random_checkpoint import make_random_checkpoint
+
+    checkpoint = make_random_checkpoint(
+        tmp_path / "v4", tiny_v4_config(num_nextn_predict_layers=0), quantized=True
+    )
+    out = tmp_path / "out"
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "sweep" / "run_sweep.py"), "--model",
+         str(checkpoint), "--prefill-tokens", "32,64", "--prompt-len", "16", "--concurrency",
+         "1,2", "--context-len", "16", "--decode-tokens", "3", "--repeats", "1", "--out", str(out)],
+        check=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    (json_path,) = out.glob("*.json")
+    result = json.loads(json_path.read_text())
+    ours, theirs = result["ours"], result["baseline"]
+    assert [p["batch"] for p in theirs["decode"]] == [1, 2]
+    assert all(p["tok/s/gpu"] > 0 for p in theirs["prefill"] + theirs["decode"])
+    for phase, key in (("prefill", "tokens"), ("decode", "batch")):
+        assert [a[key] for a in ours[phase]] == [b[key] for b in theirs[phase]]
+        expected = [a["tok/s/gpu"] / b["tok/s/gpu"] for a, b in zip(ours[phase], theirs[phase])]
+        got = [r["ratio"] for r in result["ratio_to_baseline"][phase]]
+        assert got == pytest.approx(expected)
