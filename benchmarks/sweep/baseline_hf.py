@@ -4,6 +4,7 @@ driven by its own ``generate`` loop with the same prompts and batch sizes as our
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -42,18 +43,37 @@ def load_baseline(config: dict[str, Any], device: str) -> torch.nn.Module:
     return model.to(torch.bfloat16).eval()
 
 
+class TokenClock:
+    """A ``generate`` streamer that records when each step's tokens reached the host."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
 def baseline_generate(model: torch.nn.Module) -> Generate:
-    """Greedy ``model.generate`` on equal-length prompts (no padding), exactly ``max_tokens``."""
+    """Greedy ``model.generate`` on equal-length prompts (no padding), exactly ``max_tokens``;
+    every sequence of the batch gets its tokens at the same steps."""
     device = next(model.parameters()).device
 
     @torch.inference_mode()
-    def generate(prompts: list[list[int]], max_tokens: int) -> None:
+    def generate(prompts: list[list[int]], max_tokens: int) -> list[list[float]]:
         input_ids = torch.tensor(prompts, device=device)
+        clock = TokenClock()
         out = model.generate(
             input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_tokens,
-            min_new_tokens=max_tokens, do_sample=False, pad_token_id=2,
+            min_new_tokens=max_tokens, do_sample=False, pad_token_id=2, streamer=clock,
         )  # fmt: skip
-        if out.shape[1] - input_ids.shape[1] != max_tokens:
-            raise RuntimeError(f"baseline produced {out.shape[1] - input_ids.shape[1]} tokens")
+        produced = out.shape[1] - input_ids.shape[1]
+        token_times = clock.times[1:]  # the first put is the prompt
+        if produced != max_tokens or len(token_times) != max_tokens:
+            raise RuntimeError(f"baseline produced {produced} tokens in {len(token_times)} "
+                               f"steps, expected {max_tokens}")  # fmt: skip
+        return [token_times] * len(prompts)
 
     return generate

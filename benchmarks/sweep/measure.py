@@ -1,9 +1,12 @@
-"""Prefill and decode sweeps through ``LLM.generate`` (our engine) or a transformers model's own
-``generate`` loop (the baseline), timed the same way: wall clock around the whole call with a
-device synchronisation on each side, after a warm-up, median of ``repeats`` runs.
+"""Prefill and decode sweeps through our engine or a transformers model's own ``generate`` loop
+(the baseline), measured the same way for both.
 
-Decode steps are isolated by difference: the same batch with ``max_tokens=K`` minus
-``max_tokens=1`` covers exactly K-1 decode steps (the prefill and the first token cancel).
+- Prefill: wall clock around a ``max_tokens=1`` call, device synchronised on each side, after a
+  warm-up, median of ``repeats`` runs.
+- Decode: the time between consecutive tokens of one sequence, counted only over the steps in
+  which every sequence of the batch was decoding (after the last prompt's first token, up to the
+  first sequence's last token), median over those steps and the repeats. So neither prefill nor
+  a ragged tail pollutes the step time, whatever the engine's prefill chunking.
 """
 
 from __future__ import annotations
@@ -15,8 +18,18 @@ from dataclasses import dataclass
 
 import torch
 
-# generate(prompts [B][L] token ids, max_tokens) -> None
-Generate = Callable[[list[list[int]], int], None]
+# generate(prompts [B][L] token ids, max_tokens) -> per sequence, the perf_counter time at
+# which each of its generated tokens arrived (max_tokens times each).
+Generate = Callable[[list[list[int]], int], list[list[float]]]
+
+
+def full_batch_step_seconds(token_times: list[list[float]]) -> list[float]:
+    """Intervals between the tokens of the last-started sequence during which every sequence of
+    the batch was still decoding; empty if there was no such step."""
+    last_start = max(times[0] for times in token_times)
+    first_end = min(times[-1] for times in token_times)
+    latest = max(token_times, key=lambda times: times[0])
+    return [b - a for a, b in zip(latest, latest[1:]) if a >= last_start and b <= first_end]
 
 
 @dataclass(frozen=True)
@@ -70,29 +83,39 @@ def prefill_sweep(generate: Generate, settings: SweepSettings) -> list[dict]:
 def decode_sweep(generate: Generate, settings: SweepSettings) -> list[dict]:
     """One point per concurrency: output tokens/s/GPU, tokens/s/user and the decode step time."""
     gen = torch.Generator().manual_seed(settings.seed + 1)
-    steps = settings.decode_tokens - 1
     points = []
     for batch in settings.concurrency:
+        generate(_prompts(settings, batch, 16, gen), 3)  # warm-up at this batch size, cheap
         prompts = _prompts(settings, batch, settings.context_len, gen)
-        generate(prompts, 2)  # warm-up at this batch size
-        base = _seconds(generate, prompts, 1, settings.repeats)
-        full = _seconds(generate, prompts, settings.decode_tokens, settings.repeats)
-        # Guard against timer noise on tiny models making the difference non-positive.
-        step_s = max(full - base, 1e-9) / steps
+        steps: list[float] = []
+        for _ in range(settings.repeats):
+            steps += full_batch_step_seconds(generate(prompts, settings.decode_tokens))
+        if not steps:
+            raise RuntimeError(
+                f"decode sweep at batch {batch}: no step ran the whole batch; raise "
+                f"--decode-tokens (got {settings.decode_tokens}) or the prefill token budget"
+            )
+        step_s = statistics.median(steps)
         points.append({"batch": batch, "context": settings.context_len, "step_ms": step_s * 1e3,
                        "tok/s/user": 1 / step_s, "tok/s/gpu": batch / step_s})  # fmt: skip
     return points
 
 
 def engine_generate(llm) -> Generate:
-    """Our engine: greedy, ``ignore_eos`` so every request runs exactly ``max_tokens``."""
+    """Our engine through ``LLM.stream``: greedy, ``ignore_eos`` so every request runs exactly
+    ``max_tokens``; a token's time is when its step's output reached the host."""
     from deepinfer.sampling import SamplingParams
 
-    def generate(prompts: list[list[int]], max_tokens: int) -> None:
+    def generate(prompts: list[list[int]], max_tokens: int) -> list[list[float]]:
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-        outputs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
-        produced = {len(o.outputs[0].token_ids) for o in outputs}
-        if produced != {max_tokens}:
+        token_times: dict[str, list[float]] = {}
+        for delta in llm.stream(prompt_token_ids=prompts, sampling_params=params):
+            now = time.perf_counter()
+            new_tokens = sum(len(sample.token_ids) for sample in delta.outputs)
+            token_times.setdefault(delta.request_id, []).extend([now] * new_tokens)
+        produced = {len(times) for times in token_times.values()}
+        if len(token_times) != len(prompts) or produced != {max_tokens}:
             raise RuntimeError(f"engine produced {produced} tokens, expected {max_tokens}")
+        return list(token_times.values())
 
     return generate
