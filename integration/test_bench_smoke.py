@@ -3,8 +3,10 @@ and its roofline reproduces the arithmetic of ``shared/specs/performance.md`` se
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -164,3 +166,16 @@ def test_v4_checkpoint_sweep_runs_the_transformers_baseline_side_by_side(tmp_pat
         expected = [a["tok/s/gpu"] / b["tok/s/gpu"] for a, b in zip(ours[phase], theirs[phase])]
         got = [r["ratio"] for r in result["ratio_to_baseline"][phase]]
         assert got == pytest.approx(expected)
+
+
+def test_decode_steps_count_only_steps_that_ran_the_whole_batch() -> None:
+    from measure import full_batch_step_seconds
+
+    rng = random.Random(0)
+    # Sequence 0 starts two steps early (prefill chunking); steps have random durations.
+    step_ends = list(itertools.accumulate(rng.uniform(0.5, 1.5) for _ in range(8)))
+    early, late = step_ends[0:6], step_ends[2:8]
+    intervals = full_batch_step_seconds([early, late])
+    # Full-batch steps: those ending at step_ends[3..5] (both decoding, sequence 0 not done).
+    assert intervals == pytest.approx([step_ends[k] - step_ends[k - 1] for k in (3, 4, 5)])
+    assert full_batch_step_seconds([[1.0, 2.0], [3.0, 4.0]]) == []
