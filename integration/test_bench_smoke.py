@@ -3,6 +3,7 @@ and its roofline reproduces the arithmetic of ``shared/specs/performance.md`` se
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -179,3 +180,22 @@ def test_decode_steps_count_only_steps_that_ran_the_whole_batch() -> None:
     # Full-batch steps: those ending at step_ends[3..5] (both decoding, sequence 0 not done).
     assert intervals == pytest.approx([step_ends[k] - step_ends[k - 1] for k in (3, 4, 5)])
     assert full_batch_step_seconds([[1.0, 2.0], [3.0, 4.0]]) == []
+
+
+def test_a_sweep_stops_after_a_point_over_the_time_budget() -> None:
+    from measure import SweepSettings, decode_sweep, prefill_sweep
+
+    def fake_generate(prompts: list[list[int]], max_tokens: int) -> list[list[float]]:
+        times = list(itertools.accumulate([0.01] * max_tokens))
+        return [times] * len(prompts)
+
+    settings = SweepSettings(
+        prefill_tokens=(32, 64, 128), prompt_len=16, concurrency=(1, 2, 4), context_len=8,
+        decode_tokens=4, repeats=1, vocab_size=64,
+    )  # fmt: skip
+    assert len(prefill_sweep(fake_generate, settings)) == 3
+    assert [p["batch"] for p in decode_sweep(fake_generate, settings)] == [1, 2, 4]
+    stopped = dataclasses.replace(settings, max_point_s=0.0)
+    assert [p["tokens"] for p in prefill_sweep(fake_generate, stopped)] == [32]
+    (point,) = decode_sweep(fake_generate, stopped)
+    assert point["step_ms"] == pytest.approx(10.0)

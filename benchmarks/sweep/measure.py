@@ -41,6 +41,7 @@ class SweepSettings:
     decode_tokens: int  # K: tokens generated in the long decode run
     repeats: int
     vocab_size: int
+    max_point_s: float = float("inf")  # stop a sweep after a point that took longer than this
     seed: int = 0
 
 
@@ -65,18 +66,32 @@ def _prompts(settings: SweepSettings, num: int, length: int, gen: torch.Generato
     return torch.randint(3, settings.vocab_size, (num, length), generator=gen).tolist()
 
 
+def _over_budget(points: list[dict], settings: SweepSettings, phase: str) -> bool:
+    """True (and says so) once the previous point took longer than ``max_point_s``: larger
+    points would take longer still, so the sweep stops there and its JSON shows where."""
+    if points and points[-1]["point_s"] > settings.max_point_s:
+        print(f"{phase} sweep stopped: the last point took {points[-1]['point_s']:.0f} s "
+              f"(--max-point-s {settings.max_point_s:.0f})")  # fmt: skip
+        return True
+    return False
+
+
 def prefill_sweep(generate: Generate, settings: SweepSettings) -> list[dict]:
     """One point per batch size in tokens: ``tokens // prompt_len`` prompts, ``max_tokens=1``."""
     gen = torch.Generator().manual_seed(settings.seed)
     generate(_prompts(settings, 1, settings.prompt_len, gen), 2)  # warm-up (JIT, allocator)
     points = []
     for tokens in settings.prefill_tokens:
+        if _over_budget(points, settings, "prefill"):
+            break
+        started = time.perf_counter()
         num_prompts = max(1, tokens // settings.prompt_len)
         prompts = _prompts(settings, num_prompts, settings.prompt_len, gen)
         seconds = _seconds(generate, prompts, 1, settings.repeats)
         batch_tokens = num_prompts * settings.prompt_len
         points.append({"tokens": batch_tokens, "prompts": num_prompts, "step_ms": seconds * 1e3,
-                       "tok/s/gpu": batch_tokens / seconds})  # fmt: skip
+                       "tok/s/gpu": batch_tokens / seconds,
+                       "point_s": time.perf_counter() - started})  # fmt: skip
     return points
 
 
@@ -85,6 +100,9 @@ def decode_sweep(generate: Generate, settings: SweepSettings) -> list[dict]:
     gen = torch.Generator().manual_seed(settings.seed + 1)
     points = []
     for batch in settings.concurrency:
+        if _over_budget(points, settings, "decode"):
+            break
+        started = time.perf_counter()
         generate(_prompts(settings, batch, 16, gen), 3)  # warm-up at this batch size, cheap
         prompts = _prompts(settings, batch, settings.context_len, gen)
         steps: list[float] = []
@@ -97,7 +115,8 @@ def decode_sweep(generate: Generate, settings: SweepSettings) -> list[dict]:
             )
         step_s = statistics.median(steps)
         points.append({"batch": batch, "context": settings.context_len, "step_ms": step_s * 1e3,
-                       "tok/s/user": 1 / step_s, "tok/s/gpu": batch / step_s})  # fmt: skip
+                       "tok/s/user": 1 / step_s, "tok/s/gpu": batch / step_s,
+                       "point_s": time.perf_counter() - started})  # fmt: skip
     return points
 
 

@@ -42,8 +42,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=1024)
     p.add_argument("--concurrency", type=_ints, default=_ints("1,2,4,8,16,32,64,128,256,512"))
     p.add_argument("--context-len", type=int, default=1024)
-    p.add_argument("--decode-tokens", type=int, default=17, help="K of the max_tokens=K run")
+    p.add_argument("--decode-tokens", type=int, default=25, help="K of the max_tokens=K run")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument(
+        "--max-point-s",
+        type=float,
+        default=60.0,
+        help="stop a sweep after a point slower than this (keeps one run bounded)",
+    )
     p.add_argument("--baseline", choices=("transformers", "none"), default="transformers")
     p.add_argument("--baseline-max-batch", type=int, default=64, help="cap baseline concurrency")
     p.add_argument("--baseline-max-tokens", type=int, default=16384, help="cap baseline prefill")
@@ -63,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def auto_layers(name: str, args: argparse.Namespace, device: str) -> int | None:
     """``--layers`` if given; for a dummy shape on a GPU, the most layers whose weights fit in
-    60% of the free memory (bf16 experts when the baseline runs: the two models are loaded one
+    half the free memory (bf16 experts when the baseline runs: the two models are loaded one
     after the other; FP4 otherwise); 2 on a CPU."""
     if args.layers or name not in ("v4-flash-dummy", "v41-flash-dummy"):
         return args.layers
@@ -74,7 +80,7 @@ def auto_layers(name: str, args: argparse.Namespace, device: str) -> int | None:
     per_layer *= 2 if args.baseline == "transformers" and name == "v4-flash-dummy" else 0.6
     free, _ = torch.cuda.mem_get_info()
     return max(1, min(resolve_model(name, None).config.get("num_hidden_layers", 43),
-                      int(0.6 * free // per_layer)))  # fmt: skip
+                      int(0.5 * free // per_layer)))  # fmt: skip
 
 
 def settings_for(args: argparse.Namespace, source: ModelSource) -> SweepSettings:
@@ -83,6 +89,7 @@ def settings_for(args: argparse.Namespace, source: ModelSource) -> SweepSettings
         prefill_tokens=args.prefill_tokens, prompt_len=args.prompt_len,
         concurrency=args.concurrency, context_len=args.context_len,
         decode_tokens=args.decode_tokens, repeats=args.repeats, vocab_size=text["vocab_size"],
+        max_point_s=args.max_point_s,
     )  # fmt: skip
 
 
@@ -116,7 +123,7 @@ def run_baseline(source: ModelSource, settings: SweepSettings, args, device: str
         concurrency=tuple(b for b in settings.concurrency if b <= args.baseline_max_batch),
         prompt_len=settings.prompt_len, context_len=settings.context_len,
         decode_tokens=settings.decode_tokens, repeats=settings.repeats,
-        vocab_size=settings.vocab_size,
+        vocab_size=settings.vocab_size, max_point_s=settings.max_point_s,
     )  # fmt: skip
     model = load_baseline(source.config, device)
     generate = baseline_generate(model)
