@@ -90,6 +90,10 @@ def test_plot_draws_roofline_ours_and_baseline() -> None:
     assert [(s[2].split()[0], s[1]) for s in ax.series] == [
         ("roofline", [60.0]), ("DeepInfer", [6.0]), ("transformers", [1.5])
     ]  # fmt: skip
+    result["baseline"] = {"skipped": "no transformers twin"}
+    ax = RecordingAxes()
+    _plot(ax, result, "decode", "tok/s/user", "tok/s/gpu")
+    assert [s[2].split()[0] for s in ax.series] == ["roofline", "DeepInfer"]
 
 
 # --------------------------------------------------------------- roofline vs performance.md

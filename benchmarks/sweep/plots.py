@@ -26,7 +26,7 @@ def _plot(ax, result: dict[str, Any], phase: str, x_key: str, y_key: str) -> Non
     ax.plot([p[x_key] for p in roof], [p[y_key] for p in roof], "--", color="gray",
             label="roofline (measured BW, GEMM rate)")  # fmt: skip
     for name, (label, style, color) in SERIES.items():
-        points = result[name][phase] if result.get(name) else []
+        points = result.get(name, {}).get(phase, [])  # a skipped baseline has none
         if points:
             ax.plot([p[x_key] for p in points], [p[y_key] for p in points], style,
                     color=color, label=label)  # fmt: skip
