@@ -3,6 +3,7 @@ and its roofline reproduces the arithmetic of ``shared/specs/performance.md`` se
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import itertools
 import json
@@ -203,3 +204,23 @@ def test_a_sweep_stops_after_a_point_over_the_time_budget() -> None:
     assert [p["tokens"] for p in prefill_sweep(fake_generate, stopped)] == [32]
     (point,) = decode_sweep(fake_generate, stopped)
     assert point["step_ms"] == pytest.approx(10.0)
+
+
+def test_auto_layer_count_fits_half_the_free_memory(monkeypatch) -> None:
+    import run_sweep
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (140e9, 141e9))
+    layers = {}
+    for name in ("v4-flash-dummy", "v41-flash-dummy"):
+        for baseline in ("transformers", "none"):
+            args = argparse.Namespace(layers=None, baseline=baseline)
+            layers[name, baseline] = run_sweep.auto_layers(name, args, "cuda")
+            source = resolve_model(name, layers[name, baseline])
+            shape = ModelShape.from_config(source.config)
+            routed = shape.num_layers * shape.num_experts * shape.expert_params
+            bytes_per_param = 2 if baseline == "transformers" and "v4-" in name else 0.6
+            assert (routed + shape.dense_params_per_step) * bytes_per_param <= 0.5 * 140e9
+    # bf16 experts for the baseline leave room for fewer layers than FP4 alone
+    assert layers["v4-flash-dummy", "transformers"] < layers["v4-flash-dummy", "none"]
+    assert run_sweep.auto_layers("tiny", argparse.Namespace(layers=None), "cuda") is None

@@ -70,17 +70,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def auto_layers(name: str, args: argparse.Namespace, device: str) -> int | None:
     """``--layers`` if given; for a dummy shape on a GPU, the most layers whose weights fit in
     half the free memory (bf16 experts when the baseline runs: the two models are loaded one
-    after the other; FP4 otherwise); 2 on a CPU."""
+    after the other; FP4 otherwise); 3 on a CPU."""
     if args.layers or name not in ("v4-flash-dummy", "v41-flash-dummy"):
         return args.layers
     if device != "cuda":
-        return 2
-    one = ModelShape.from_config(resolve_model(name, 1).config)
-    per_layer = one.num_experts * one.expert_params + one.dense_params_per_step
+        return 3
+    full = ModelShape.from_config(resolve_model(name, None).config)
+    routed = full.num_layers * full.num_experts * full.expert_params
+    per_layer = (routed + full.dense_params_per_step) / full.num_layers
     per_layer *= 2 if args.baseline == "transformers" and name == "v4-flash-dummy" else 0.6
     free, _ = torch.cuda.mem_get_info()
-    return max(1, min(resolve_model(name, None).config.get("num_hidden_layers", 43),
-                      int(0.5 * free // per_layer)))  # fmt: skip
+    return max(1, min(full.num_layers, int(0.5 * free // per_layer)))
 
 
 def settings_for(args: argparse.Namespace, source: ModelSource) -> SweepSettings:
