@@ -36,6 +36,19 @@ def matmul_flops(device: str, size: int) -> float:
     return 2 * size**3 / seconds
 
 
+def fp8_matmul_flops(size: int = 8192) -> float:
+    """FLOP/s of a ``size``^3 FP8 e4m3 GEMM with bf16 output (``torch._scaled_mm``), the rate
+    the model's FP8 linear layers can reach on Hopper."""
+    a = torch.randn(size, size, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(size, size, device="cuda").to(torch.float8_e4m3fn).t()  # column-major
+    one = torch.ones((), device="cuda")
+
+    def gemm() -> torch.Tensor:
+        return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+    return 2 * size**3 / (time_cuda(gemm, warmup=5, iters=20) * 1e-3)
+
+
 def copy_bandwidth(device: str) -> float:
     """Bytes/s of a device copy, counting bytes read plus bytes written."""
     if device == "cuda":
@@ -46,6 +59,15 @@ def copy_bandwidth(device: str) -> float:
     return 2 * num_bytes / _cpu_seconds(lambda: dst.copy_(src))
 
 
-def measure_device(device: str) -> Device:
-    size = 8192 if device == "cuda" else 512
-    return Device(bandwidth=copy_bandwidth(device), flops=matmul_flops(device, size))
+def measure_device(device: str) -> tuple[Device, dict[str, float]]:
+    """The ceilings and what was measured: on CUDA the FP8 GEMM rate when this torch/GPU has
+    one (the linear layers are FP8), else the bf16 rate; on CPU the bf16 rate."""
+    measured = {"copy_Bps": copy_bandwidth(device)}
+    measured["bf16_gemm_flops"] = matmul_flops(device, 8192 if device == "cuda" else 512)
+    if device == "cuda":
+        try:
+            measured["fp8_gemm_flops"] = fp8_matmul_flops()
+        except (RuntimeError, AttributeError) as e:  # no FP8 tensor cores or no _scaled_mm
+            print(f"FP8 GEMM rate not measured ({e}); the roofline uses the bf16 rate")
+    flops = max(measured["bf16_gemm_flops"], measured.get("fp8_gemm_flops", 0.0))
+    return Device(bandwidth=measured["copy_Bps"], flops=flops), measured

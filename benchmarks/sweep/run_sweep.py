@@ -199,11 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     if missing := matplotlib_missing():
         print(missing)
-    ceiling = measure_device(device)
+    ceiling, measured = measure_device(device)
     print(f"{device}: copy {ceiling.bandwidth / 1e12:.3f} TB/s, "
           f"GEMM {ceiling.flops / 1e12:.1f} TFLOP/s")  # fmt: skip
     for name in args.model.split(","):
         result = sweep_model(name, args, device, ceiling)
+        result["roofline"]["device"]["measured"] = measured
         stem = f"{time.strftime('%Y-%m-%d')}-{device}-{Path(name).name}"
         report(result, out_dir, stem)
     return 0
