@@ -71,9 +71,10 @@ def baseline_generate(model: torch.nn.Module) -> Generate:
         )  # fmt: skip
         produced = out.shape[1] - input_ids.shape[1]
         token_times = clock.times[1:]  # the first put is the prompt
-        if produced != max_tokens or len(token_times) != max_tokens:
-            raise RuntimeError(f"baseline produced {produced} tokens in {len(token_times)} "
-                               f"steps, expected {max_tokens}")  # fmt: skip
+        # The streamer may report the last step one call late (deferred stop check): only
+        # the count of generated tokens is exact, the times are one per reported step.
+        if produced != max_tokens or not token_times:
+            raise RuntimeError(f"baseline produced {produced} tokens, expected {max_tokens}")
         return [token_times] * len(prompts)
 
     return generate

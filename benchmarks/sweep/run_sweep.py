@@ -93,12 +93,12 @@ def settings_for(args: argparse.Namespace, source: ModelSource) -> SweepSettings
     )  # fmt: skip
 
 
-def run_ours(source: ModelSource, settings: SweepSettings, args) -> dict:
+def run_ours(source: ModelSource, settings: SweepSettings, args, device: str) -> dict:
     from deepinfer.engine.llm import LLM
 
     start = time.perf_counter()
     llm = LLM(
-        source.path, load_format=source.load_format, max_num_seqs=max(settings.concurrency),
+        source.path, accelerator="cpu" if device == "cpu" else "auto", load_format=source.load_format, max_num_seqs=max(settings.concurrency),
         max_model_len=max(settings.prompt_len, settings.context_len) + settings.decode_tokens + 1,
         max_num_batched_tokens=max(settings.prefill_tokens),
         gpu_memory_utilization=args.gpu_memory_utilization,
@@ -163,7 +163,7 @@ def sweep_model(name: str, args: argparse.Namespace, device: str, ceiling: Devic
     source = resolve_model(name, auto_layers(name, args, device))
     settings = settings_for(args, source)
     print(f"== {source.label}")
-    ours = run_ours(source, settings, args)
+    ours = run_ours(source, settings, args, device)
     baseline = run_baseline(source, settings, args, device)
     result = {
         "model": {"source": name, "label": source.label, "config": source.config},
