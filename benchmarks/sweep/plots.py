@@ -45,7 +45,8 @@ def write_plots(result: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    device = result["env"].get("gpu") or "CPU"
+    on_gpu = result["settings"]["device"] == "cuda"
+    device = result["env"]["gpu"] if on_gpu else f"CPU ({result['env']['python']})"
     title = f"{result['model']['label']}\n{device}, commit {result['env']['commit']}"
     specs = [
         ("prefill", "step_ms", "tok/s/gpu", "step latency (ms)", "prefill tokens/s/GPU"),
