@@ -224,3 +224,40 @@ def test_auto_layer_count_fits_half_the_free_memory(monkeypatch) -> None:
     # bf16 experts for the baseline leave room for fewer layers than FP4 alone
     assert layers["v4-flash-dummy", "transformers"] < layers["v4-flash-dummy", "none"]
     assert run_sweep.auto_layers("tiny", argparse.Namespace(layers=None), "cuda") is None
+
+
+def test_write_plots_draws_both_charts_of_a_smoke_result(smoke, monkeypatch, tmp_path) -> None:
+    """The whole plotting path on the smoke JSON, with matplotlib replaced by a recorder (the
+    real library may be absent here; with it, the smoke test above checks the PNGs)."""
+    import types
+
+    import plots
+
+    _, result = smoke
+    figures = []
+
+    class Figure:
+        def __init__(self) -> None:
+            self.ax = RecordingAxes()
+
+        def savefig(self, path) -> None:
+            Path(path).write_bytes(b"png")
+
+        def tight_layout(self) -> None:
+            pass
+
+    def subplots(**kwargs):
+        figures.append(Figure())
+        return figures[-1], figures[-1].ax
+
+    pyplot = types.SimpleNamespace(subplots=subplots, close=lambda fig: None)
+    fake = types.SimpleNamespace(use=lambda backend: None, pyplot=pyplot)
+    monkeypatch.setitem(sys.modules, "matplotlib", fake)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
+    paths = plots.write_plots(result, tmp_path, "smoke")
+    assert [p.name for p in paths] == ["smoke-prefill.png", "smoke-decode.png"]
+    assert all(p.is_file() for p in paths)
+    prefill, decode = ([s[2].split()[0] for s in f.ax.series] for f in figures)
+    assert prefill == decode == ["roofline", "DeepInfer"]  # tiny model: baseline skipped
+    ours_decode = figures[1].ax.series[1]
+    assert ours_decode[1] == [p["tok/s/gpu"] for p in result["ours"]["decode"]]

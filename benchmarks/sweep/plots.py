@@ -46,7 +46,7 @@ def write_plots(result: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
     import matplotlib.pyplot as plt
 
     on_gpu = result["settings"]["device"] == "cuda"
-    device = result["env"]["gpu"] if on_gpu else f"CPU ({result['env']['python']})"
+    device = result["env"]["gpu"] if on_gpu else "CPU"
     title = f"{result['model']['label']}\n{device}, commit {result['env']['commit']}"
     specs = [
         ("prefill", "step_ms", "tok/s/gpu", "step latency (ms)", "prefill tokens/s/GPU"),
