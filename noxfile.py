@@ -76,9 +76,10 @@ def tests(session: nox.Session, package: str, accelerator: str) -> None:
 
 @nox.session
 def integration(session: nox.Session) -> None:
-    """End-to-end tests through the public API, every package installed."""
+    """End-to-end tests through the public API, every package installed (and matplotlib, so the
+    benchmark smoke run draws its plots)."""
     accelerator = machine_accelerator()
-    _sync(session, "--all-packages")
+    _sync(session, "--all-packages", "--group", "bench")
     _pytest(session, accelerator, "integration")
 
 

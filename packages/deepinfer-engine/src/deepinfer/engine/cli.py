@@ -37,9 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="accelerator to report on (default: DEEPINFER_ACCELERATOR, else detect)",
     )
     info.set_defaults(func=_info)
+    from deepinfer.engine.cli_bench import add_bench_command
     from deepinfer.engine.cli_run import add_commands
 
     add_commands(sub)
+    add_bench_command(sub)
     return parser
 
 
