@@ -2,7 +2,7 @@
 and Pareto PNGs (see ``benchmarks/RESULTS.md``).
 
     benchmarks/run_sweep.sh --model v4-flash-dummy,tiny --out bench-out/sweep   # H200
-    benchmarks/run_sweep.sh --smoke --out /tmp/sweep                            # CPU, seconds
+    benchmarks/run_sweep.sh --smoke --out bench-out/smoke                            # CPU, seconds
 
 Models: ``tiny`` (embedded checkpoint), ``v4-flash-dummy`` / ``v41-flash-dummy`` (published
 shapes, random weights, ``--layers N``; without it, as many layers as fit the device with the
