@@ -35,6 +35,21 @@ def time_cuda(fn: Callable[[], Any], *, warmup: int = 10, iters: int = 100) -> f
     return statistics.median(times)
 
 
+def time_graph(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 100) -> float:
+    """Median ms of replaying ``fn()`` captured in a CUDA graph: device time without the host's
+    per-launch overhead, which dominates decode-sized kernels timed eagerly."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_cuda(graph.replay, warmup=warmup, iters=iters)
+
+
 def copy_bandwidth_tbs(num_bytes: int = 2 * 2**30) -> float:
     """Measured device-to-device copy rate in TB/s, counting bytes read plus bytes written."""
     src = torch.empty(num_bytes // 2, dtype=torch.bfloat16, device="cuda").normal_()

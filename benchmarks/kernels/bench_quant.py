@@ -17,27 +17,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import copy_bandwidth_tbs, environment, print_table, time_cuda, write_json  # noqa: E402
+from common import copy_bandwidth_tbs, environment, print_table, time_cuda, time_graph, write_json  # noqa: E402
 
 from deepinfer.kernels import OPS  # noqa: E402
 from deepinfer.kernels_nvidia import quant  # noqa: E402
 
 DEVICE = "cuda"  # the benchmarks time CUDA kernels; a CPU smoke run may override it
-
-
-def time_graph(fn, *, warmup: int = 3, iters: int = 100) -> float:
-    """Median ms of replaying ``fn()`` captured in a CUDA graph: device time without the host's
-    per-launch overhead, which dominates decode-sized kernels timed eagerly."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_cuda(graph.replay, warmup=warmup, iters=iters)
 
 
 SHAPES = [("V4-Flash", 4096, 128), ("V4.1-Flash", 5120, 32)]
