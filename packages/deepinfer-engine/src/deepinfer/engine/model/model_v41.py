@@ -31,7 +31,7 @@ from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.context import StepContext
 from deepinfer.engine.model.layers import Embedding, LinearFactory, RMSNorm
-from deepinfer.engine.model.metadata import ForwardBatch, build_metadata
+from deepinfer.engine.model.metadata import AttentionMetadata, ForwardBatch, build_metadata
 from deepinfer.engine.model.model import StepOutput, attach_draft_stages, collect_taps
 from deepinfer.engine.model.rope import RopeTables
 
@@ -70,8 +70,12 @@ class DeepseekV41Model(nn.Module):
         device = self.embed.weight.device
         self.engram_hasher = EngramHasher(layout, token_map, pad, device)
 
-    def step_context(self, batch: ForwardBatch, cache: ModelCache) -> StepContext:
-        md = build_metadata(batch, self.config, cache.layout, cache.ring_size)
+    def step_context(
+        self, batch: ForwardBatch, cache: ModelCache, metadata: AttentionMetadata | None = None
+    ) -> StepContext:
+        """``metadata``: index lists built earlier for a batch of the same shape and positions
+        (fixed-shape training batches reuse one); None builds them from ``batch``."""
+        md = metadata or build_metadata(batch, self.config, cache.layout, cache.ring_size)
         angles = {
             compressed: RopeTables.angles(self.rope.table(compressed), batch.positions)
             for compressed in (False, True)
@@ -98,8 +102,10 @@ class DeepseekV41Model(nn.Module):
         """Logits ``[L, vocab]`` fp32 for ``batch.logits_indices`` (all tokens if None)."""
         return self.forward_step(batch, cache).logits
 
-    def forward_step(self, batch: ForwardBatch, cache: ModelCache) -> StepOutput:
-        ctx = self.step_context(batch, cache)
+    def forward_step(
+        self, batch: ForwardBatch, cache: ModelCache, metadata: AttentionMetadata | None = None
+    ) -> StepOutput:
+        ctx = self.step_context(batch, cache, metadata)
         h = self.embed(batch.input_ids)
         streams = h.unsqueeze(1).repeat(1, self.config.hc_mult, 1)
         pre = torch.zeros(streams.shape[:2], dtype=torch.float32, device=h.device)
