@@ -70,6 +70,19 @@ class LLM:
         enable_chunked_prefill: split long prompts across steps.
         num_cache_blocks: use this many KV-cache blocks instead of the number that fits in
             memory (reproducible capacity; small values force preemption in tests).
+        speculative_tokens: DSpark drafts per decode step (None: ``DEEPINFER_USE_NEXTN_DECODE``,
+            default 5, capped at the checkpoint's ``dspark_block_size``; 0: no speculation).
+            Only checkpoints with DSpark draft stages speculate.
+        spec_acceptance: how sampled requests verify drafts: ``"auto"`` (seed-exact when the
+            request sets a seed, so its tokens equal a run without speculation; rejection
+            sampling otherwise, exact in distribution), ``"seed_exact"`` or ``"rejection"``.
+            Greedy requests always take the argmax prefix.
+        spec_varlen: confidence-scheduled verification (each request verifies the drafts
+            worth their cost); None: ``DEEPINFER_ENABLE_MTP_VARLEN``.
+        spec_cost_curve: the ``deepinfer.spec.StepCostCurve`` that planning uses; None
+            measures one at start-up.
+        return_draft_confidences: report each verified draft's confidence in
+            ``RequestOutput.metrics.draft_confidences``.
     """
 
     def __init__(
@@ -88,6 +101,11 @@ class LLM:
         block_size: int = 128,
         enable_chunked_prefill: bool = True,
         num_cache_blocks: int | None = None,
+        speculative_tokens: int | None = None,
+        spec_acceptance: str = "auto",
+        spec_varlen: bool | None = None,
+        spec_cost_curve: Any = None,
+        return_draft_confidences: bool = False,
     ) -> None:
         if max_num_batched_tokens is None:
             max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS
@@ -107,6 +125,11 @@ class LLM:
             block_size=block_size,
             enable_chunked_prefill=enable_chunked_prefill,
             num_cache_blocks=num_cache_blocks,
+            speculative_tokens=speculative_tokens,
+            spec_acceptance=spec_acceptance,
+            spec_varlen=spec_varlen,
+            spec_cost_curve=spec_cost_curve,
+            return_draft_confidences=return_draft_confidences,
         )
         loaded = self.load_model(config)
         self.config = resolve_max_model_len(config, loaded)
@@ -243,6 +266,7 @@ class LLM:
         request_ids = []
         eos = min(self._eos_token_ids) if self._eos_token_ids else None
         for text, ids, p in zip(texts, token_ids, params):
+            has_user_seed = p.seq_seed is not None
             if p.seq_seed is None:
                 p = replace(p, seq_seed=next(self._seeds), seed=None)
             if p.eos_token_id is None and eos is not None:
@@ -258,6 +282,7 @@ class LLM:
                 eos_token_ids=self._eos_token_ids,
                 arrival_time=arrival,
                 skip_special_tokens=skip_special_tokens,
+                has_user_seed=has_user_seed,
             )
             self._core.add_request(request)
             request_ids.append(request_id)

@@ -23,6 +23,7 @@ from deepinfer.engine.core.scheduler_output import (
     NewRequestData,
     SchedulerOutput,
     SequenceUpdate,
+    SpecDecodeStats,
 )
 from deepinfer.engine.core.state_slots import StateSlotPool
 from deepinfer.engine.core.validation import InvalidRequestError, validate_batch
@@ -48,6 +49,7 @@ __all__ = [
     "RequestOutput",
     "RequestStatus",
     "Scheduler",
+    "SpecDecodeStats",
     "SchedulerConfig",
     "SchedulerOutput",
     "SequenceUpdate",

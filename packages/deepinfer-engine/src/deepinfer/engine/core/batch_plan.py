@@ -30,6 +30,7 @@ class RunnerSequence:
     block_ids: list[int]
     state_slot: int
     num_computed_tokens: int
+    has_user_seed: bool = True
 
 
 @dataclass
@@ -57,6 +58,7 @@ class RunnerState:
                 block_ids=list(new.block_ids),
                 state_slot=new.state_slot,
                 num_computed_tokens=new.num_computed_tokens,
+                has_user_seed=new.has_user_seed,
             )
         for cached in so.cached_requests:
             seq = self.sequences[cached.request_id]

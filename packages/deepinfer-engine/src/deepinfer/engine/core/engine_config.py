@@ -21,11 +21,21 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 ACCELERATORS = ("auto", "nvidia", "ascend", "cpu")
 DTYPES = ("bfloat16", "float16", "float32")
 LOAD_FORMATS = ("auto", "dummy")
+SPEC_ACCEPTANCE = ("auto", "seed_exact", "rejection")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Every engine setting, resolved (``max_model_len`` may stay None until the model loads)."""
+    """Every engine setting, resolved (``max_model_len`` may stay None until the model loads).
+
+    Speculative decoding (DSpark, checkpoints with draft stages): ``speculative_tokens``
+    drafts per decode step (None: ``DEEPINFER_USE_NEXTN_DECODE``; 0: off), checked against the
+    checkpoint's ``dspark_block_size`` at load; ``spec_acceptance`` how sampled requests verify
+    drafts (``"auto"``: seed-exact when the user gave a seed, else rejection sampling);
+    ``spec_varlen`` confidence-scheduled verification (None: ``DEEPINFER_ENABLE_MTP_VARLEN``);
+    ``spec_cost_curve`` the planner's step-cost curve (None: measured at start-up);
+    ``return_draft_confidences`` report the drafts' confidences in ``RequestOutput.metrics``.
+    """
 
     model: str
     accelerator: str = "auto"
@@ -40,6 +50,11 @@ class EngineConfig:
     block_size: int = 128
     enable_chunked_prefill: bool = True
     num_cache_blocks: int | None = None
+    speculative_tokens: int | None = None
+    spec_acceptance: str = "auto"
+    spec_varlen: bool | None = None
+    spec_cost_curve: Any = None
+    return_draft_confidences: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("accelerator", self.accelerator, ACCELERATORS)
@@ -60,8 +75,30 @@ class EngineConfig:
             raise ValueError(
                 f"quant_simulation={self.quant_simulation!r}: expected None, True or False"
             )
+        self._check_speculation()
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"model={self.model!r}: expected a hub id or a directory")
+
+    def _check_speculation(self) -> None:
+        k = self.speculative_tokens
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise ValueError(
+                f"speculative_tokens={k!r}: expected None (DEEPINFER_USE_NEXTN_DECODE) or an "
+                "integer >= 0 (0 disables speculation)"
+            )
+        _check_choice("spec_acceptance", self.spec_acceptance, SPEC_ACCEPTANCE)
+        for name in ("spec_varlen",):
+            if getattr(self, name) not in (None, True, False):
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected None, True or False")
+        if not isinstance(self.return_draft_confidences, bool):
+            raise ValueError(
+                f"return_draft_confidences={self.return_draft_confidences!r}: expected a bool"
+            )
+        curve = self.spec_cost_curve
+        if curve is not None and not callable(getattr(curve, "costs", None)):
+            raise ValueError(
+                f"spec_cost_curve={curve!r}: expected a deepinfer.spec.StepCostCurve or None"
+            )
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

@@ -43,6 +43,7 @@ class ExecutorView:
                 seed=request.seed,
                 block_ids=list(request.block_ids),
                 state_slot=request.state_slot,
+                has_user_seed=request.has_user_seed,
             )
         return CachedRequestData(
             request_id=request.request_id,

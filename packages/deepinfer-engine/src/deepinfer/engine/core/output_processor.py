@@ -56,6 +56,16 @@ class _Group:
         return all(s.finished for s in self.samples)
 
 
+def _add_spec_stats(metrics: RequestMetrics, update: SequenceUpdate) -> None:
+    metrics.num_verify_steps += update.num_verify_steps
+    metrics.num_draft_tokens += update.num_draft_tokens
+    metrics.num_accepted_tokens += update.num_accepted_tokens
+    if update.draft_confidences is not None:
+        if metrics.draft_confidences is None:
+            metrics.draft_confidences = []
+        metrics.draft_confidences.append(list(update.draft_confidences))
+
+
 class OutputProcessor:
     """Tracks every request of a run until its output is taken."""
 
@@ -119,6 +129,7 @@ class OutputProcessor:
             sample.logprobs.extend(update.new_logprobs)
         metrics = group.metrics
         metrics.num_generated_tokens += len(update.new_token_ids)
+        _add_spec_stats(metrics, update)
         if update.new_token_ids and metrics.first_token_time is None:
             metrics.first_token_time = now
         if update.finished:

@@ -37,7 +37,14 @@ class CompletionOutput:
 
 @dataclass
 class RequestMetrics:
-    """Timestamps (``time.monotonic`` seconds) and counts of one request."""
+    """Timestamps (``time.monotonic`` seconds) and counts of one request (all samples).
+
+    Speculative decoding: ``num_verify_steps`` decode steps verified drafts (each emits the
+    accepted drafts plus one final token); ``num_draft_tokens`` drafts were verified and
+    ``num_accepted_tokens`` of them accepted and emitted. ``draft_confidences``: per verify
+    step, the drafter's confidence of each verified draft (only with
+    ``LLM(return_draft_confidences=True)``, else None).
+    """
 
     arrival_time: float
     num_prompt_tokens: int
@@ -45,6 +52,18 @@ class RequestMetrics:
     finished_time: float | None = None
     num_generated_tokens: int = 0
     num_preemptions: int = 0
+    num_verify_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    draft_confidences: list[list[float]] | None = None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens emitted per verify step, the final (bonus) token included; None without
+        verify steps."""
+        if self.num_verify_steps == 0:
+            return None
+        return (self.num_accepted_tokens + self.num_verify_steps) / self.num_verify_steps
 
     @property
     def time_to_first_token(self) -> float | None:

@@ -89,7 +89,9 @@ class Request:
 
     Token bookkeeping: ``all_token_ids`` = prompt + outputs; ``num_computed_tokens`` counts
     positions whose KV/state the model has written (chases ``num_tokens``). ``spec_token_ids``
-    are draft tokens to verify next step (hook for speculative decoding; empty otherwise).
+    are draft tokens to verify next step (speculative decoding; empty otherwise).
+    ``has_user_seed``: whether the user gave the seed (seeded sampling verifies drafts
+    seed-exactly; engine-drawn seeds use rejection sampling, see the runner's speculation).
     """
 
     def __init__(
@@ -104,8 +106,10 @@ class Request:
         group_id: str | None = None,
         index: int = 0,
         skip_special_tokens: bool = True,
+        has_user_seed: bool = True,
     ) -> None:
         self.request_id = request_id
+        self.has_user_seed = has_user_seed  # False: the engine drew the seed (speculation mode)
         self.group_id = group_id if group_id is not None else request_id
         self.index = index
         self.sampling_params = sampling_params

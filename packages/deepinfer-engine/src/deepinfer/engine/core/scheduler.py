@@ -42,7 +42,12 @@ from deepinfer.engine.core.scheduler_output import (
     SequenceUpdate,
 )
 from deepinfer.engine.core.state_slots import StateSlotPool
-from deepinfer.engine.core.updates import apply_sampled_tokens, fork_children, sequence_update
+from deepinfer.engine.core.updates import (
+    apply_sampled_tokens,
+    fork_children,
+    sequence_update,
+    with_spec_stats,
+)
 
 
 class Scheduler:
@@ -310,6 +315,9 @@ class Scheduler:
                 for k, (seq, tok) in enumerate(zip(sequences, sampled))
             ]
         update = apply_sampled_tokens(self, request, sampled, logprobs, now)
+        stats = runner_output.spec_stats.get(request_id)
+        if stats is not None:
+            update = with_spec_stats(update, stats)
         drafts = runner_output.draft_token_ids.get(request_id)
         if drafts and not request.is_finished:
             room = self.config.max_model_len - request.num_tokens

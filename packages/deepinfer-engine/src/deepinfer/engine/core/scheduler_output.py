@@ -25,6 +25,7 @@ class NewRequestData:
         child, whose blocks are shared and whose state slot is copied this step).
     block_ids: the block table; state_slot: the state slot id.
     seed: the sequence's sampling seed (a fork child's differs from its parent's).
+    has_user_seed: whether the user chose the seed (else the engine drew it).
     """
 
     request_id: str
@@ -35,6 +36,7 @@ class NewRequestData:
     seed: int
     block_ids: list[int]
     state_slot: int
+    has_user_seed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,21 @@ class SchedulerOutput:
 
 
 @dataclass(frozen=True, slots=True)
+class SpecDecodeStats:
+    """One request's verification in one step.
+
+    num_draft_tokens: drafts the target verified (may be fewer than scheduled under
+        confidence-scheduled verification); num_accepted_tokens: how many of them were
+        accepted (the step emits these plus one final token); draft_confidences: the
+        drafter's confidence of each verified draft, when the engine was asked for them.
+    """
+
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    draft_confidences: list[float] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ModelRunnerOutput:
     """Results of one step, per request id (plain Python values).
 
@@ -108,6 +125,7 @@ class ModelRunnerOutput:
         message; each fails alone with finish reason ``"error"``.
     draft_token_ids: draft tokens proposed for the next step (speculative decoding); the
         scheduler verifies them next step as ``scheduled_spec_token_ids``.
+    spec_stats: per request that verified drafts this step, what was verified and accepted.
     """
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
@@ -115,6 +133,7 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    spec_stats: dict[str, SpecDecodeStats] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +144,10 @@ class SequenceUpdate:
         this step. A stop string can cut text reported earlier: the text is then
         ``(previous text + new_text)[:text_length]``.
     prompt_logprobs: on the finishing update of sample 0, the prompt logprobs gathered.
+    num_verify_steps / num_draft_tokens / num_accepted_tokens / draft_confidences: this
+        step's speculative verification (0 / None without one). Accepted drafts are counted
+        as emitted: when a stop ends the sequence inside the accepted run, the last emitted
+        token counts as the step's final token, so emitted = accepted + verify steps.
     """
 
     request_id: str
@@ -140,3 +163,7 @@ class SequenceUpdate:
     text_length: int = 0
     prompt_logprobs: list[dict[int, float]] | None = None
     num_preemptions: int = 0
+    num_verify_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    draft_confidences: list[float] | None = None

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from deepinfer.engine.core.block_manager import cdiv
 from deepinfer.engine.core.request import Request, RequestStatus, child_seed
-from deepinfer.engine.core.scheduler_output import SequenceUpdate
+from deepinfer.engine.core.scheduler_output import SequenceUpdate, SpecDecodeStats
 from deepinfer.engine.core.stop import check_new_token
 
 if TYPE_CHECKING:
@@ -37,6 +38,19 @@ def apply_sampled_tokens(
             )
             break
     return sequence_update(request, appended, logprobs[: len(appended)], previous_text_len)
+
+
+def with_spec_stats(update: SequenceUpdate, stats: SpecDecodeStats) -> SequenceUpdate:
+    """``update`` with one verify step's counts; accepted drafts past a stop are not counted
+    (the last emitted token is the step's final token)."""
+    num_emitted = len(update.new_token_ids)
+    return replace(
+        update,
+        num_verify_steps=1,
+        num_draft_tokens=stats.num_draft_tokens,
+        num_accepted_tokens=max(0, min(stats.num_accepted_tokens, num_emitted - 1)),
+        draft_confidences=stats.draft_confidences,
+    )
 
 
 def sequence_update(
@@ -90,6 +104,7 @@ def fork_children(scheduler: Scheduler, parent: Request) -> list[Request]:
             group_id=parent.group_id,
             index=index,
             skip_special_tokens=parent.skip_special_tokens,
+            has_user_seed=parent.has_user_seed,
         )
         child.num_computed_tokens = num_computed
         child.block_ids = scheduler.block_manager.share(parent.block_ids[:num_shared])

@@ -113,6 +113,10 @@ class GrammarManager:
                 errors[request_id] = f"token {token} was rejected by the structured-output grammar"
                 return
 
+    def state(self, request_id: str) -> StructuredOutputState | None:
+        """The request's matcher state (None without a grammar or before it compiled)."""
+        return self._states.get(request_id)
+
     def bitmask_row(self, request_id: str) -> torch.Tensor | None:
         state = self._states.get(request_id)
         if state is None:

@@ -1,10 +1,14 @@
 """``load_model``: from an ``EngineConfig`` to a running executor with its cache.
 
 Steps: select the accelerator (the argument beats ``DEEPINFER_ACCELERATOR``) -> resolve the
-checkpoint (directory, ``DEEPINFER_HF_MODEL_DIR`` or hub id) -> parse ``config.json`` -> build
-the model on the device and fill it (validated streaming load, or ``load_format="dummy"``) ->
-profile one forward of ``max_num_batched_tokens`` tokens to measure activation memory -> size
-the cache from what is left of ``gpu_memory_utilization`` (a RAM budget on CPU) -> allocate it.
+checkpoint (directory, ``DEEPINFER_HF_MODEL_DIR`` or hub id) -> parse ``config.json`` -> decide
+speculation (:func:`~deepinfer.engine.runner.speculation.resolve_spec_config`) -> build the
+model on the device, with its DSpark draft stages when speculating, and fill it (validated
+streaming load, or ``load_format="dummy"``) -> profile one forward of
+``max_num_batched_tokens`` tokens to measure activation memory -> size the cache from what is
+left of ``gpu_memory_utilization`` (a RAM budget on CPU; state slots then hold every ring at
+``window + K`` rows plus the draft stages' rings) -> allocate it -> with confidence-scheduled
+verification and no given curve, measure the step-cost curve.
 """
 
 from __future__ import annotations
@@ -12,20 +16,27 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from deepinfer import kernels
 from deepinfer.engine.checkpoint import resolve_model_path
-from deepinfer.engine.checkpoint.model_loader import load_model as load_checkpoint_model
+from deepinfer.engine.checkpoint.index import read_checkpoint_index
+from deepinfer.engine.checkpoint.loader import load_into
+from deepinfer.engine.checkpoint.model_loader import bind_engram_from_tokenizer
 from deepinfer.engine.core.capacity import plan_cache_capacity
 from deepinfer.engine.core.engine_config import EngineConfig, LoadedModel
 from deepinfer.engine.model.cache import CacheLayout, ModelCache, cache_footprint
-from deepinfer.engine.model.config import ModelConfig
+from deepinfer.engine.model.config import ModelConfig, load_config
 from deepinfer.engine.model.metadata import ForwardBatch
+from deepinfer.engine.model.model import build_model
+from deepinfer.engine.runner.cost_profile import measure_step_cost_curve
+from deepinfer.engine.runner.drafting import DSparkDraftSource
 from deepinfer.engine.runner.grammar import GrammarManager
 from deepinfer.engine.runner.model_runner import ModelRunner
+from deepinfer.engine.runner.speculation import SpecConfig, resolve_spec_config
 
 logger = logging.getLogger("deepinfer.engine")
 
@@ -40,25 +51,35 @@ def load_model(config: EngineConfig) -> LoadedModel:
     path = resolve_model_path(config.model, weights=config.load_format != "dummy")
     dtype = getattr(torch, config.dtype)
     torch.manual_seed(config.seed)
-    model = load_checkpoint_model(
-        path,
-        load_format=config.load_format,
-        quant_simulation=config.quant_simulation,
-        device=device,
-        dtype=dtype,
-        seed=config.seed,
+    overrides = (
+        {} if config.quant_simulation is None else {"quant_simulation": config.quant_simulation}
     )
-    model.eval()
-    model_config: ModelConfig = model.config
+    model_config: ModelConfig = load_config(path, **overrides)
+    spec = resolve_spec_config(
+        config, model_config, has_draft_weights=_has_draft_weights(path, config.load_format)
+    )
+    model = _build_and_fill(path, model_config, config, spec is not None, device, dtype)
     tokenizer = _load_tokenizer(path)
-    num_blocks, num_slots = _size_cache(model, model_config, config, device, dtype)
-    layout = CacheLayout(num_blocks, num_slots, block_size=config.block_size)
+    max_draft = spec.num_draft_tokens if spec is not None else 0
+    num_blocks, num_slots = _size_cache(model, model_config, config, device, dtype, max_draft)
+    layout = CacheLayout(num_blocks, num_slots, block_size=config.block_size, max_draft=max_draft)
     cache = ModelCache(model_config, layout, dtype=dtype, device=device)
     vocab = model_config.vocab_size
     grammar = GrammarManager(tokenizer, vocab) if tokenizer is not None else None
     ratios = tuple(sorted({r for r in model_config.compress_ratios if r > 0})) or (1,)
+    drafter = None
+    if spec is not None:
+        model.mtp.allocate(cache)
+        drafter = DSparkDraftSource(model, cache, spec.num_draft_tokens)
+        spec = _with_cost_curve(spec, model, config, device, dtype)
+        logger.info(
+            "speculative decoding: DSpark, %d drafts per step, %s verification, acceptance %s",
+            spec.num_draft_tokens,
+            "confidence-scheduled" if spec.varlen else "fixed-length",
+            spec.acceptance,
+        )
     return LoadedModel(
-        executor=ModelRunner(model, cache, grammar=grammar),
+        executor=ModelRunner(model, cache, grammar=grammar, spec=spec, drafter=drafter),
         tokenizer=tokenizer,
         vocab_size=vocab,
         eos_token_ids=_eos_ids(path, model_config, tokenizer),
@@ -67,6 +88,42 @@ def load_model(config: EngineConfig) -> LoadedModel:
         num_state_slots=num_slots,
         compression_ratios=ratios,
     )
+
+
+def _has_draft_weights(path: Path, load_format: str) -> bool:
+    """Whether the checkpoint stores draft stages (``mtp.*``); dummy weights always have them."""
+    if load_format == "dummy":
+        return True
+    return any(name.startswith("mtp.") for name in read_checkpoint_index(path))
+
+
+def _build_and_fill(path, model_config, config: EngineConfig, include_mtp: bool, device, dtype):
+    """The model (with its draft stages when speculating), weights loaded, Engram bound."""
+    model = build_model(model_config, device=device, dtype=dtype, include_mtp=include_mtp)
+    load_into(model, path, config=model_config, load_format=config.load_format, seed=config.seed)
+    bind_engram_from_tokenizer(model, path)
+    return model.eval()
+
+
+def _with_cost_curve(spec: SpecConfig, model, config: EngineConfig, device, dtype) -> SpecConfig:
+    """Confidence-scheduled verification needs a step-cost curve: the given one, or measured."""
+    if not spec.varlen or spec.cost_curve is not None:
+        return spec
+    max_tokens = min(
+        config.max_num_batched_tokens,
+        config.max_num_seqs * (spec.num_draft_tokens + 1),
+        PROFILE_TOKENS_CAP,
+    )
+    curve = measure_step_cost_curve(
+        model,
+        num_draft_tokens=spec.num_draft_tokens,
+        max_tokens=max_tokens,
+        block_size=config.block_size,
+        dtype=dtype,
+        device=device,
+    )
+    logger.info("step-cost curve (tokens -> ms): %s", dict(zip(curve.num_tokens, curve.cost)))
+    return replace(spec, cost_curve=curve)
 
 
 def _load_tokenizer(path: Path):
@@ -91,11 +148,22 @@ def _eos_ids(path: Path, model_config: ModelConfig, tokenizer) -> frozenset[int]
     return frozenset(ids)
 
 
-def _size_cache(model, model_config, config: EngineConfig, device, dtype) -> tuple[int, int]:
+def _size_cache(
+    model, model_config, config: EngineConfig, device, dtype, max_draft: int = 0
+) -> tuple[int, int]:
     """(num_blocks, num_state_slots), each including the reserved id 0 (see
     :func:`plan_cache_capacity`); never more blocks than ``max_num_seqs`` full-length
-    sequences need."""
-    footprint = cache_footprint(model_config, block_size=config.block_size, dtype=dtype)
+    sequences need. With ``max_draft`` > 0 every ring is ``window + max_draft`` rows and the
+    draft stages' rings count in the state slot."""
+    footprint = cache_footprint(
+        model_config, block_size=config.block_size, max_draft=max_draft, dtype=dtype
+    )
+    if max_draft:
+        footprint = replace(
+            footprint,
+            bytes_per_slot=footprint.bytes_per_slot
+            + _draft_ring_bytes(model_config, max_draft, dtype),
+        )
     if device.type == "cuda":
         activation = _profile_activation_bytes(model, model_config, config, device, dtype)
         free, total = torch.cuda.mem_get_info(device)
@@ -116,6 +184,13 @@ def _size_cache(model, model_config, config: EngineConfig, device, dtype) -> tup
     max_len = config.max_model_len or model_config.max_position_embeddings
     wanted = config.max_num_seqs * -(-max_len // config.block_size) + 1
     return min(capacity.num_blocks, wanted), capacity.num_state_slots
+
+
+def _draft_ring_bytes(model_config: ModelConfig, max_draft: int, dtype) -> int:
+    """Bytes per state slot of the DSpark stages' window rings (``DSparkDraft.allocate``)."""
+    ring = model_config.sliding_window + max_draft
+    element = torch.empty((), dtype=dtype).element_size()
+    return model_config.num_mtp_layers * ring * model_config.head_dim * element
 
 
 def _available_ram() -> int:

@@ -1,39 +1,66 @@
 """The model runner: the engine core's executor over a real model and its cache.
 
 One step: mirror the scheduler's diffs (:class:`RunnerState`), copy blocks and state slots,
-reset the slots of fresh sequences -> lay the step out (:func:`build_step_plan`) -> one forward
-over the flat batch, logits only for the rows that sample or need prompt logprobs -> prompt
-logprobs -> sample (grammar masks applied, one row per seed for ``n > 1`` forks) ->
-``ModelRunnerOutput``. A request whose grammar fails finishes alone with an error.
+reset the slots of fresh sequences -> (confidence-scheduled verification: trim each request's
+drafts) -> lay the step out (:func:`build_step_plan`) -> one forward over the flat batch,
+logits only for the rows that sample or need prompt logprobs -> seed the drafter's windows
+with the step's taps -> prompt logprobs -> sample and verify (:mod:`.verify`; grammar masks
+applied, one row per seed for ``n > 1`` forks) -> propose the next drafts (:mod:`.drafting`)
+-> ``ModelRunnerOutput``. A request whose grammar fails finishes alone with an error.
+
+Rejected draft tokens need no undo: every ring of the state slots (target and draft windows,
+compressor partial windows, Engram history) holds ``window + K`` rows addressed by position,
+and compressed entries are visible only to positions after them, so what a rejected token
+wrote is overwritten by the next step's tokens at the same positions before anything reads
+it; the scheduler simply does not count those positions as computed. Grammar matchers are
+advanced tentatively over drafts and rolled back.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import torch
 
 from deepinfer.engine.core.batch_plan import RunnerState, StepPlan, build_step_plan
-from deepinfer.engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from deepinfer.engine.core.scheduler_output import (
+    ModelRunnerOutput,
+    SchedulerOutput,
+    SpecDecodeStats,
+)
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.runner.cache_ops import copy_blocks, copy_slots, reset_slot
+from deepinfer.engine.runner.drafting import DraftRequest, DraftSource, Proposal
 from deepinfer.engine.runner.grammar import GrammarManager
-from deepinfer.sampling import sample
+from deepinfer.engine.runner.speculation import SpecConfig, verify_mode
+from deepinfer.engine.runner.varlen import trim_verification
+from deepinfer.engine.runner.verify import Emitted, sample_and_verify
 
 
 class ModelRunner:
-    """Executor over ``model`` and its :class:`ModelCache` (``grammar``: structured outputs)."""
+    """Executor over ``model`` and its :class:`ModelCache` (``grammar``: structured outputs;
+    ``spec`` + ``drafter``: speculative decoding)."""
 
     def __init__(
-        self, model: torch.nn.Module, cache: ModelCache, *, grammar: GrammarManager | None = None
+        self,
+        model: torch.nn.Module,
+        cache: ModelCache,
+        *,
+        grammar: GrammarManager | None = None,
+        spec: SpecConfig | None = None,
+        drafter: DraftSource | None = None,
     ) -> None:
+        if (spec is None) != (drafter is None):
+            raise ValueError("spec and drafter: expected both or neither")
         self.model = model
         self.cache = cache
         self.device = next(iter(cache.tensors.values())).device
         self.grammar = grammar
+        self.spec = spec
+        self.drafter = drafter
         self.state = RunnerState()
+        self.proposals: dict[str, Proposal] = {}
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -42,13 +69,26 @@ class ModelRunner:
         live = {r: n for r, n in so.num_scheduled_tokens.items() if r not in out.errors}
         if not live:
             return out
-        plan = build_step_plan(self.state, replace(so, num_scheduled_tokens=live))
+        so = replace(so, num_scheduled_tokens=live)
+        if self.spec is not None and self.spec.varlen and self.spec.cost_curve is not None:
+            so = trim_verification(so, self.proposals, self.spec.cost_curve)
+        verifying = {r for r, d in so.scheduled_spec_token_ids.items() if d}
+        plan = build_step_plan(self.state, so)
         rows, sample_at, prompt_at = plan.logits_layout()
-        logits = self.model(self._batch(plan, rows), self.cache)  # writes KV even if no logits
+        batch = self._batch(plan, rows)
+        if self.drafter is not None:
+            step = self.model.forward_step(batch, self.cache)
+            self.drafter.seed(step, batch)
+            logits = step.logits
+        else:
+            logits = self.model(batch, self.cache)  # writes KV even if no logits
         if plan.prompt_logprob_rows:
             self._prompt_logprobs(plan, logits[prompt_at], out)
         if plan.sample_rows:
-            self._sample(plan, logits[sample_at], out)
+            emitted = sample_and_verify(self, plan, so, logits[sample_at], out.errors)
+            self._emit(emitted, verifying, out)
+            if self.drafter is not None:
+                self._propose([e for e in emitted if e.request_id not in so.fork_seeds], out)
         return out
 
     def _apply(self, so: SchedulerOutput, errors: dict[str, str]) -> None:
@@ -60,9 +100,11 @@ class ModelRunner:
         copy_blocks(self.cache, so.block_copies)
         copy_slots(self.cache, so.state_copies)
         for request_id in so.finished_request_ids | so.preempted_request_ids:
+            self.proposals.pop(request_id, None)
             if self.grammar is not None:
                 self.grammar.forget(request_id)
         for new in so.new_requests:
+            self.proposals.pop(new.request_id, None)
             if new.num_computed_tokens == 0:
                 reset_slot(self.cache, new.state_slot)
             if self.grammar is not None:
@@ -103,49 +145,49 @@ class ModelRunner:
                 entry.update(zip(top.indices[s, :k].tolist(), top.values[s, :k].tolist()))
             out.prompt_logprobs.setdefault(plan.request_ids[b], []).append(entry)
 
-    def _sample(self, plan: StepPlan, logits: torch.Tensor, out: ModelRunnerOutput) -> None:
-        keep, params, histories, masks = [], [], [], []
-        for s, b in enumerate(plan.sample_requests):
-            request_id = plan.request_ids[b]
-            seq = self.state.sequences[request_id]
-            if self.grammar is not None and not self.grammar.ready(request_id, out.errors):
-                continue
-            keep.append(s)
-            params.append(replace(seq.sampling_params, seq_seed=plan.sample_seeds[s], seed=None))
-            histories.append(seq.token_ids[seq.num_prompt_tokens :])
-            masks.append(self.grammar.bitmask_row(request_id) if self.grammar else None)
-        if not keep:
-            return
-        bitmask = self.grammar.stack(masks) if any(m is not None for m in masks) else None
-        positions = [plan.sample_positions[s] for s in keep]
-        result = sample(
-            logits[keep], params, positions, output_token_ids=histories, bitmask=bitmask
+    @staticmethod
+    def _emit(emitted: list[Emitted], verifying: set[str], out: ModelRunnerOutput) -> None:
+        """Record the step's tokens; a request that had drafts scheduled counts a verify step
+        even when confidence scheduling verified none of them."""
+        for e in emitted:
+            out.sampled_token_ids[e.request_id] = list(e.tokens)
+            if e.logprobs is not None:
+                out.logprobs[e.request_id] = list(e.logprobs)
+            if e.stats is not None:
+                out.spec_stats[e.request_id] = e.stats
+            elif e.request_id in verifying:
+                out.spec_stats[e.request_id] = SpecDecodeStats(0, 0, None)
+
+    def _propose(self, emitted: list[Emitted], out: ModelRunnerOutput) -> None:
+        """Draft after each request's newest token (at most the tokens it may still emit)."""
+        requests = [r for r in (self._draft_request(e) for e in emitted) if r is not None]
+        for e in emitted:
+            self.proposals.pop(e.request_id, None)
+        for request_id, proposal in self.drafter.propose(requests).items():
+            if proposal.tokens:
+                self.proposals[request_id] = proposal
+                out.draft_token_ids[request_id] = list(proposal.tokens)
+
+    def _draft_request(self, e: Emitted) -> DraftRequest | None:
+        seq = self.state.sequences[e.request_id]
+        params = seq.sampling_params
+        history = seq.token_ids[seq.num_prompt_tokens :] + list(e.tokens)
+        # the next verify step emits drafts + 1 tokens: no more than max_tokens allows
+        max_drafts = min(self.spec.num_draft_tokens, params.max_tokens - len(history) - 1)
+        grammar = self.grammar.state(e.request_id) if self.grammar is not None else None
+        if grammar is not None:  # the matcher rolls back this step's tokens and the drafts
+            max_drafts = min(max_drafts, grammar.max_rollback_tokens - len(e.tokens))
+        if max_drafts <= 0:
+            return None
+        return DraftRequest(
+            request_id=e.request_id,
+            anchor=e.tokens[-1],
+            last_position=e.final_row_position,
+            slot=seq.state_slot,
+            params=replace(params, seq_seed=seq.seed, seed=None),
+            mode=verify_mode(params, seq.has_user_seed, self.spec.acceptance),
+            history=history,
+            max_drafts=max_drafts,
+            grammar=grammar,
+            pending_tokens=list(e.tokens),
         )
-        tokens = result.token_ids.tolist()
-        logprobs = _logprob_dicts(result, params)
-        for i, s in enumerate(keep):
-            request_id = plan.request_ids[plan.sample_requests[s]]
-            out.sampled_token_ids.setdefault(request_id, []).append(tokens[i])
-            if logprobs[i] is not None:
-                out.logprobs.setdefault(request_id, []).append(logprobs[i])
-
-
-def _logprob_dicts(result: Any, params: list[Any]) -> list[dict[int, float] | None]:
-    """Per row: ``{sampled token: logprob}`` then the top-k alternatives (processed
-    distribution, see :class:`deepinfer.sampling.SampleResult`)."""
-    if result.logprobs is None:
-        return [None] * len(params)
-    sampled = result.token_ids.tolist()
-    chosen = result.logprobs.tolist()
-    top_ids = result.top_token_ids.tolist()
-    top_lp = result.top_logprobs.tolist()
-    dicts: list[dict[int, float] | None] = []
-    for i, p in enumerate(params):
-        if p.logprobs is None:
-            dicts.append(None)
-            continue
-        entry = {sampled[i]: chosen[i]}
-        for token, value in zip(top_ids[i][: p.logprobs], top_lp[i][: p.logprobs]):
-            entry.setdefault(token, value)
-        dicts.append(entry)
-    return dicts

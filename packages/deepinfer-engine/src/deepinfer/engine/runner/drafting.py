@@ -1,0 +1,216 @@
+"""Draft proposal for speculative decoding: what the runner asks of a draft source, and the
+DSpark source over the checkpoint's draft stages.
+
+Each step the runner (1) hands the draft source the target forward's output so it can seed its
+windows with every processed token (prefill chunks and verify rows included: rows of rejected
+tokens sit at positions that are rewritten before they are read again, since every ring holds
+``window + K`` rows), then (2) asks for drafts after each request's newest token.
+
+A draft at block index ``i`` is the token for position ``last_position + 2 + i``. It is picked
+from the drafter's Markov-corrected logits by the request's own sampling pipeline (penalties,
+bias, grammar mask, temperature, top-k/p/min-p), with the grammar matcher advanced over the
+earlier drafts (and rolled back afterwards): greedy requests take the argmax, seed-exact
+requests draw with the target's own RNG key (seed, position, ``STREAM_SAMPLE``), rejection
+requests draw from the processed draft distribution ``q`` on ``STREAM_DRAFT`` and keep ``q``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from deepinfer.engine.model.cache import ModelCache
+from deepinfer.engine.model.metadata import ForwardBatch
+from deepinfer.engine.runner.spec_sampling import processed_probs
+from deepinfer.engine.runner.speculation import REJECTION
+from deepinfer.sampling import allocate_token_bitmask, rng, sample
+from deepinfer.spec import draw_categorical
+
+
+@dataclass
+class DraftRequest:
+    """One request to draft for.
+
+    anchor: the token the step just produced (at ``last_position + 1``); last_position: the
+    newest position the target processed and kept; slot: its state slot; params: sampling
+    parameters with ``seq_seed`` set; mode: ``greedy | seed_exact | rejection``; history: its
+    generated tokens, the anchor included; max_drafts: drafts wanted (<= K); grammar: its
+    ``StructuredOutputState`` or None; pending_tokens: tokens of this step not yet fed to the
+    grammar matcher (the anchor among them).
+    """
+
+    request_id: str
+    anchor: int
+    last_position: int
+    slot: int
+    params: Any
+    mode: str
+    history: list[int]
+    max_drafts: int
+    grammar: Any = None
+    pending_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Proposal:
+    """A request's drafts: tokens, the confidence of each (``sigmoid`` of the confidence
+    head: acceptance probability given the earlier drafts were accepted) and, for rejection
+    requests, the processed distributions ``[n, V]`` fp32 they were drawn from."""
+
+    tokens: list[int]
+    confidences: list[float]
+    probs: torch.Tensor | None = None
+
+
+class DraftSource(Protocol):
+    """What the runner needs from a drafter (the DSpark stages, or a test oracle)."""
+
+    num_draft_tokens: int
+
+    def seed(self, step: Any, batch: ForwardBatch) -> None: ...
+
+    def propose(self, requests: list[DraftRequest]) -> dict[str, Proposal]: ...
+
+
+class DSparkDraftSource:
+    """The checkpoint's DSpark stages (``model.mtp``) driven over ``cache``."""
+
+    def __init__(self, model: torch.nn.Module, cache: ModelCache, num_draft_tokens: int) -> None:
+        self.model = model
+        self.cache = cache
+        self.num_draft_tokens = num_draft_tokens
+
+    def seed(self, step: Any, batch: ForwardBatch) -> None:
+        """Write every stage's window rows of the step's tokens from the taps ``step.taps``."""
+        counts = batch.cu_seqlens_q.diff().long()
+        token_slots = batch.state_slots.long().repeat_interleave(counts)
+        self.model.mtp.seed(step.taps, batch.positions, token_slots, self.cache, self.model.rope)
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest]) -> dict[str, Proposal]:
+        if not requests:
+            return {}
+        device = self.model.embed.weight.device
+        long = dict(dtype=torch.long, device=device)
+        picker = DraftPicker(requests, self.num_draft_tokens)
+        try:
+            drafted = self.model.mtp.propose(
+                torch.tensor([r.anchor for r in requests], **long),
+                torch.tensor([r.last_position for r in requests], **long),
+                torch.tensor([r.slot for r in requests], **long),
+                self.cache,
+                self.model.embed,
+                self.model.head.weight,
+                self.model.rope,
+                block_size=self.num_draft_tokens,
+                sample=picker,
+            )
+        finally:
+            picker.release_grammars()
+        confidences = torch.sigmoid(drafted.confidence_logits.float()).tolist()
+        tokens = drafted.tokens.tolist()
+        return {
+            r.request_id: Proposal(
+                tokens[b][: picker.limits[b]],
+                confidences[b][: picker.limits[b]],
+                picker.draft_probs(b),
+            )
+            for b, r in enumerate(requests)
+        }
+
+
+class DraftPicker:
+    """The ``sample(logits [B, V], index) -> [B]`` callback of ``DSparkDraft.propose``: picks
+    each request's draft through its sampling pipeline (see the module docstring) and keeps
+    the grammar matchers in step. ``limits[b]``: how many of request ``b``'s drafts count."""
+
+    def __init__(self, requests: list[DraftRequest], num_draft_tokens: int) -> None:
+        self.requests = requests
+        self.limits = [min(r.max_drafts, num_draft_tokens) for r in requests]
+        self.picked: list[list[int]] = [[] for _ in requests]
+        self._probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        self._advanced = [0] * len(requests)
+        self._pending_fed = [0] * len(requests)
+        for b, r in enumerate(requests):
+            if r.grammar is None:
+                continue
+            fed = r.grammar.accept_tokens(r.pending_tokens)
+            self._pending_fed[b] = fed
+            if fed < len(r.pending_tokens):
+                self.limits[b] = 0  # the matcher refused this step's tokens: no drafts
+
+    def __call__(self, logits: torch.Tensor, index: int) -> torch.Tensor:
+        reqs = self.requests
+        positions = [r.last_position + 2 + index for r in reqs]
+        histories = [r.history + self.picked[b] for b, r in enumerate(reqs)]
+        bitmask = self._bitmask(index, logits.shape[1])
+        tokens = torch.zeros(len(reqs), dtype=torch.long, device=logits.device)
+        match = [b for b, r in enumerate(reqs) if r.mode != REJECTION]
+        reject = [b for b, r in enumerate(reqs) if r.mode == REJECTION]
+        if match:
+            tokens[match] = self._draw_match(logits, match, positions, histories, bitmask)
+        if reject:
+            tokens[reject] = self._draw_rejection(logits, reject, positions, histories, bitmask)
+        self._record(tokens.tolist(), index)
+        return tokens
+
+    def _bitmask(self, index: int, vocab_size: int) -> torch.Tensor | None:
+        rows = [b for b, r in enumerate(self.requests) if r.grammar is not None]
+        if not rows:
+            return None
+        mask = allocate_token_bitmask(len(self.requests), vocab_size)
+        for b in rows:
+            if index < self.limits[b]:
+                self.requests[b].grammar.fill_bitmask(mask, b)
+        return mask
+
+    def _draw_match(self, logits, rows, positions, histories, bitmask) -> torch.Tensor:
+        result = sample(
+            logits[rows],
+            [self.requests[b].params for b in rows],
+            [positions[b] for b in rows],
+            output_token_ids=[histories[b] for b in rows],
+            bitmask=None if bitmask is None else bitmask[rows],
+            stream=rng.STREAM_SAMPLE,
+        )
+        return result.token_ids
+
+    def _draw_rejection(self, logits, rows, positions, histories, bitmask) -> torch.Tensor:
+        probs = processed_probs(
+            logits[rows],
+            [self.requests[b].params for b in rows],
+            [histories[b] for b in rows],
+            None if bitmask is None else bitmask[rows],
+        )
+        seeds = torch.tensor([self.requests[b].params.seq_seed for b in rows], dtype=torch.long)
+        where = torch.tensor([positions[b] for b in rows], dtype=torch.long)
+        device = logits.device
+        drawn = draw_categorical(probs, seeds.to(device), where.to(device), rng.STREAM_DRAFT)
+        for i, b in enumerate(rows):
+            self._probs[b].append(probs[i])
+        return drawn
+
+    def _record(self, tokens: list[int], index: int) -> None:
+        for b, r in enumerate(self.requests):
+            self.picked[b].append(tokens[b])
+            if r.grammar is None or index >= self.limits[b]:
+                continue
+            if r.grammar.accept_token(tokens[b]):
+                self._advanced[b] += 1
+            else:
+                self.limits[b] = index  # not a valid continuation: drop it and what follows
+
+    def release_grammars(self) -> None:
+        """Roll every matcher back to where it was before drafting."""
+        for b, r in enumerate(self.requests):
+            if r.grammar is not None:
+                r.grammar.rollback(self._advanced[b] + self._pending_fed[b])
+                self._advanced[b] = self._pending_fed[b] = 0
+
+    def draft_probs(self, b: int) -> torch.Tensor | None:
+        """``[limits[b], V]`` processed draft distributions of a rejection request."""
+        if not self._probs[b]:
+            return None
+        return torch.stack(self._probs[b][: self.limits[b]])

@@ -1,0 +1,286 @@
+"""Sampling and draft verification of one step's sampling rows.
+
+A request samples one row (a decode, or the end of a prefill), ``n`` copies of its last row
+(an ``n > 1`` fork, one seed each), or ``1 + d`` rows when it verifies ``d`` drafts: row ``j``
+holds ``[last token, drafts]`` up to draft ``j`` and predicts the position of draft ``j``
+(row ``d`` the bonus position). Each row is processed as non-speculative decoding would
+process that position: penalties over the generated tokens plus drafts ``< j``, the grammar
+mask after drafts ``< j`` (the matcher is advanced tentatively and rolled back), the row's own
+RNG key (seed, position).
+
+Then per request: ``greedy`` / ``seed_exact`` sample every row with the sampler and accept the
+longest prefix of drafts equal to those samples (``accept_greedy`` / ``accept_seed_exact``);
+``rejection`` computes the processed target distribution ``p`` of every row and runs
+``accept_rejection`` against the kept draft distributions ``q``. A request emits its accepted
+drafts plus the final token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from deepinfer.engine.core.batch_plan import StepPlan
+from deepinfer.engine.core.scheduler_output import SchedulerOutput, SpecDecodeStats
+from deepinfer.engine.runner.spec_sampling import processed_probs
+from deepinfer.engine.runner.speculation import GREEDY, REJECTION, verify_mode
+from deepinfer.sampling import allocate_token_bitmask, sample
+from deepinfer.spec import PAD_TOKEN_ID, accept_greedy, accept_rejection, accept_seed_exact
+
+
+@dataclass
+class RequestRows:
+    """One request's sampling rows ``first .. first + count`` (indices into the step's
+    sampling rows) and how they are sampled."""
+
+    b: int
+    request_id: str
+    first: int
+    count: int
+    drafts: list[int]
+    is_fork: bool
+    mode: str = GREEDY
+    params: list[Any] = field(default_factory=list)
+    histories: list[list[int]] = field(default_factory=list)
+    masks: torch.Tensor | None = None  # [count, words] int32, None without a grammar
+
+
+@dataclass
+class Emitted:
+    """What one request emits this step: tokens, their logprob dicts (or None), the position
+    of the row that produced the final token, and its verification stats."""
+
+    request_id: str
+    tokens: list[int]
+    logprobs: list[dict[int, float]] | None
+    final_row_position: int
+    stats: SpecDecodeStats | None = None
+
+
+def request_rows(runner: Any, plan: StepPlan, so: SchedulerOutput, errors) -> list[RequestRows]:
+    """Group the sampling rows by request; requests whose grammar failed are left out."""
+    groups: list[RequestRows] = []
+    acceptance = runner.spec.acceptance if runner.spec is not None else "auto"
+    for s, b in enumerate(plan.sample_requests):
+        if groups and groups[-1].b == b:
+            groups[-1].count += 1
+            continue
+        request_id = plan.request_ids[b]
+        seq = runner.state.sequences[request_id]
+        drafts = list(so.scheduled_spec_token_ids.get(request_id, []))[: plan.num_drafts[b]]
+        mode = verify_mode(seq.sampling_params, seq.has_user_seed, acceptance)
+        fork = request_id in so.fork_seeds
+        groups.append(RequestRows(b, request_id, s, 1, drafts, fork, mode))
+    ready = []
+    for g in groups:
+        if runner.grammar is not None and not runner.grammar.ready(g.request_id, errors):
+            continue
+        _fill_rows(runner, plan, g)
+        ready.append(g)
+    return ready
+
+
+def _fill_rows(runner: Any, plan: StepPlan, g: RequestRows) -> None:
+    seq = runner.state.sequences[g.request_id]
+    generated = seq.token_ids[seq.num_prompt_tokens :]
+    for j in range(g.count):
+        seed = plan.sample_seeds[g.first + j]
+        g.params.append(replace(seq.sampling_params, seq_seed=seed, seed=None))
+        g.histories.append(generated if g.is_fork else generated + g.drafts[:j])
+    state = runner.grammar.state(g.request_id) if runner.grammar is not None else None
+    if state is None:
+        return
+    g.masks = allocate_token_bitmask(g.count, runner.grammar.vocab_size)
+    if g.is_fork:
+        state.fill_bitmask(g.masks, 0)
+        g.masks[1:] = g.masks[0]
+    else:
+        state.fill_draft_bitmasks(g.masks, 0, g.drafts)
+
+
+def _stack_masks(groups: list[RequestRows], vocab_size: int) -> torch.Tensor | None:
+    if all(g.masks is None for g in groups):
+        return None
+    rows = sum(g.count for g in groups)
+    mask, at = allocate_token_bitmask(rows, vocab_size), 0
+    for g in groups:
+        if g.masks is not None:
+            mask[at : at + g.count] = g.masks
+        at += g.count
+    return mask
+
+
+def sample_and_verify(
+    runner: Any, plan: StepPlan, so: SchedulerOutput, logits: torch.Tensor, errors
+) -> list[Emitted]:
+    """Sample / verify every request's rows; ``logits`` ``[S, V]`` are the sampling rows."""
+    groups = request_rows(runner, plan, so, errors)
+    rejecting = [g for g in groups if g.mode == REJECTION and g.drafts]
+    matching = [g for g in groups if not (g.mode == REJECTION and g.drafts)]
+    emitted = _match(runner, plan, matching, logits) if matching else []
+    if rejecting:
+        emitted += _reject(runner, plan, rejecting, logits)
+    return emitted
+
+
+def _row_index(groups: list[RequestRows], device) -> torch.Tensor:
+    rows = [g.first + j for g in groups for j in range(g.count)]
+    return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+def _match(runner, plan, groups, logits) -> list[Emitted]:
+    params = [p for g in groups for p in g.params]
+    result = sample(
+        logits[_row_index(groups, logits.device)],
+        params,
+        [plan.sample_positions[g.first + j] for g in groups for j in range(g.count)],
+        output_token_ids=[h for g in groups for h in g.histories],
+        bitmask=_stack_masks(groups, logits.shape[1]),
+    )
+    tokens = result.token_ids
+    logprobs = logprob_dicts(result, params)
+    accepted = _accept_by_match(groups, tokens)
+    host = tokens.tolist()
+    out, at = [], 0
+    for g, a in zip(groups, accepted):
+        rows = range(at, at + (g.count if g.is_fork else a + 1))
+        lps = [logprobs[r] for r in rows]
+        emitted_tokens = [host[r] for r in rows]
+        out.append(_emitted(runner, plan, g, emitted_tokens, lps, a))
+        at += g.count
+    return out
+
+
+def _accept_by_match(groups: list[RequestRows], tokens: torch.Tensor) -> list[int]:
+    """Accepted drafts per group (0 without drafts): one padded call per mode."""
+    accepted = [0] * len(groups)
+    starts, at = [], 0
+    for g in groups:
+        starts.append(at)
+        at += g.count
+    for mode, accept in ((GREEDY, accept_greedy), ("seed_exact", accept_seed_exact)):
+        chosen = [i for i, g in enumerate(groups) if g.drafts and g.mode == mode]
+        if not chosen:
+            continue
+        width = max(len(groups[i].drafts) for i in chosen)
+        drafts = torch.full((len(chosen), width), PAD_TOKEN_ID, dtype=torch.long)
+        target = torch.full((len(chosen), width + 1), PAD_TOKEN_ID, dtype=torch.long)
+        host = tokens.cpu()
+        for k, i in enumerate(chosen):
+            g = groups[i]
+            drafts[k, : len(g.drafts)] = torch.tensor(g.drafts)
+            target[k, : g.count] = host[starts[i] : starts[i] + g.count]
+        counts = torch.tensor([len(groups[i].drafts) for i in chosen])
+        result = accept(drafts, counts, target)
+        for k, i in enumerate(chosen):
+            accepted[i] = int(result.num_accepted[k])
+    return accepted
+
+
+def _reject(runner, plan, groups, logits) -> list[Emitted]:
+    probs = processed_probs(
+        logits[_row_index(groups, logits.device)],
+        [p for g in groups for p in g.params],
+        [h for g in groups for h in g.histories],
+        _stack_masks(groups, logits.shape[1]),
+    )
+    vocab, device = probs.shape[1], probs.device
+    width = max(len(g.drafts) for g in groups)
+    target = torch.zeros(len(groups), width + 1, vocab, device=device)
+    draft_probs = torch.zeros(len(groups), width, vocab, device=device)
+    drafts = torch.full((len(groups), width), PAD_TOKEN_ID, dtype=torch.long, device=device)
+    at = 0
+    for k, g in enumerate(groups):
+        d = len(g.drafts)
+        target[k, : g.count] = probs[at : at + g.count]
+        drafts[k, :d] = torch.tensor(g.drafts, device=device)
+        draft_probs[k, :d] = _draft_probs(runner, g, vocab, device)
+        at += g.count
+    seeds = torch.tensor([g.params[0].seq_seed for g in groups], dtype=torch.long, device=device)
+    first = [plan.sample_positions[g.first] for g in groups]
+    result = accept_rejection(
+        drafts,
+        torch.tensor([len(g.drafts) for g in groups], device=device),
+        draft_probs,
+        target,
+        seeds,
+        torch.tensor(first, dtype=torch.long, device=device),
+    )
+    accepted = result.num_accepted.tolist()
+    outputs = result.output_tokens.tolist()
+    out = []
+    for k, g in enumerate(groups):
+        tokens = outputs[k][: accepted[k] + 1]
+        lps = _rejection_logprobs(target[k], tokens, g.params[0].logprobs)
+        out.append(_emitted(runner, plan, g, tokens, lps, accepted[k]))
+    return out
+
+
+def _draft_probs(runner, g: RequestRows, vocab: int, device) -> torch.Tensor:
+    """The kept ``q`` rows of the verified drafts; one-hot for a draft source without them."""
+    proposal = runner.proposals.get(g.request_id)
+    d = len(g.drafts)
+    if proposal is not None and proposal.probs is not None and len(proposal.probs) >= d:
+        return proposal.probs[:d].to(device)
+    one_hot = torch.zeros(d, vocab, device=device)
+    one_hot[torch.arange(d), torch.tensor(g.drafts, device=device)] = 1.0
+    return one_hot
+
+
+def _rejection_logprobs(probs: torch.Tensor, tokens: list[int], num_top: int | None):
+    """``{token: logprob}`` plus the top alternatives of the processed target rows."""
+    if num_top is None:
+        return [None] * len(tokens)
+    logp = torch.log(probs[: len(tokens)])
+    dicts = []
+    for j, token in enumerate(tokens):
+        entry = {token: float(logp[j, token])}
+        if num_top > 0:
+            values, ids = logp[j].topk(num_top)
+            for t, v in zip(ids.tolist(), values.tolist()):
+                entry.setdefault(t, v)
+        dicts.append(entry)
+    return dicts
+
+
+def _emitted(runner, plan, g: RequestRows, tokens, logprobs, accepted: int) -> Emitted:
+    final = g.first + (0 if g.is_fork else accepted)
+    stats = None
+    if g.drafts:
+        confidences = None
+        if runner.spec is not None and runner.spec.return_confidences:
+            proposal = runner.proposals.get(g.request_id)
+            known = proposal.confidences if proposal is not None else []
+            confidences = list(known[: len(g.drafts)])
+        stats = SpecDecodeStats(len(g.drafts), accepted, confidences)
+    has_logprobs = any(lp is not None for lp in logprobs)
+    return Emitted(
+        g.request_id,
+        tokens,
+        logprobs if has_logprobs else None,
+        plan.sample_positions[final] - 1,
+        stats,
+    )
+
+
+def logprob_dicts(result: Any, params: list[Any]) -> list[dict[int, float] | None]:
+    """Per row: ``{sampled token: logprob}`` then the top-k alternatives (processed
+    distribution, see :class:`deepinfer.sampling.SampleResult`)."""
+    if result.logprobs is None:
+        return [None] * len(params)
+    sampled = result.token_ids.tolist()
+    chosen = result.logprobs.tolist()
+    top_ids = result.top_token_ids.tolist()
+    top_lp = result.top_logprobs.tolist()
+    dicts: list[dict[int, float] | None] = []
+    for i, p in enumerate(params):
+        if p.logprobs is None:
+            dicts.append(None)
+            continue
+        entry = {sampled[i]: chosen[i]}
+        for token, value in zip(top_ids[i][: p.logprobs], top_lp[i][: p.logprobs]):
+            entry.setdefault(token, value)
+        dicts.append(entry)
+    return dicts
