@@ -18,6 +18,7 @@ import copy
 import functools
 import math
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,11 @@ from deepinfer.engine.model.model_v41 import DeepseekV41Model
 from deepinfer.engine.testing import tiny_v41_config, with_quantization
 
 HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # the sibling modules (quantise.py) import by plain name
+    sys.path.insert(0, str(HERE))
 TOKENIZER_DIR = HERE / "tokenizer"
 DATA_DIR = HERE / "data"
+EVAL_TOKENS = 262_144  # validation targets every model is scored on (first tokens of the split)
 TRAIN_SEQ_LEN = 512  # the training length; index_topk and the candidate filter cover it
 CACHE_BLOCK_SIZE = 128
 
@@ -271,6 +275,34 @@ def token_nll(
     return torch.nn.functional.cross_entropy(logits, targets, reduction=reduction)
 
 
+@torch.no_grad()
+def eval_windows(tokens: np.ndarray, seq_len: int, max_tokens: int = EVAL_TOKENS) -> np.ndarray:
+    """The first ``max_tokens`` targets of ``tokens`` as ``[n, seq_len + 1]`` int64 windows
+    (window ``i`` starts at ``i * seq_len``: each target is predicted once, with the context
+    its window gives it)."""
+    n = min(max_tokens, len(tokens) - 1) // seq_len
+    if n == 0:
+        raise ValueError(f"{len(tokens)} tokens: fewer than one window of {seq_len + 1}")
+    index = np.arange(n)[:, None] * seq_len + np.arange(seq_len + 1)[None, :]
+    return np.asarray(tokens[index], dtype=np.int64)
+
+
+@torch.no_grad()
+def mean_nll(model: DeepseekV41Model, windows: np.ndarray, batch: int, device) -> float:
+    """Mean next-token NLL (nats) over all targets of ``windows`` ``[n, S + 1]``."""
+    n, seq_len = windows.shape[0], windows.shape[1] - 1
+    cache_dtype = model.embed.weight.dtype
+    full = training_batch(model.config, min(batch, n), seq_len, device, cache_dtype)
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for start in range(0, n, batch):
+        chunk = torch.from_numpy(windows[start : start + batch]).to(device)
+        tb = full
+        if chunk.shape[0] != full.batch.state_slots.shape[0]:
+            tb = training_batch(model.config, chunk.shape[0], seq_len, device, cache_dtype)
+        total += token_nll(model, tb, chunk, reduction="sum").double()
+    return float(total) / (n * seq_len)
+
+
 # -- quantisation as exported ----------------------------------------------------------------
 
 
@@ -278,20 +310,14 @@ def fake_quantise_(model: torch.nn.Module, config: dict[str, Any] | None = None)
     """Replace every weight by the value the exported checkpoint stores: FP8 e4m3 32x32 blocks
     (ue8m0), FP4 e2m1 experts (ue8m0 per 32), FP8 Engram rows (per 32), BF16 where the format
     stores BF16 (F32 tensors unchanged). Names are the model's (= official) names."""
-    from deepinfer.engine.checkpoint.inventory import official_inventory
+    from quantise import quant_groups, swap_in_quantised
 
-    raw = config or hf_config(quantized=True)
-    parsed = parse_config(raw)
-    inventory = official_inventory(parsed, include_mtp=True, include_vision=False)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name not in inventory or not p.is_floating_point():
-                continue
-            p.copy_(stored_value(name, p.detach(), inventory[name].dtype, parsed).to(p.dtype))
+    swap_in_quantised(quant_groups(model, config or hf_config(quantized=True)))
 
 
 def stored_value(name: str, value: torch.Tensor, stored_dtype, parsed: ModelConfig):
-    """fp32 value of ``value`` after the round trip through its on-disk format."""
+    """fp32 value of ``value`` after the round trip through its on-disk format, one tensor at
+    a time through the kernels' own quantisers (the reference :func:`fake_quantise_` matches)."""
     import deepinfer.kernels as K
     from deepinfer.engine.checkpoint.inventory import ENGRAM_SCALE_BLOCK
 
