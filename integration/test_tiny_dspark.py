@@ -121,9 +121,10 @@ def test_training_forward_equals_propose_fed_the_real_tokens():
     torch.testing.assert_close(
         out.confidence_logits[rows], proposal.confidence_logits, atol=1e-4, rtol=1e-4
     )
-    # the bookkeeping: draft i of anchor p is compared with target row p+1+i
+    # the bookkeeping: draft i of anchor p is compared with target row p+1+i, next token p+2+i
     b, p = picks[1]
     assert out.target_rows[rows[1]].tolist() == [b * seq_len + p + 1 + i for i in range(k)]
+    assert out.next_tokens[rows[1]].tolist() == ids[b, p + 2 : p + 2 + k].tolist()
     assert out.valid[rows[-1]].tolist() == [True] + [False] * (k - 1)
 
 
@@ -185,20 +186,27 @@ def test_loss_terms_match_their_definitions():
     rows = torch.randint(0, 6, (n, k), generator=gen)
     valid = torch.rand(n, k, generator=gen) > 0.3
     valid[0, 0] = True
-    weights = dt.LossWeights(cross_entropy=0.7, total_variation=1.3, confidence=0.4, decay=2.0)
-    loss, _ = dt.dspark_loss(dt.DraftOutputs(logits, conf, rows, valid), target, weights)
+    labels = target[rows].argmax(-1)
+    # the real next tokens: the greedy label or not, so that both paths occur
+    next_tokens = torch.where(torch.rand(n, k, generator=gen) < 0.6, labels, (labels + 1) % vocab)
+    weights = dt.LossWeights(
+        cross_entropy=0.7, total_variation=1.3, confidence=0.4, decay=2.0, off_path=0.3
+    )
+    outputs = dt.DraftOutputs(logits, conf, rows, valid, next_tokens)
+    loss, _ = dt.dspark_loss(outputs, target, weights)
     total = norm = 0.0
     for a in range(n):
         for i in range(k):
             if not valid[a, i]:
                 continue
+            on_path = all(next_tokens[a, j] == labels[a, j] for j in range(i))
             p = torch.softmax(target[rows[a, i]], -1)
             q = torch.softmax(logits[a, i], -1)
             tv = 0.5 * (p - q).abs().sum()
             ce = -torch.log(q[p.argmax()])
             c = torch.sigmoid(conf[a, i])
             bce = -((1 - tv) * torch.log(c) + tv * torch.log(1 - c))
-            w = float(np.exp(-i / 2.0))
+            w = float(np.exp(-i / 2.0)) * (1.0 if on_path else 0.3)
             total += w * (0.7 * ce + 1.3 * tv + 0.4 * bce)
             norm += w
     torch.testing.assert_close(loss, torch.as_tensor(total / norm, dtype=torch.float32))

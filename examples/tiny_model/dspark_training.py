@@ -69,13 +69,15 @@ class DraftOutputs:
 
     logits ``[N, K, V]`` fp32 (base + Markov correction); confidence_logits ``[N, K]`` fp32;
     target_rows ``[N, K]`` int64: the flat target row ``b*T + p+1+i`` each draft is compared
-    with (clamped to the sequence end); valid ``[N, K]`` bool: ``p+1+i <= T-1``.
+    with (clamped to the sequence end); valid ``[N, K]`` bool: ``p+1+i <= T-1``;
+    next_tokens ``[N, K]`` int64: the real token ``x[p+2+i]`` (clamped; None if unknown).
     """
 
     logits: torch.Tensor
     confidence_logits: torch.Tensor
     target_rows: torch.Tensor
     valid: torch.Tensor
+    next_tokens: torch.Tensor | None = None
 
 
 def anchor_layout(num_sequences: int, seq_len: int, block_size: int, device) -> dict:
@@ -131,25 +133,35 @@ def teacher_forced_drafts(
     logits = base + last.markov_head.bias(emb)
     confidence = last.confidence_head(hidden, emb)
     n = anchor_tokens.shape[0]
+    next_rows = (anchors["target_rows"] + 1).clamp(max=flat_ids.shape[0] - 1)
     return DraftOutputs(
         logits=logits.view(n, k, -1),
         confidence_logits=confidence.view(n, k),
         target_rows=anchors["target_rows"],
         valid=anchors["valid"],
+        next_tokens=flat_ids[next_rows],
     )
 
 
 @dataclass(frozen=True)
 class LossWeights:
-    """Weights of the DSpark loss terms and the position decay ``w_i = exp(-i / decay)``."""
+    """Weights of the DSpark loss terms.
+
+    Position ``i`` weighs ``exp(-i / decay)``. ``off_path``: the weight of a draft position
+    whose earlier real tokens ``x[p+2 .. p+1+i]`` are *not* the target's greedy tokens there.
+    On the greedy path the teacher-forced label is exactly the target's greedy continuation
+    the drafts are verified against; off it, the label depends on real tokens the draft block
+    never sees, so those examples get less weight.
+    """
 
     cross_entropy: float = 1.0
     total_variation: float = 1.0
     confidence: float = 1.0
     decay: float = 4.0
+    off_path: float = 0.2
 
     def __post_init__(self) -> None:
-        for name in ("cross_entropy", "total_variation", "confidence"):
+        for name in ("cross_entropy", "total_variation", "confidence", "off_path"):
             if getattr(self, name) < 0:
                 raise ValueError(f"LossWeights.{name} = {getattr(self, name)}: expected >= 0")
         if self.decay <= 0:
@@ -166,28 +178,42 @@ def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return 0.5 * (p - q).abs().sum(-1)
 
 
+def on_greedy_path(labels: torch.Tensor, next_tokens: torch.Tensor | None) -> torch.Tensor:
+    """``[N, K]`` bool: the real tokens before draft ``i`` (``x[p+2 .. p+1+i]``) all equal the
+    target's greedy labels of drafts ``0 .. i-1`` (always True for ``i = 0``)."""
+    if next_tokens is None:
+        return torch.ones_like(labels, dtype=torch.bool)
+    match = (next_tokens == labels).long().cumprod(1).bool()
+    return torch.cat([torch.ones_like(match[:, :1]), match[:, :-1]], 1)
+
+
 def dspark_loss(
     outputs: DraftOutputs, target_logits: torch.Tensor, weights: LossWeights = LossWeights()
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The DSpark loss and detached per-term metrics.
+    """The DSpark loss and detached metrics.
 
     target_logits ``[B*T, V]`` fp32 (frozen target, teacher-forced). Per draft position ``i``:
     ``CE(q_i, argmax p_i) + TV(p_i, q_i) + BCE(sigmoid(c_i), 1 - TV(p_i, q_i))`` (the BCE target
-    detached), each weighted by ``w_i`` and averaged over valid positions.
+    detached), weighted by ``w_i`` (times ``off_path`` off the greedy path) and averaged over
+    valid positions. Metric ``agree``: per position, how often the draft's argmax is the
+    target's greedy token on the greedy path (the conditional greedy acceptance rate);
+    ``tau``: ``1 + sum_i prod_{j<=i} agree_j``, the accepted length per verify step it implies.
     """
     rows, valid = outputs.target_rows, outputs.valid
-    k = rows.shape[1]
+    n, k = rows.shape
     with torch.no_grad():
         target = target_logits[rows.reshape(-1)].float()
         labels = target.argmax(-1)
         p = torch.softmax(target, -1)
+        on_path = on_greedy_path(labels.view(n, k), outputs.next_tokens) & valid
     logits = outputs.logits.reshape(-1, outputs.logits.shape[-1])
     q = torch.softmax(logits, -1)
     tv = total_variation(p, q)
     ce = F.cross_entropy(logits, labels, reduction="none")
     conf = outputs.confidence_logits.reshape(-1)
     bce = F.binary_cross_entropy_with_logits(conf, (1 - tv).detach(), reduction="none")
-    w = (weights.positions(k, rows.device)[None, :] * valid).reshape(-1)
+    path_weight = torch.where(on_path, 1.0, weights.off_path) * valid
+    w = (weights.positions(k, rows.device)[None, :] * path_weight).reshape(-1)
     denom = w.sum().clamp(min=1e-6)
 
     def mean(term: torch.Tensor) -> torch.Tensor:
@@ -199,14 +225,15 @@ def dspark_loss(
         + weights.confidence * mean(bce)
     )
     with torch.no_grad():
-        agree = (logits.argmax(-1) == labels).float().view(-1, k)
-        count = valid.float().sum(0).clamp(min=1)
+        agree = (logits.argmax(-1) == labels).float().view(n, k)
+        agree = (agree * on_path).sum(0) / on_path.float().sum(0).clamp(min=1)
         metrics = {
             "loss": loss.detach(),
             "ce": mean(ce).detach(),
             "tv": mean(tv).detach(),
             "bce": mean(bce).detach(),
-            "agree": (agree * valid).sum(0) / count,  # [K] greedy agreement per position
+            "tau": 1 + agree.cumprod(0).sum(),
+            "agree": agree,  # [K]
         }
     return loss, metrics
 

@@ -46,6 +46,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-minutes", type=float, default=2.0, help="safety stop (training loop)")
     p.add_argument("--log-every", type=int, default=25)
+    p.add_argument(
+        "--off-path-weight",
+        type=float,
+        default=dt.LossWeights.off_path,
+        help="loss weight of draft positions off the target's greedy path",
+    )
     p.add_argument("--data-dir", default=str(tc.DATA_DIR))
     p.add_argument(
         "--target-quant-sim",
@@ -95,7 +101,7 @@ def train(args: argparse.Namespace) -> dict:
     optimizer = torch.optim.AdamW(
         params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay
     )
-    weights = dt.LossWeights()
+    weights = dt.LossWeights(off_path=args.off_path_weight)
     tokens = tc.load_tokens("train", args.data_dir)
     tb = tc.training_batch(target.config, args.batch, args.seq_len, args.device)
     history, started, step = [], time.perf_counter(), 0
@@ -119,7 +125,7 @@ def train(args: argparse.Namespace) -> dict:
         if step % args.log_every == 0 or last:
             row = _log_row(step, metrics, time.perf_counter() - started)
             history.append(row)
-            bar.set_postfix(loss=row["loss"], agree0=row["agree"][0])
+            bar.set_postfix(loss=row["loss"], tau=row["tau"])
         if time.perf_counter() - started > 60 * args.max_minutes and not last:
             history.append(_log_row(step, metrics, time.perf_counter() - started))
             tqdm.write(f"--max-minutes {args.max_minutes} reached at step {step + 1}")
@@ -157,7 +163,8 @@ def main(argv=None) -> None:
     print(
         f"dspark: {result['steps_done']} steps in {result['seconds']:.1f} s; final loss "
         f"{final['loss']:.4f} (ce {final['ce']:.4f}, tv {final['tv']:.4f}, bce {final['bce']:.4f}),"
-        f" greedy agreement per position {final['agree']}; wrote {path}"
+        f" on-greedy-path agreement per position {final['agree']} (tau {final['tau']:.3f});"
+        f" wrote {path}"
     )
 
 
