@@ -70,9 +70,9 @@ class ModelRunner:
         if not live:
             return out
         so = replace(so, num_scheduled_tokens=live)
+        verifying = {r for r, d in so.scheduled_spec_token_ids.items() if d and r in live}
         if self.spec is not None and self.spec.varlen and self.spec.cost_curve is not None:
             so = trim_verification(so, self.proposals, self.spec.cost_curve)
-        verifying = {r for r, d in so.scheduled_spec_token_ids.items() if d}
         plan = build_step_plan(self.state, so)
         rows, sample_at, prompt_at = plan.logits_layout()
         batch = self._batch(plan, rows)
@@ -145,8 +145,7 @@ class ModelRunner:
                 entry.update(zip(top.indices[s, :k].tolist(), top.values[s, :k].tolist()))
             out.prompt_logprobs.setdefault(plan.request_ids[b], []).append(entry)
 
-    @staticmethod
-    def _emit(emitted: list[Emitted], verifying: set[str], out: ModelRunnerOutput) -> None:
+    def _emit(self, emitted: list[Emitted], verifying: set[str], out: ModelRunnerOutput) -> None:
         """Record the step's tokens; a request that had drafts scheduled counts a verify step
         even when confidence scheduling verified none of them."""
         for e in emitted:
@@ -156,7 +155,8 @@ class ModelRunner:
             if e.stats is not None:
                 out.spec_stats[e.request_id] = e.stats
             elif e.request_id in verifying:
-                out.spec_stats[e.request_id] = SpecDecodeStats(0, 0, None)
+                confidences = [] if self.spec.return_confidences else None
+                out.spec_stats[e.request_id] = SpecDecodeStats(0, 0, confidences)
 
     def _propose(self, emitted: list[Emitted], out: ModelRunnerOutput) -> None:
         """Draft after each request's newest token (at most the tokens it may still emit)."""
