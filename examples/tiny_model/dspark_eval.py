@@ -263,6 +263,7 @@ def main(argv=None) -> dict:
         results["models"]["exported checkpoint"] = evaluate(model, prefixes, args.chunk)
         del model
     if args.backbone:
+        K.set_accelerator("cpu")  # fp32 dense weights: the reference ops, on any device
         model = load_unquantised_pair(args.backbone, args.dspark, args.device)
         results["models"]["unquantised (backbone.pt + dspark.pt)"] = evaluate(
             model, prefixes, args.chunk

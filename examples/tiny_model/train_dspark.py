@@ -44,7 +44,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--clip", type=float, default=1.0, help="gradient norm clip")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-minutes", type=float, default=2.0, help="safety stop (training loop)")
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=2.0,
+        help="time limit of the training loop (the LR schedule ends by then too)",
+    )
     p.add_argument("--log-every", type=int, default=25)
     p.add_argument(
         "--off-path-weight",
@@ -60,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="run the frozen target with the shipped activation/KV rounding",
     )
     args = p.parse_args(argv)
-    for name in ("steps", "batch", "log_every"):
+    for name in ("steps", "batch", "log_every", "max_minutes"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} = {getattr(args, name)}: expected > 0")
     if args.seq_len < 3:
@@ -68,12 +73,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def learning_rate(step: int, args: argparse.Namespace) -> float:
-    """Linear warmup to ``--lr``, then cosine down to 10% of it at ``--steps``."""
+def learning_rate(step: int, progress: float, args: argparse.Namespace) -> float:
+    """Linear warmup to ``--lr`` over ``--warmup`` steps, then cosine down to 10% of it as
+    ``progress`` goes from 0 to 1."""
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
-    progress = (step - args.warmup) / max(1, args.steps - args.warmup)
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def schedule_progress(step: int, elapsed_s: float, args: argparse.Namespace) -> float:
+    """How far the run is: by steps, or by ``--max-minutes`` if that comes first (then the
+    cosine schedule still ends at its floor when the time is up, at some step < --steps)."""
+    by_steps = (step - args.warmup) / max(1, args.steps - args.warmup)
+    return max(by_steps, elapsed_s / (60 * args.max_minutes))
 
 
 def load_models(args: argparse.Namespace):
@@ -115,8 +127,9 @@ def train(args: argparse.Namespace) -> dict:
             draft, target.embed, target.head.weight, target.rope, taps, ids
         )
         loss, metrics = dt.dspark_loss(out, logits, weights)
+        progress = schedule_progress(step, time.perf_counter() - started, args)
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, args)
+            group["lr"] = learning_rate(step, progress, args)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, args.clip)
@@ -126,7 +139,7 @@ def train(args: argparse.Namespace) -> dict:
             row = _log_row(step, metrics, time.perf_counter() - started)
             history.append(row)
             bar.set_postfix(loss=row["loss"], tau=row["tau"])
-        if time.perf_counter() - started > 60 * args.max_minutes and not last:
+        if time.perf_counter() - started >= 60 * args.max_minutes and not last:
             history.append(_log_row(step, metrics, time.perf_counter() - started))
             tqdm.write(f"--max-minutes {args.max_minutes} reached at step {step + 1}")
             break
@@ -148,6 +161,7 @@ def save(result: dict, args: argparse.Namespace) -> Path:
         "args": vars(args),
         "steps_done": result["steps_done"],
         "train_seconds": round(result["seconds"], 1),
+        "seconds_per_step": round(result["seconds"] / result["steps_done"], 3),
         "device": torch.cuda.get_device_name(0) if "cuda" in args.device else "cpu",
         "history": result["history"],
     }
@@ -161,7 +175,8 @@ def main(argv=None) -> None:
     path = save(result, args)
     final = result["history"][-1]
     print(
-        f"dspark: {result['steps_done']} steps in {result['seconds']:.1f} s; final loss "
+        f"dspark: {result['steps_done']} steps in {result['seconds']:.1f} s "
+        f"({result['seconds'] / result['steps_done']:.3f} s/step); final loss "
         f"{final['loss']:.4f} (ce {final['ce']:.4f}, tv {final['tv']:.4f}, bce {final['bce']:.4f}),"
         f" on-greedy-path agreement per position {final['agree']} (tau {final['tau']:.3f});"
         f" wrote {path}"
