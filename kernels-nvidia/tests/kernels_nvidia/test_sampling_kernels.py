@@ -15,7 +15,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 if INTERPRETED:
     patch_triton_interpreter()
 
-from deepinfer.kernels_nvidia import sampling  # noqa: E402
+from deepinfer.kernels_nvidia import sampling, sampling_cutoff  # noqa: E402
 from deepinfer.kernels_nvidia.registry import IMPLEMENTATIONS  # noqa: E402
 
 OPS = ("apply_token_bitmask", "top_k_top_p_min_p_cutoff", "gumbel_sample")
@@ -26,6 +26,7 @@ needs_gpu = pytest.mark.skipif(
 
 def test_every_sampling_op_has_a_kernel():
     assert sampling.gumbel_sample is IMPLEMENTATIONS["gumbel_sample"]
+    assert sampling_cutoff.top_k_top_p_min_p_cutoff is IMPLEMENTATIONS["top_k_top_p_min_p_cutoff"]
     assert set(OPS) <= set(IMPLEMENTATIONS)
 
 
@@ -56,7 +57,7 @@ def test_speed_against_torch_sort_and_multinomial():
     seeds = torch.arange(rows, device="cuda")
 
     def ours():
-        cut = sampling.top_k_top_p_min_p_cutoff(logits, temperature, top_k, top_p, min_p)
+        cut = sampling_cutoff.top_k_top_p_min_p_cutoff(logits, temperature, top_k, top_p, min_p)
         return sampling.gumbel_sample(logits, temperature, cut, seeds, seeds, 0)
 
     def baseline():
@@ -89,18 +90,39 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from deepinfer.kernels_nvidia import sampling as k
+from deepinfer.kernels_nvidia import sampling_cutoff as c
 
-rows = {"stride": "i32", "vocab": "i32"}
+row = {"logits_ptr": "*fp32", "stride": "i32", "temp_ptr": "*fp32"}
+params = {"top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"}
+chunks = {"CHUNK": 4096, "BLOCK": 1024, "NB": 64}
 jobs = [
     (k._bitmask_kernel, {"logits_ptr": "*bf16", "bitmask_ptr": "*i32", "out_ptr": "*bf16",
      "vocab": "i32", "stride_l": "i32", "stride_b": "i32", "stride_o": "i32",
      "BLOCK": "constexpr"}, {"BLOCK": 1024}),
-    (k._cutoff_kernel, {"logits_ptr": "*fp32", **rows, "inv_t_ptr": "*fp32", "top_k_ptr": "*i32",
-     "top_p_ptr": "*fp32", "min_p_ptr": "*fp32", "out_ptr": "*fp32", "BLOCK": "constexpr",
-     "NP": "constexpr", "NB": "constexpr"}, {"BLOCK": 1024, "NP": 16, "NB": 128}),
-    (k._gumbel_kernel, {"logits_ptr": "*fp32", **rows, "inv_t_ptr": "*fp32", "cutoff_ptr": "*fp32",
-     "keys_ptr": "*i64", "best_ptr": "*fp32", "best_idx_ptr": "*i32", "num_chunks": "i32",
-     "CHUNK": "constexpr", "BLOCK": "constexpr"}, {"CHUNK": 8192, "BLOCK": 1024}),
+    (c._extremes_kernel, {**row, "maxima_ptr": "*fp32", "minima_ptr": "*fp32",
+     "hist_ptr": "*i32", "z_ptr": "*i64", "t_mp_ptr": "*fp32", "count_ptr": "*i32",
+     "vocab": "i32", "num_chunks": "i32", "CHUNK": "constexpr", "BLOCK": "constexpr",
+     "NB": "constexpr"}, chunks),
+    (c._histogram_kernel, {**row, **params, "maxima_ptr": "*fp32", "hist_ptr": "*i32",
+     "z_ptr": "*i64", "t_mp_ptr": "*fp32", "vocab": "i32", "num_chunks": "i32",
+     "CHUNK": "constexpr", "BLOCK": "constexpr", "NB": "constexpr", "NCP": "constexpr"},
+     {**chunks, "NCP": 32}),
+    (c._gather_kernel, {**row, **params, "maxima_ptr": "*fp32", "hist_ptr": "*i32",
+     "z_ptr": "*i64", "count_ptr": "*i32", "cand_ptr": "*fp32", "vocab": "i32",
+     "num_chunks": "i32", "CHUNK": "constexpr", "BLOCK": "constexpr", "NB": "constexpr",
+     "NCP": "constexpr", "CAP": "constexpr"}, {**chunks, "NCP": 32, "CAP": 8192}),
+    (c._finish_kernel, {**row, **params, "maxima_ptr": "*fp32", "minima_ptr": "*fp32",
+     "hist_ptr": "*i32", "z_ptr": "*i64", "t_mp_ptr": "*fp32", "count_ptr": "*i32",
+     "cand_ptr": "*fp32", "out_ptr": "*fp32", "vocab": "i32", "num_chunks": "i32",
+     "NB": "constexpr", "NCP": "constexpr", "CAP": "constexpr", "BLOCK": "constexpr",
+     "NP": "constexpr", "NBLK": "constexpr", "CBLOCK": "constexpr"},
+     {"NB": 64, "NCP": 32, "CAP": 8192, "BLOCK": 1024, "NP": 16, "NBLK": 128, "CBLOCK": 256}),
+    (k._gumbel_kernel, {**row, "cutoff_ptr": "*fp32", "seeds_ptr": "*i64",
+     "positions_ptr": "*i64", "stream_term": "i64", "best_ptr": "*fp32",
+     "best_idx_ptr": "*i32", "vocab": "i32", "num_chunks": "i32", "CHUNK": "constexpr",
+     "BLOCK": "constexpr"}, {"CHUNK": 8192, "BLOCK": 1024}),
+    (k._pick_chunk_kernel, {"best_ptr": "*fp32", "best_idx_ptr": "*i32", "out_ptr": "*i64",
+     "num_chunks": "i32", "NCP": "constexpr"}, {"NCP": 16}),
 ]
 for fn, signature, constexprs in jobs:
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
