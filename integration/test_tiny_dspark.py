@@ -177,7 +177,8 @@ def test_a_few_steps_lower_the_draft_loss_and_train_only_the_drafts():
             assert torch.equal(p, frozen[name]), name
 
 
-def test_loss_terms_match_their_definitions():
+@pytest.mark.parametrize("confidence_target", ["tv", "greedy"])
+def test_loss_terms_match_their_definitions(confidence_target):
     gen = torch.Generator().manual_seed(7)
     n, k, vocab = 4, 3, 11
     logits = torch.randn(n, k, vocab, generator=gen)
@@ -190,7 +191,12 @@ def test_loss_terms_match_their_definitions():
     # the real next tokens: the greedy label or not, so that both paths occur
     next_tokens = torch.where(torch.rand(n, k, generator=gen) < 0.6, labels, (labels + 1) % vocab)
     weights = dt.LossWeights(
-        cross_entropy=0.7, total_variation=1.3, confidence=0.4, decay=2.0, off_path=0.3
+        cross_entropy=0.7,
+        total_variation=1.3,
+        confidence=0.4,
+        decay=2.0,
+        off_path=0.3,
+        confidence_target=confidence_target,
     )
     outputs = dt.DraftOutputs(logits, conf, rows, valid, next_tokens)
     loss, _ = dt.dspark_loss(outputs, target, weights)
@@ -205,7 +211,8 @@ def test_loss_terms_match_their_definitions():
             tv = 0.5 * (p - q).abs().sum()
             ce = -torch.log(q[p.argmax()])
             c = torch.sigmoid(conf[a, i])
-            bce = -((1 - tv) * torch.log(c) + tv * torch.log(1 - c))
+            y = 1 - tv if confidence_target == "tv" else float(q.argmax() == p.argmax())
+            bce = -(y * torch.log(c) + (1 - y) * torch.log(1 - c))
             w = float(np.exp(-i / 2.0)) * (1.0 if on_path else 0.3)
             total += w * (0.7 * ce + 1.3 * tv + 0.4 * bce)
             norm += w

@@ -143,11 +143,17 @@ def teacher_forced_drafts(
     )
 
 
+CONFIDENCE_TARGETS = ("tv", "greedy")
+
+
 @dataclass(frozen=True)
 class LossWeights:
     """Weights of the DSpark loss terms.
 
-    Position ``i`` weighs ``exp(-i / decay)``. ``off_path``: the weight of a draft position
+    Position ``i`` weighs ``exp(-i / decay)``. ``confidence_target``: what the confidence head
+    learns to predict: ``"tv"`` = ``1 - TV(p, q)`` (DeepSpec; the acceptance probability of
+    speculative sampling at temperature 1) or ``"greedy"`` = whether the draft's argmax is the
+    target's greedy token (the acceptance event of greedy verification). ``off_path``: the weight of a draft position
     whose earlier real tokens ``x[p+2 .. p+1+i]`` are *not* the target's greedy tokens there.
     On the greedy path the teacher-forced label is exactly the target's greedy continuation
     the drafts are verified against; off it, the label depends on real tokens the draft block
@@ -159,8 +165,14 @@ class LossWeights:
     confidence: float = 1.0
     decay: float = 4.0
     off_path: float = 0.2
+    confidence_target: str = "tv"
 
     def __post_init__(self) -> None:
+        if self.confidence_target not in CONFIDENCE_TARGETS:
+            raise ValueError(
+                f"LossWeights.confidence_target = {self.confidence_target!r}: expected one of "
+                f"{CONFIDENCE_TARGETS}"
+            )
         for name in ("cross_entropy", "total_variation", "confidence", "off_path"):
             if getattr(self, name) < 0:
                 raise ValueError(f"LossWeights.{name} = {getattr(self, name)}: expected >= 0")
@@ -194,7 +206,7 @@ def dspark_loss(
 
     target_logits ``[B*T, V]`` fp32 (frozen target, teacher-forced). Per draft position ``i``:
     ``CE(q_i, argmax p_i) + TV(p_i, q_i) + BCE(sigmoid(c_i), 1 - TV(p_i, q_i))`` (the BCE target
-    detached), weighted by ``w_i`` (times ``off_path`` off the greedy path) and averaged over
+    detached; see :attr:`LossWeights.confidence_target`), weighted by ``w_i`` (times ``off_path`` off the greedy path) and averaged over
     valid positions. Metric ``agree``: per position, how often the draft's argmax is the
     target's greedy token on the greedy path (the conditional greedy acceptance rate);
     ``tau``: ``1 + sum_i prod_{j<=i} agree_j``, the accepted length per verify step it implies.
@@ -211,7 +223,11 @@ def dspark_loss(
     tv = total_variation(p, q)
     ce = F.cross_entropy(logits, labels, reduction="none")
     conf = outputs.confidence_logits.reshape(-1)
-    bce = F.binary_cross_entropy_with_logits(conf, (1 - tv).detach(), reduction="none")
+    if weights.confidence_target == "greedy":
+        conf_target = (logits.detach().argmax(-1) == labels).float()
+    else:
+        conf_target = (1 - tv).detach()
+    bce = F.binary_cross_entropy_with_logits(conf, conf_target, reduction="none")
     path_weight = torch.where(on_path, 1.0, weights.off_path) * valid
     w = (weights.positions(k, rows.device)[None, :] * path_weight).reshape(-1)
     denom = w.sum().clamp(min=1e-6)

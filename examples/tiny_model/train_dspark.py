@@ -2,8 +2,8 @@
 
     python examples/tiny_model/train_dspark.py --backbone out/backbone.pt --out out/dspark.pt
 
-The target (``backbone.pt``, weights fake-quantised as exported, by default also running the
-shipped activation / KV rounding) is frozen; only the draft stages ``mtp.*`` train (the
+The target (``backbone.pt``, weights fake-quantised as exported; ``--target-quant-sim`` adds
+the shipped activation / KV rounding) is frozen; only the draft stages ``mtp.*`` train (the
 embedding and the LM head are the target's). Each step: one target prefill over ``--batch``
 windows of ``--seq-len`` training tokens, then the draft block of every anchor position at
 once (``dspark_training.teacher_forced_drafts``) and the DSpark loss. AdamW with linear
@@ -36,8 +36,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--backbone", required=True, help="backbone.pt from train.py")
     p.add_argument("--out", required=True, help="dspark.pt to write")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--batch", type=int, default=16, help="sequences per step")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch", type=int, default=32, help="sequences per step")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=20, help="linear warmup steps")
@@ -59,10 +59,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--data-dir", default=str(tc.DATA_DIR))
     p.add_argument(
+        "--confidence-target",
+        choices=dt.CONFIDENCE_TARGETS,
+        default=dt.LossWeights.confidence_target,
+        help="tv: 1 - TV(p, q) (DeepSpec); greedy: draft argmax == target greedy token",
+    )
+    p.add_argument(
         "--target-quant-sim",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run the frozen target with the shipped activation/KV rounding",
+        default=False,
+        help="also run the shipped activation / KV rounding in the frozen target (weights are "
+        "always fake-quantised); about 2.4x the target's op count, so off by default",
     )
     args = p.parse_args(argv)
     for name in ("steps", "batch", "log_every", "max_minutes"):
@@ -113,7 +120,9 @@ def train(args: argparse.Namespace) -> dict:
     optimizer = torch.optim.AdamW(
         params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay
     )
-    weights = dt.LossWeights(off_path=args.off_path_weight)
+    weights = dt.LossWeights(
+        off_path=args.off_path_weight, confidence_target=args.confidence_target
+    )
     tokens = tc.load_tokens("train", args.data_dir)
     tb = tc.training_batch(target.config, args.batch, args.seq_len, args.device)
     history, started, step = [], time.perf_counter(), 0
