@@ -101,6 +101,13 @@ def test_oracle_drafts_accept_exactly_what_they_match(dspark_checkpoint, kind):
         m = out.metrics
         got = (m.num_draft_tokens, m.num_accepted_tokens, m.num_verify_steps)
         assert got == (want.num_draft_tokens, want.num_accepted_tokens, want.num_verify_steps)
+        # emitted tokens = accepted drafts + one per verify step (+ one per plain step)
+        assert m.num_generated_tokens == max_tokens
+        assert max_tokens == m.num_accepted_tokens + m.num_verify_steps + want.num_plain_steps
+        assert m.num_accepted_tokens <= m.num_draft_tokens
+        assert m.mean_accepted_length == pytest.approx(
+            1 + m.num_accepted_tokens / m.num_verify_steps
+        )
         assert sum(len(c) for c in m.draft_confidences) == m.num_draft_tokens
         assert all(c == pytest.approx(0.9) for step in m.draft_confidences for c in step)
         rejected_at |= want.rejected_at

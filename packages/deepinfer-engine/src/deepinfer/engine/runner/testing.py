@@ -55,6 +55,7 @@ class OracleCounts:
     num_draft_tokens: int
     num_accepted_tokens: int
     num_verify_steps: int
+    num_plain_steps: int  # steps that sampled one token without drafts (the prefill's too)
     rejected_at: frozenset[int]  # draft indices where a rejection happened
     num_full_accepts: int  # verify steps that accepted every draft
 
@@ -70,12 +71,12 @@ def expected_oracle_counts(
     each step the runner drafts ``min(K, max_tokens - generated - 1)`` tokens; a verify step
     accepts the drafts before the first corrupted one and emits them plus one token.
     ``is_corrupt(absolute position)``."""
-    generated, drafts, accepted, steps, full = 1, 0, 0, 0, 0
+    generated, drafts, accepted, steps, full, plain = 1, 0, 0, 0, 0, 1
     rejected_at: set[int] = set()
     while generated < max_tokens:
         n = min(num_draft_tokens, max_tokens - generated - 1)
         if n <= 0:
-            generated += 1  # a plain decode step
+            generated, plain = generated + 1, plain + 1  # a plain decode step
             continue
         first = num_prompt_tokens + generated
         a = 0
@@ -86,4 +87,4 @@ def expected_oracle_counts(
         else:
             full += 1
         drafts, accepted, steps, generated = drafts + n, accepted + a, steps + 1, generated + a + 1
-    return OracleCounts(drafts, accepted, steps, frozenset(rejected_at), full)
+    return OracleCounts(drafts, accepted, steps, plain, frozenset(rejected_at), full)
