@@ -135,3 +135,18 @@ def test_sample_makes_no_host_device_sync():
         sample(logits, params, positions, output_token_ids=outputs)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_plain_top_k_top_p_sample_makes_no_host_device_sync():
+    logits = torch.randn(64, VOCAB, device="cuda")
+    params = [SamplingParams(temperature=0.8, top_k=30, top_p=0.9, seq_seed=i) for i in range(64)]
+    positions = list(range(64))
+    sample(logits, params, positions)  # warm-up (kernel compile)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        sample(logits, params, positions)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

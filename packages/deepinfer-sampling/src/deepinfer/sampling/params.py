@@ -10,6 +10,7 @@ grammar=..., choice=[...])``; both resolve to one :class:`GrammarSpec` (``params
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,12 @@ from deepinfer.sampling.rng import random_seeds
 
 MAX_LOGPROBS = 1000
 SEED_MASK = (1 << 63) - 1
+# Bits of ``SamplingParams.row_flags``: the sampler ORs / ANDs them over a batch in one pass.
+ROW_PLAIN_GREEDY = 1  # greedy with no processing and no logprobs
+ROW_GREEDY = 2
+ROW_LOGPROBS = 4
+ROW_PROCESSED = 8  # penalties, token bans or logit bias
+ROW_UNSEEDED = 16
 _SCHEMA_TYPES = ("json", "regex", "ebnf")
 
 
@@ -225,6 +232,19 @@ class SamplingParams:
         cache(self, "has_bans", self.min_tokens > 0 or self.first_n_token_no_eos > 0)
         plain = not (self.has_penalty or self.has_bans or self.logit_bias)
         cache(self, "is_plain_greedy", plain and self.temperature == 0.0 and self.logprobs is None)
+        greedy = self.temperature == 0.0
+        flags = (
+            ROW_PLAIN_GREEDY * self.is_plain_greedy
+            | ROW_GREEDY * greedy
+            | ROW_LOGPROBS * (self.logprobs is not None)
+            | ROW_PROCESSED * (not plain)
+            | ROW_UNSEEDED * (self.seq_seed is None)
+        )
+        cache(self, "row_flags", flags)
+        # the row's slice of the sampler's packed host buffer (see sampler._row_tensors)
+        cache(self, "row_float_bytes", struct.pack("<4f", *self.row_floats, 0.0))
+        seed = self.seq_seed if self.seq_seed is not None else 0
+        cache(self, "row_int_bytes", struct.pack("<3q", self.top_k, seed, greedy))
 
     def _resolve_seed_alias(self) -> None:
         if self.seed is not None and self.seq_seed is not None and self.seed != self.seq_seed:

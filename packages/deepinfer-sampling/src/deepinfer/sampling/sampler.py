@@ -29,6 +29,8 @@ A greedy fast path (every row greedy, no processing, no logprobs) is one ``argma
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,7 +39,14 @@ import torch
 
 from deepinfer import kernels
 from deepinfer.sampling import rng
-from deepinfer.sampling.params import SamplingParams
+from deepinfer.sampling.params import (
+    ROW_GREEDY,
+    ROW_LOGPROBS,
+    ROW_PLAIN_GREEDY,
+    ROW_PROCESSED,
+    ROW_UNSEEDED,
+    SamplingParams,
+)
 from deepinfer.sampling.processors import (
     apply_bans_and_bias,
     apply_penalties,
@@ -74,39 +83,53 @@ class SampleResult:
 
 @dataclass(frozen=True)
 class _RowTensors:
+    """Per-row parameters on the device: views of one buffer copied in one transfer."""
+
     temperature: torch.Tensor  # [B] float32, greedy rows as 1.0
-    top_k: torch.Tensor  # [B] int64
     top_p: torch.Tensor  # [B] float32
     min_p: torch.Tensor  # [B] float32
+    top_k: torch.Tensor  # [B] int64
     seeds: torch.Tensor  # [B] int64
+    greedy_flags: torch.Tensor  # [B] int64, 1 for greedy rows
     positions: torch.Tensor  # [B] int64
-    greedy: torch.Tensor  # [B] bool
 
 
-def _row_tensors(params, positions, device) -> _RowTensors:
-    """Per-row parameters packed into two host tensors, so two host-to-device copies."""
-    fresh = iter(rng.random_seeds(sum(p.seq_seed is None for p in params)))
-    floats = torch.from_numpy(np.array([p.row_floats for p in params], dtype=np.float32).T.copy())
-    ints = torch.from_numpy(
-        np.array(
-            [(p.top_k, p.seq_seed if p.seq_seed is not None else next(fresh), p.is_greedy)
-             for p in params],
-            dtype=np.int64,
-        ).T.copy()
-    )  # fmt: skip
-    floats, ints = floats.to(device, non_blocking=True), ints.to(device, non_blocking=True)
-    if isinstance(positions, torch.Tensor):
-        pos = positions.to(device=device, dtype=torch.int64)
-    else:
-        pos = torch.from_numpy(np.asarray(positions, dtype=np.int64)).to(device, non_blocking=True)
+def _row_tensors(params, positions, device, unseeded: bool) -> _RowTensors:
+    """Pack the rows' cached parameter bytes into one host buffer (``[4, B]`` float32 then
+    ``[4, B]`` int64) and copy it to the device once; the fields are views of it."""
+    num = len(params)
+    floats = np.frombuffer(b"".join([p.row_float_bytes for p in params]), np.float32)
+    ints = np.frombuffer(b"".join([p.row_int_bytes for p in params]), np.int64)
+    host = np.empty(6 * num, dtype=np.int64)
+    host[: 2 * num].view(np.float32).reshape(4, num)[:] = floats.reshape(num, 4).T
+    host_ints = host[2 * num :].reshape(4, num)
+    host_ints[:3] = ints.reshape(num, 3).T
+    if unseeded:  # rows without a seed get a fresh one per call
+        missing = [i for i, p in enumerate(params) if p.seq_seed is None]
+        host_ints[1, missing] = rng.random_seeds(len(missing))
+    on_device = isinstance(positions, torch.Tensor)
+    if not on_device:
+        host_ints[3] = np.asarray(positions, dtype=np.int64)
+    dev = torch.from_numpy(host).to(device, non_blocking=True)
+    dev_floats = dev[: 2 * num].view(torch.float32).view(4, num)
+    dev_ints = dev[2 * num :].view(4, num)
+    pos = positions.to(device=device, dtype=torch.int64) if on_device else dev_ints[3]
     return _RowTensors(
-        temperature=floats[0],
-        top_p=floats[1],
-        min_p=floats[2],
-        top_k=ints[0],
-        seeds=ints[1],
+        temperature=dev_floats[0],
+        top_p=dev_floats[1],
+        min_p=dev_floats[2],
+        top_k=dev_ints[0],
+        seeds=dev_ints[1],
+        greedy_flags=dev_ints[2],
         positions=pos,
-        greedy=ints[2].bool(),
+    )
+
+
+def _batch_flags(params) -> tuple[int, int]:
+    """(OR, AND) of the rows' ``row_flags``, over the few distinct values."""
+    distinct = {p.row_flags for p in params}
+    return functools.reduce(operator.or_, distinct, 0), functools.reduce(
+        operator.and_, distinct, ~0
     )
 
 
@@ -161,25 +184,32 @@ def sample(
     (``rng.STREAM_SAMPLE``; drafting passes ``rng.STREAM_DRAFT``).
     """
     _validate(logits, params, positions, output_token_ids, bitmask)
-    if bitmask is None and all(p.is_plain_greedy for p in params):
+    any_flags, all_flags = _batch_flags(params)
+    if bitmask is None and all_flags & ROW_PLAIN_GREEDY:
         return SampleResult(token_ids=torch.argmax(logits, dim=-1))  # greedy fast path
-    want_logprobs = any(p.logprobs is not None for p in params)
-    processed = _process(logits, params, output_token_ids, bitmask)
-    if all(p.is_greedy for p in params) and not want_logprobs:
+    want_logprobs = bool(any_flags & ROW_LOGPROBS)
+    if any_flags & ROW_PROCESSED or bitmask is not None:
+        processed = _process(logits, params, output_token_ids, bitmask)
+    else:  # the ops read bf16/fp16 as float32 themselves: no copy
+        processed = logits.float() if want_logprobs else logits
+    if all_flags & ROW_GREEDY and not want_logprobs:
         return SampleResult(token_ids=torch.argmax(processed, dim=-1))
-    rows = _row_tensors(params, positions, logits.device)
+    rows = _row_tensors(params, positions, logits.device, bool(any_flags & ROW_UNSEEDED))
     cutoff = kernels.top_k_top_p_min_p_cutoff(
         processed, rows.temperature, rows.top_k, rows.top_p, rows.min_p
     )
     drawn = kernels.gumbel_sample(
         processed, rows.temperature, cutoff, rows.seeds, rows.positions, stream
     )
-    if any(p.is_greedy for p in params):
-        drawn = torch.where(rows.greedy, torch.argmax(processed, dim=-1), drawn)
+    greedy = rows.greedy_flags.bool() if any_flags & ROW_GREEDY else None
+    if greedy is not None:
+        drawn = torch.where(greedy, torch.argmax(processed, dim=-1), drawn)
     if not want_logprobs:
         return SampleResult(token_ids=drawn)
     num_top = max(p.logprobs or 0 for p in params)
-    return _with_logprobs(logits, processed, rows, cutoff, drawn, num_top)
+    if greedy is None:
+        greedy = torch.zeros_like(rows.greedy_flags, dtype=torch.bool)
+    return _with_logprobs(logits, processed, rows.temperature, greedy, cutoff, drawn, num_top)
 
 
 def _logprob_fields(logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: int):
@@ -188,10 +218,12 @@ def _logprob_fields(logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: in
     return chosen, top_values, top_ids
 
 
-def _with_logprobs(logits, processed, rows, cutoff, token_ids, num_top) -> SampleResult:
-    scaled = processed * (1.0 / rows.temperature)[:, None]
+def _with_logprobs(
+    logits, processed, temperature, greedy, cutoff, token_ids, num_top
+) -> SampleResult:
+    scaled = processed * (1.0 / temperature)[:, None]
     truncated = scaled.masked_fill(scaled < cutoff[:, None], float("-inf"))
-    final = torch.where(rows.greedy[:, None], processed, truncated)
+    final = torch.where(greedy[:, None], processed, truncated)
     processed_lp = torch.log_softmax(final, dim=-1)
     raw_lp = torch.log_softmax(logits.float(), dim=-1)
     lp, top_lp, top_ids = _logprob_fields(processed_lp, token_ids, num_top)
