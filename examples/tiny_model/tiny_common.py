@@ -97,10 +97,15 @@ NON_DIFFERENTIABLE = re.compile(r"(\.indexer\.|\.gate\.bias$|\.gate\.bias_vl$)")
 
 
 @functools.cache
-def _engram_compressed_vocab_size() -> int:
+def _token_map() -> torch.Tensor:
+    """The Engram compressed token map of the tiny tokenizer ``[vocab]`` int64."""
     from deepinfer.engine.model.engram_hashing import compressed_token_map
 
-    return int(compressed_token_map(_tokenizer()).max()) + 1
+    return compressed_token_map(_tokenizer())
+
+
+def _engram_compressed_vocab_size() -> int:
+    return int(_token_map().max()) + 1
 
 
 @functools.cache
@@ -141,9 +146,7 @@ def build_model(
     initialise_(model, seed)
     for name, p in model.named_parameters():
         p.requires_grad_(p.is_floating_point() and not NON_DIFFERENTIABLE.search(name))
-    from deepinfer.engine.model.engram_hashing import compressed_token_map
-
-    model.bind_engram(compressed_token_map(_tokenizer()))
+    model.bind_engram(_token_map())
     return model
 
 

@@ -63,7 +63,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--eval-tokens", type=int, default=EVAL_TOKENS)
     p.add_argument("--max-train-minutes", type=float, default=None)
-    p.add_argument("--no-deterministic", action="store_true")
+    p.add_argument("--no-deterministic", action="store_true", help="CUDA: allow atomics")
+    p.add_argument(
+        "--repeat-batch", action="store_true", help="train on step 0's windows every step (a check)"
+    )
     return p.parse_args(argv)
 
 
@@ -74,7 +77,7 @@ def setup(args: argparse.Namespace) -> None:
     np.random.seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    if not args.no_deterministic:
+    if torch.device(args.device).type == "cuda" and not args.no_deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
 
@@ -146,7 +149,8 @@ def train(args: argparse.Namespace) -> dict:
     bar = tqdm(range(args.steps), desc="train", mininterval=2.0)
     step, last_log = 0, (0, t0)
     for step in bar:
-        windows = torch.from_numpy(batches(tokens, args.batch, args.seq_len, args.seed, step))
+        data_step = 0 if args.repeat_batch else step
+        windows = torch.from_numpy(batches(tokens, args.batch, args.seq_len, args.seed, data_step))
         windows = windows.pin_memory() if device.type == "cuda" else windows
         windows = windows.to(device, non_blocking=True)
         saved = swap_in_quantised(qat_groups) if step >= qat_start else None

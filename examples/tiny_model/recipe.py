@@ -1,0 +1,111 @@
+"""The whole tiny-model pipeline on one GPU: backbone -> DSpark stages -> export -> evaluate.
+
+    python examples/tiny_model/recipe.py --seed 0 --out runs/seed0 [--device cuda]
+
+Phases (each a subprocess; wall times printed and written to ``OUT/recipe.json``):
+
+1. ``train.py``        the backbone (``OUT/backbone.pt``, ``OUT/train.json``);
+2. ``train_dspark.py`` the three draft stages on the frozen backbone (``OUT/dspark.pt``),
+   skipped with a message when that script is absent;
+3. ``export.py``       the official-format checkpoint (``OUT/checkpoint/``);
+4. ``evaluate.py``     NLL (unquantised / quantised / bigram) + completions (``OUT/results.json``);
+5. ``dspark_eval.py``  teacher-forced DSpark acceptance and calibration
+   (``OUT/dspark_results.json``), when present and drafts were trained.
+
+Defaults fit the H200 budget (backbone <= 4.5 min, everything <= 7.5 min); ``--steps`` and
+``--max-train-minutes`` adjust the backbone, ``--dspark-steps`` / ``--dspark-max-minutes`` the
+drafts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_STEPS = 1200
+DEFAULT_BATCH = 32
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    p.add_argument("--batch", type=int, default=DEFAULT_BATCH)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--max-train-minutes", type=float, default=4.5)
+    p.add_argument("--dspark-steps", type=int, default=None, help="default: train_dspark's")
+    p.add_argument("--dspark-max-minutes", type=float, default=1.5)
+    p.add_argument("--eval-tokens", type=int, default=262_144)
+    p.add_argument("--data-dir", type=Path, default=HERE / "data")
+    p.add_argument("--skip-dspark", action="store_true")
+    p.add_argument("--no-completions", action="store_true")
+    return p.parse_args(argv)
+
+
+def run_phase(name: str, argv: list[str], phases: dict) -> None:
+    print(f"=== {name}: {' '.join(argv)}", flush=True)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, *argv], check=True, cwd=HERE)
+    phases[name] = round(time.perf_counter() - t0, 1)
+    print(f"=== {name}: {phases[name]} s", flush=True)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    common = ["--device", args.device, "--data-dir", str(args.data_dir.resolve())]
+    phases: dict[str, float] = {}
+    t_start = time.perf_counter()
+    train = ["train.py", "--seed", str(args.seed), "--out", str(out), "--steps", str(args.steps)]
+    train += ["--batch", str(args.batch), "--seq-len", str(args.seq_len)]
+    train += ["--max-train-minutes", str(args.max_train_minutes)]
+    train += ["--eval-tokens", str(args.eval_tokens), *common]
+    run_phase("train_backbone", train, phases)
+
+    dspark = out / "dspark.pt"
+    if args.skip_dspark or not (HERE / "train_dspark.py").exists():
+        print("=== train_dspark: skipped (--skip-dspark or train_dspark.py absent)")
+        dspark = None
+    else:
+        cmd = ["train_dspark.py", "--backbone", str(out / "backbone.pt"), "--out", str(dspark)]
+        cmd += ["--seed", str(args.seed), "--max-minutes", str(args.dspark_max_minutes), *common]
+        if args.dspark_steps is not None:
+            cmd += ["--steps", str(args.dspark_steps)]
+        run_phase("train_dspark", cmd, phases)
+
+    export = ["export.py", "--backbone", str(out / "backbone.pt"), "--out", str(out / "checkpoint")]
+    export += ["--seed", str(args.seed)] + (["--dspark", str(dspark)] if dspark else [])
+    run_phase("export", export, phases)
+
+    evaluate = ["evaluate.py", "--backbone", str(out / "backbone.pt")]
+    evaluate += ["--checkpoint", str(out / "checkpoint"), "--out", str(out / "results.json")]
+    evaluate += ["--seq-len", str(args.seq_len), "--eval-tokens", str(args.eval_tokens), *common]
+    evaluate += ["--no-completions"] if args.no_completions else []
+    run_phase("evaluate", evaluate, phases)
+
+    if dspark is not None and (HERE / "dspark_eval.py").exists():
+        cmd = ["dspark_eval.py", "--checkpoint", str(out / "checkpoint")]
+        cmd += ["--out", str(out / "dspark_results.json"), "--seed", str(args.seed), *common]
+        run_phase("dspark_eval", cmd, phases)
+
+    phases["total"] = round(time.perf_counter() - t_start, 1)
+    summary = {
+        "seed": args.seed,
+        "phases_s": phases,
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
+    (out / "recipe.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print("phase wall times (s): " + ", ".join(f"{k} {v}" for k, v in phases.items()))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

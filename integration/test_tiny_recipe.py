@@ -1,0 +1,160 @@
+"""The tiny model's backbone recipe on CPU at micro scale (examples/tiny_model).
+
+The real tiny V4.1 config (vocab 8192, 8 layers, 16 experts) on a few hundred tokens written
+here: every trainable parameter gets a gradient; a few steps on one batch lower its loss;
+``train.py`` -> ``export.py`` writes the official format (FP8 32x32 / FP4 / FP8 Engram, <= 15 MB
+shards, an index, configs, tokenizer) within 36 MB; the engine's loader reads it back and
+scores exactly what the fake-quantised training model scores; the batched fake quantisation
+is bit-identical to the kernels' quantisers; the bigram baseline matches a dense count.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "tiny_model"))
+
+import evaluate as ev  # noqa: E402
+import export as ex  # noqa: E402
+import tiny_common as tc  # noqa: E402
+import train as tr  # noqa: E402
+from quantise import quant_groups, swap_in_quantised  # noqa: E402
+
+from deepinfer.engine.checkpoint import load_model  # noqa: E402
+from deepinfer.engine.model.config import parse_config  # noqa: E402
+
+SEQ_LEN, BATCH = 32, 2
+pytestmark = pytest.mark.slow  # ~45 s of CPU: a 33M-parameter model trained, exported, loaded
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """train.bin / validation.bin of random text-token ids (uint16), a few hundred each."""
+    path = tmp_path_factory.mktemp("tiny_data")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 600), ("validation", 200)):
+        rng.integers(17, 8192, size=n).astype(np.uint16).tofile(path / f"{split}.bin")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tiny_run")
+    argv = ["--steps", "3", "--batch", str(BATCH), "--seq-len", str(SEQ_LEN), "--warmup", "1"]
+    argv += ["--device", "cpu", "--out", str(out), "--data-dir", str(data_dir)]
+    argv += ["--log-every", "1", "--eval-tokens", "64", "--qat-fraction", "0.34", "--repeat-batch"]
+    tr.train(tr.parse_args(argv))
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(trained) -> Path:
+    return ex.export(trained / "backbone.pt", trained / "checkpoint")
+
+
+def test_every_trainable_parameter_gets_a_gradient(data_dir):
+    model = tc.build_model("cpu", seed=3)
+    tb = tc.training_batch(model.config, BATCH, 2 * SEQ_LEN, "cpu")
+    tokens = tc.load_tokens("train", data_dir)
+    windows = torch.from_numpy(tc.batches(tokens, BATCH, 2 * SEQ_LEN, seed=0, step=0))
+    tc.token_nll(model, tb, windows).backward()
+    silent = [n for n, p in tc.trainable_parameters(model) if p.grad is None or not p.grad.any()]
+    assert silent == []
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    assert frozen and all(tc.NON_DIFFERENTIABLE.search(n) for n in frozen)
+    assert any(".indexer." in n for n in frozen) and any(n.endswith("gate.bias") for n in frozen)
+
+
+def test_train_script_writes_backbone_and_facts(trained):
+    facts = json.loads((trained / "train.json").read_text())
+    assert facts["steps_done"] == 3 and facts["qat_from_step"] == 2
+    assert [e["step"] for e in facts["log"]] == [1, 2, 3]
+    losses = [e["loss"] for e in facts["log"]]  # one batch, repeated: it is being memorised
+    assert losses[2] < losses[1] < losses[0]
+    assert np.isfinite(facts["val_nll"]) and facts["val_tokens"] == 64
+    saved = torch.load(trained / "backbone.pt", weights_only=True)
+    assert not any(k.startswith("mtp.") for k in saved["state_dict"])
+    assert saved["config"]["quantization_config"]["weight_block_size"] == [32, 32]
+
+
+def test_export_is_the_official_format(exported):
+    files = sorted(p.name for p in exported.iterdir())
+    shards = [f for f in files if f.endswith(".safetensors")]
+    assert all(re.fullmatch(rf"model-\d{{5}}-of-{len(shards):05d}\.safetensors", f) for f in shards)
+    for name in (
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ):
+        assert name in files
+    assert all((exported / s).stat().st_size <= 15_000_000 for s in shards)
+    assert sum((exported / f).stat().st_size for f in files) <= 36_000_000
+    index = json.loads((exported / "model.safetensors.index.json").read_text())["weight_map"]
+    assert set(index.values()) == set(shards)
+    dtypes = {}
+    for shard in shards:
+        with safe_open(exported / shard, "pt") as f:
+            for key in f:
+                dtypes[key] = f.get_slice(key).get_dtype()
+    assert set(dtypes) == set(index)
+    assert dtypes["layers.0.attn.wq_a.weight"] == "F8_E4M3"
+    assert dtypes["layers.0.attn.wq_a.scale"] == "F8_E8M0"
+    assert dtypes["layers.3.ffn.experts.5.w2.weight"] == "I8"
+    assert dtypes["layers.1.engram.embed.weight"] == "F8_E4M3"
+    assert dtypes["embed.weight"] == "BF16" and dtypes["layers.2.hc_attn_fn"] == "F32"
+    assert any(k.startswith("mtp.2.") for k in dtypes)
+
+
+def test_exported_checkpoint_scores_like_the_fake_quantised_model(trained, exported, data_dir):
+    windows = tc.eval_windows(tc.load_tokens("validation", data_dir), SEQ_LEN, 64)
+    loaded = load_model(exported, dtype=torch.float32, progress=False)
+    assert loaded.config.quant_simulation
+    reference = tc.load_backbone(trained / "backbone.pt", quant_simulation=True)
+    tc.fake_quantise_(reference)
+    nll_loaded = tc.mean_nll(loaded, windows, BATCH, "cpu")
+    nll_reference = tc.mean_nll(reference, windows, BATCH, "cpu")
+    assert nll_loaded == pytest.approx(nll_reference, rel=1e-5)
+    plain = tc.mean_nll(tc.load_backbone(trained / "backbone.pt"), windows, BATCH, "cpu")
+    assert plain != nll_loaded  # quantisation changes the numbers, a little
+    assert abs(plain - nll_loaded) / plain < 0.05
+
+
+def test_batched_fake_quantisation_equals_the_kernels_quantisers():
+    model = tc.build_model("cpu", include_mtp=True, seed=2)
+    raw = tc.hf_config(quantized=True)
+    parsed = parse_config(raw)
+    groups = quant_groups(model, raw)
+    assert {g.kind for g in groups} == {"fp8", "fp4", "bf16"}
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    swap_in_quantised(groups)
+    from deepinfer.engine.checkpoint.inventory import official_inventory
+
+    inventory = official_inventory(parsed, include_mtp=True, include_vision=False)
+    for g in groups:
+        for name in g.names[:2]:
+            want = tc.stored_value(name, before[name], inventory[name].dtype, parsed)
+            got = dict(model.named_parameters())[name].detach()
+            assert torch.equal(got, want), name
+            if g.kind != "bf16":  # ones (norms) are exact in bf16
+                assert not torch.equal(got, before[name]), name
+
+
+def test_bigram_matches_dense_counts():
+    rng = np.random.default_rng(0)
+    vocab, train = 7, rng.integers(0, 7, size=500)
+    prev, nxt = rng.integers(0, 7, size=50), rng.integers(0, 7, size=50)
+    counts = np.zeros((vocab, vocab))
+    np.add.at(counts, (train[:-1], train[1:]), 1)
+    unigram = (np.bincount(train, minlength=vocab) + 1) / (len(train) + vocab)
+    lam = 0.8
+    p = lam * counts[prev, nxt] / counts.sum(1)[prev] + (1 - lam) * unigram[nxt]
+    assert ev.Bigram(train, vocab).nll(prev, nxt, lam) == pytest.approx(-np.log(p).mean())
