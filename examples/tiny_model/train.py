@@ -227,6 +227,9 @@ def finish(model, args, device, log, steps_done, train_s, qat_start) -> dict:
         "val_tokens": int(windows.shape[0] * args.seq_len),
         "val_eval_s": round(eval_s, 1),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 1)
+        if device.type == "cuda"
+        else None,
         "args": {k: str(v) for k, v in vars(args).items()},
         "log": log,
     }
