@@ -261,3 +261,25 @@ def test_write_plots_draws_both_charts_of_a_smoke_result(smoke, monkeypatch, tmp
     assert prefill == decode == ["roofline", "DeepInfer"]  # tiny model: baseline skipped
     ours_decode = figures[1].ax.series[1]
     assert ours_decode[1] == [p["tok/s/gpu"] for p in result["ours"]["decode"]]
+
+
+def test_spec_bench_smoke_reports_every_mode_and_the_cost_curve(tmp_path) -> None:
+    out = tmp_path / "spec.json"
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "engine" / "bench_spec.py"), "--smoke",
+         "--out", str(out)],
+        check=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert [(r["mode"], r["batch"]) for r in rows] == [
+        (m, b) for m in ("off", "fixed", "varlen") for b in (1, 2)
+    ]
+    for r in rows:
+        assert r["tok/s/user"] > 0 and r["tok/s"] == pytest.approx(r["batch"] * r["tok/s/user"])
+        assert 0 <= r["accepted"] <= r["drafts"] and r["accept_len"] >= 1.0
+        assert (r["k"] == 0) == (r["mode"] == "off") and (r["drafts"] > 0) == (r["k"] > 0)
+    curve = result["step_cost_curves"]["varlen"]
+    assert curve["num_tokens"][0] == 1 and len(curve["ms"]) == len(curve["num_tokens"])
+    assert all(b >= a > 0 for a, b in zip(curve["ms"], curve["ms"][1:]))
+    assert result["env"]["torch"] and result["command"]

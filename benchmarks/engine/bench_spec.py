@@ -1,0 +1,178 @@
+"""DSpark speculative decoding: decode tokens/s per user with speculation off, fixed-K and
+confidence-scheduled (varlen), at several batch sizes, through ``LLM.generate``.
+
+For each mode an engine is built on ``--model`` (default: ``examples/tiny_model/checkpoint`` if
+it exists, else ``examples/default_model``); for each batch size ``b`` the same ``b`` prompts
+run greedy with ``max_tokens=1`` and with ``max_tokens=--decode-tokens``; decode tokens/s per
+user = ``(decode_tokens - 1) / (t_full - t_first)``. Also reported: the mean accepted length
+(tokens emitted per verify step, bonus included, averaged over requests), drafts verified and
+accepted, and the step-cost curve the varlen planner measured at start-up (tokens -> ms).
+Prompts: Python snippets (the tiny model's domain) or ``--prompts-file`` (one per line),
+cycled to the batch size.
+
+    python benchmarks/engine/bench_spec.py --out bench-out/spec.json          # GPU
+    python benchmarks/engine/bench_spec.py --smoke --out /tmp/spec.json      # CPU, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from common import environment, print_table, write_json  # noqa: E402
+
+from deepinfer.engine.llm import LLM  # noqa: E402
+from deepinfer.sampling import SamplingParams  # noqa: E402
+
+PROMPTS = [
+    "def main():\n    ",
+    "import os\nimport sys\n\n\ndef ",
+    "class Parser:\n    def __init__(self, text):\n        ",
+    "for i in range(10):\n    ",
+    "    def test_",
+    "if __name__ == '__main__':\n    ",
+    "try:\n    import json\nexcept ImportError:\n    ",
+    "    return ",
+]
+MODES = {"off": (0, False), "fixed": (None, False), "varlen": (None, True)}
+
+
+def default_model() -> str:
+    tiny = REPO / "examples" / "tiny_model" / "checkpoint"
+    return str(tiny if (tiny / "config.json").exists() else REPO / "examples" / "default_model")
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _timed(llm: LLM, prompts: list[list[int]], max_tokens: int):
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    _sync()
+    start = time.perf_counter()
+    outputs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    _sync()
+    return time.perf_counter() - start, outputs
+
+
+def _engine(args, mode: str) -> LLM:
+    k, varlen = MODES[mode]
+    max_model_len = args.max_prompt_len + args.decode_tokens + 16
+    max_batch = max(args.batches)
+    blocks = max_batch * -(-max_model_len // args.block_size) + 8
+    return LLM(
+        args.model, accelerator=args.accelerator, dtype=args.dtype, load_format=args.load_format,
+        max_model_len=max_model_len, max_num_seqs=max_batch, block_size=args.block_size,
+        num_cache_blocks=blocks, speculative_tokens=args.k if k is None else k,
+        spec_varlen=varlen,
+    )  # fmt: skip
+
+
+def _prompts(llm: LLM, args, batch: int) -> list[list[int]]:
+    texts = PROMPTS
+    if args.prompts_file:
+        texts = [t for t in Path(args.prompts_file).read_text().splitlines() if t.strip()]
+    tokenizer = llm.get_tokenizer()
+    if tokenizer is None:
+        gen = torch.Generator().manual_seed(batch)
+        return torch.randint(20, 200, (batch, 16), generator=gen).tolist()
+    ids = [tokenizer.encode(t)[: args.max_prompt_len] for t in texts]
+    return [ids[i % len(ids)] for i in range(batch)]
+
+
+def _mode_rows(args, mode: str) -> tuple[list[dict], dict | None]:
+    llm = _engine(args, mode)
+    runner = llm._core.executor
+    spec = getattr(runner, "spec", None)
+    curve = None
+    if spec is not None and spec.cost_curve is not None:
+        curve = {"num_tokens": list(spec.cost_curve.num_tokens), "ms": list(spec.cost_curve.cost)}
+    _timed(llm, _prompts(llm, args, 1), 4)  # warm-up (Triton compiles, caches)
+    rows = []
+    for batch in args.batches:
+        prompts = _prompts(llm, args, batch)
+        first, _ = _timed(llm, prompts, 1)
+        full, outputs = _timed(llm, prompts, args.decode_tokens)
+        decode_s = max(full - first, 1e-9)
+        lengths = [o.metrics.mean_accepted_length for o in outputs]
+        lengths = [x for x in lengths if x is not None]
+        rows.append({
+            "mode": mode, "batch": batch, "k": spec.num_draft_tokens if spec else 0,
+            "tok/s/user": (args.decode_tokens - 1) / decode_s,
+            "tok/s": batch * (args.decode_tokens - 1) / decode_s,
+            "accept_len": statistics.mean(lengths) if lengths else 1.0,
+            "drafts": sum(o.metrics.num_draft_tokens for o in outputs),
+            "accepted": sum(o.metrics.num_accepted_tokens for o in outputs),
+        })  # fmt: skip
+    del llm, runner
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return rows, curve
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="checkpoint (default: the tiny model)")
+    parser.add_argument("--batches", default="1,8,64")
+    parser.add_argument("--modes", default="off,fixed,varlen")
+    parser.add_argument("--k", type=int, default=5, help="drafts per step (capped at the "
+                        "checkpoint's dspark_block_size)")  # fmt: skip
+    parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--max-prompt-len", type=int, default=64)
+    parser.add_argument("--prompts-file", default=None)
+    parser.add_argument("--block-size", type=int, default=128)
+    parser.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    parser.add_argument("--accelerator", default="auto")
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: checks it runs")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.accelerator, args.batches, args.decode_tokens = "cpu", "1,2", 6
+        args.max_prompt_len, args.k, args.block_size = 8, min(args.k, 3), 16
+    args.model = args.model or default_model()
+    args.batches = [int(b) for b in str(args.batches).split(",")]
+    args.modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in args.modes if m not in MODES]
+    if unknown:
+        parser.error(f"--modes: unknown {unknown}; expected some of {', '.join(MODES)}")
+    if args.dtype is None:
+        args.dtype = "float32" if args.accelerator == "cpu" else "bfloat16"
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    rows, curves = [], {}
+    for mode in args.modes:
+        mode_rows, curve = _mode_rows(args, mode)
+        rows += mode_rows
+        if curve is not None:
+            curves[mode] = curve
+    print(f"DSpark speculative decoding on {args.model} ({args.accelerator}, {args.dtype}), "
+          f"{args.decode_tokens} tokens per request")  # fmt: skip
+    columns = ["mode", "batch", "k", "tok/s/user", "tok/s", "accept_len", "drafts", "accepted"]
+    print_table(rows, columns)
+    for mode, curve in curves.items():
+        points = ", ".join(f"{n}:{ms:.2f}" for n, ms in zip(curve["num_tokens"], curve["ms"]))
+        print(f"step-cost curve ({mode}, tokens:ms): {points}")
+    payload = {
+        "env": environment(), "model": args.model, "decode_tokens": args.decode_tokens,
+        "command": " ".join(sys.argv), "rows": rows, "step_cost_curves": curves,
+    }  # fmt: skip
+    write_json(args.out, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
