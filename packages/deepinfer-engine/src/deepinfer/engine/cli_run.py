@@ -20,6 +20,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=256, help="most sequences at once")
     g.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                    help="'dummy' = random weights of the real shapes")  # fmt: skip
+    g.add_argument("--speculative-tokens", type=int, default=None,
+                   help="DSpark drafts per decode step, 0 = off (default: "
+                   "DEEPINFER_USE_NEXTN_DECODE, 5, capped at the checkpoint's block)")  # fmt: skip
     s = parser.add_argument_group("sampling")
     s.add_argument("--max-tokens", type=int, default=256, help="tokens to generate per sample")
     s.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
@@ -40,6 +43,7 @@ def _engine(args: argparse.Namespace):
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         load_format=args.load_format,
+        speculative_tokens=args.speculative_tokens,
     )
 
 

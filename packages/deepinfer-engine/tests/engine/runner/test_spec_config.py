@@ -84,3 +84,19 @@ def test_varlen_measures_a_step_cost_curve(dspark_checkpoint, monkeypatch):
     plain = _engine(dspark_checkpoint, speculative_tokens=0, max_num_seqs=3)
     want = plain.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+
+
+def test_cli_speculative_tokens_flag_reaches_the_engine(dspark_checkpoint, monkeypatch):
+    import argparse
+
+    from deepinfer.engine import cli_run
+
+    parser = argparse.ArgumentParser()
+    cli_run.add_engine_options(parser)
+    args = parser.parse_args(
+        ["--model", str(dspark_checkpoint), "--accelerator", "cpu", "--speculative-tokens", "2",
+         "--max-model-len", "64", "--max-num-seqs", "2"]
+    )  # fmt: skip
+    assert cli_run._engine(args)._core.executor.spec.num_draft_tokens == 2
+    args.speculative_tokens = 0
+    assert cli_run._engine(args)._core.executor.spec is None
