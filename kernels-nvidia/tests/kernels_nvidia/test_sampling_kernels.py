@@ -18,7 +18,8 @@ if INTERPRETED:
 from deepinfer.kernels_nvidia import sampling, sampling_cutoff  # noqa: E402
 from deepinfer.kernels_nvidia.registry import IMPLEMENTATIONS  # noqa: E402
 
-OPS = ("apply_token_bitmask", "top_k_top_p_min_p_cutoff", "gumbel_sample")
+CUTOFF = "top_k_top_p_min_p_cutoff"
+OPS = ("apply_token_bitmask", CUTOFF, "gumbel_sample")
 needs_gpu = pytest.mark.skipif(
     INTERPRETED or not torch.cuda.is_available(), reason="needs an NVIDIA GPU (and no interpreter)"
 )
@@ -31,7 +32,9 @@ def test_every_sampling_op_has_a_kernel():
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="interpreter run")
-@pytest.mark.parametrize("case", cases_for(OPS, "small"), ids=str)
+@pytest.mark.parametrize(
+    "case", [c for c in cases_for(OPS, "small") if c.op != CUTOFF], ids=str
+)  # the cutoff's own file runs it with small buffers (its default sorts 1024 values per row)
 def test_conformance_small_interpreted(case):
     for seed in range(2):
         check_case(IMPLEMENTATIONS[case.op], case, device="cpu", seed=seed)
@@ -114,9 +117,11 @@ jobs = [
     (c._finish_kernel, {**row, **params, "maxima_ptr": "*fp32", "minima_ptr": "*fp32",
      "hist_ptr": "*i32", "z_ptr": "*i64", "t_mp_ptr": "*fp32", "count_ptr": "*i32",
      "cand_ptr": "*fp32", "out_ptr": "*fp32", "vocab": "i32", "num_chunks": "i32",
-     "NB": "constexpr", "NCP": "constexpr", "CAP": "constexpr", "BLOCK": "constexpr",
-     "NP": "constexpr", "NBLK": "constexpr", "CBLOCK": "constexpr"},
-     {"NB": 64, "NCP": 32, "CAP": 8192, "BLOCK": 1024, "NP": 16, "NBLK": 128, "CBLOCK": 256}),
+     "sort_limit": "i32", "NB": "constexpr", "NCP": "constexpr", "CAP": "constexpr",
+     "BLOCK": "constexpr", "NP": "constexpr", "NBLK": "constexpr", "CBLOCK": "constexpr",
+     "SORT_CAP": "constexpr"},
+     {"NB": 64, "NCP": 32, "CAP": 8192, "BLOCK": 1024, "NP": 16, "NBLK": 128, "CBLOCK": 256,
+      "SORT_CAP": 1024}),
     (k._gumbel_kernel, {**row, "cutoff_ptr": "*fp32", "seeds_ptr": "*i64",
      "positions_ptr": "*i64", "stream_term": "i64", "best_ptr": "*fp32",
      "best_idx_ptr": "*i32", "vocab": "i32", "num_chunks": "i32", "CHUNK": "constexpr",

@@ -38,6 +38,7 @@ GAP_SCALE = 16.0
 SUB_BITS = 2  # log2(bins per octave)
 DEFAULT_CAP = 8192  # candidates searched by the finishing program
 _CAND_BLOCK = 256
+DEFAULT_SORT_CAP = 1024  # candidates sorted in registers instead of searched
 _MAX_CHUNKS = 32
 
 
@@ -53,12 +54,14 @@ def _gap_bin(s, m, NB: tl.constexpr):
 
 @triton.jit
 def _bin_mass_floor(j, NB: tl.constexpr):
-    """A lower bound (with 1% slack) of ``exp(s - m)`` for any value in bin ``j``; 0 in the last."""
+    """A lower bound (1% slack) of the fixed-point mass ``exp(s - m) 2**40`` of any value in bin
+    ``j``; 0 in the last bin. Elementwise, so every kernel computes the same integers."""
     octave = (tl.maximum(j, 1) - 1) >> 2
     quarter = (tl.maximum(j, 1) - 1) & 3
     gap_hi = tl.exp2(octave.to(tl.float32)) * (1.0 + (quarter + 1).to(tl.float32) * 0.25) / 16.0
     gap_hi = tl.where(j == 0, 1.0 / 16.0, gap_hi)
-    return tl.where(j == NB - 1, 0.0, tl.exp(-gap_hi) * 0.99)
+    floor = (tl.exp(-gap_hi) * (0.99 * 1099511627776.0)).to(tl.int64)
+    return tl.where(j == NB - 1, 0, floor)
 
 
 @triton.jit
@@ -150,10 +153,12 @@ def _choose_bin(hist_ptr, z_ptr, row, k, k_on, p, vocab, NB: tl.constexpr):
     if k_on:  # the first bins holding k values hold every value >= the k-th largest
         b = tl.min(tl.where(cum >= k, j, NB - 1))
     elif p < 1.0:  # the first bins whose mass provably reaches p Z hold every kept value
-        z = tl.load(z_ptr + row).to(tl.float32) * (1.0 / 1099511627776.0)
-        floor_mass = tl.cumsum(hist.to(tl.float32) * _bin_mass_floor(j, NB), 0)
-        target = p * z * 1.0001 + vocab.to(tl.float32) * (1.0 / 1099511627776.0)
-        b = tl.min(tl.where(floor_mass >= target, j, NB - 1))
+        # integer prefix sums: exact, so every program (whatever its layout) picks the same bin;
+        # + vocab covers the truncation of each fixed-point term
+        floor_mass = tl.cumsum(hist.to(tl.int64) * _bin_mass_floor(j, NB), 0)
+        z = tl.load(z_ptr + row).to(tl.float64)
+        target = p.to(tl.float64) * z * 1.0001 + vocab
+        b = tl.min(tl.where(floor_mass.to(tl.float64) >= target, j, NB - 1))
     count = tl.max(tl.where(j == b, cum, 0))
     return b, count
 
@@ -187,11 +192,35 @@ def _gather_kernel(
 
 
 @triton.jit
+def _cut_from_sorted(cand_ptr, count, m, k, k_on, p, z_full, SORT_CAP: tl.constexpr):
+    """max(top-k value, top-p cut) read off the <= SORT_CAP candidates sorted in registers: the
+    k-th value, and the last value whose exclusive prefix mass is < top_p Z_k."""
+    idx = tl.arange(0, SORT_CAP)
+    valid = idx < count
+    v = tl.sort(tl.load(cand_ptr + idx, mask=valid, other=-float("inf")), 0, descending=True)
+    t_k = tl.full([], -float("inf"), tl.float32)
+    if k_on:
+        t_k = tl.max(tl.where(idx == k - 1, v, -float("inf")))
+    in_k = valid & (v >= t_k)
+    e_k = tl.where(in_k, fixed_mass(exp_nonpositive(v - m)), 0)
+    t_p = tl.full([], -float("inf"), tl.float32)
+    if p < 1.0:
+        z = z_full
+        if k_on:
+            z = tl.sum(e_k)
+        exclusive = tl.cumsum(e_k, 0) - e_k
+        target = p.to(tl.float64) * z.to(tl.float64)
+        num_kept = tl.sum((in_k & (exclusive.to(tl.float64) < target)).to(tl.int32))
+        t_p = tl.max(tl.where(idx == num_kept - 1, v, -float("inf")))
+    return tl.maximum(t_k, t_p)
+
+
+@triton.jit
 def _finish_kernel(
     logits_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, maxima_ptr, minima_ptr,
-    hist_ptr, z_ptr, t_mp_ptr, count_ptr, cand_ptr, out_ptr, vocab, num_chunks,
+    hist_ptr, z_ptr, t_mp_ptr, count_ptr, cand_ptr, out_ptr, vocab, num_chunks, sort_limit,
     NB: tl.constexpr, NCP: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
-    NP: tl.constexpr, NBLK: tl.constexpr, CBLOCK: tl.constexpr,
+    NP: tl.constexpr, NBLK: tl.constexpr, CBLOCK: tl.constexpr, SORT_CAP: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     inv_t, k, k_on, p, min_p = _load_row_params(
@@ -206,8 +235,10 @@ def _finish_kernel(
     cut = tl.full([], -float("inf"), tl.float32)
     if b >= 0:
         z_full = tl.load(z_ptr + row)
-        if total <= CAP:  # search the candidates (already scaled)
-            cand_row_ptr = cand_ptr + row.to(tl.int64) * CAP
+        cand_row_ptr = cand_ptr + row.to(tl.int64) * CAP
+        if total <= sort_limit:  # few: sort them in registers
+            cut = _cut_from_sorted(cand_row_ptr, total, m, k, k_on, p, z_full, SORT_CAP)
+        elif total <= CAP:  # search the candidates (already scaled)
             cut = search_cutoff(cand_row_ptr, total, 1.0, m, k, k_on, p, z_full,
                                 CBLOCK, NP, CAP // CBLOCK)  # fmt: skip
         else:  # too many: search the whole row
@@ -224,17 +255,22 @@ def _row_floats(t: torch.Tensor, rows: int, name: str, device) -> torch.Tensor:
     return t.to(device=device, dtype=torch.float32).contiguous()
 
 
-def chunking(vocab: int) -> tuple[int, int, int]:
+def chunking(vocab: int, max_chunks: int = _MAX_CHUNKS) -> tuple[int, int, int]:
     """(chunk, block, number of chunks): a function of the vocabulary only (batch invariance)."""
-    chunk = max(64, min(4096, triton.next_power_of_2(triton.cdiv(vocab, _MAX_CHUNKS))))
+    chunk = max(64, min(4096, triton.next_power_of_2(triton.cdiv(vocab, max_chunks))))
     return chunk, min(1024, chunk), triton.cdiv(vocab, chunk)
 
 
-def cutoff(logits, temperature, top_k, top_p, min_p, *, cap: int = DEFAULT_CAP):
-    """:func:`deepinfer.kernels.top_k_top_p_min_p_cutoff` with the candidate capacity as a knob
-    (tests lower it to drive rows down the slow path)."""
+def cutoff(logits, temperature, top_k, top_p, min_p, *, cap: int = DEFAULT_CAP,
+           sort_cap: int = DEFAULT_SORT_CAP, max_chunks: int = _MAX_CHUNKS):  # fmt: skip
+    """:func:`deepinfer.kernels.top_k_top_p_min_p_cutoff` with its tuning knobs (powers of 2):
+    ``cap`` candidates per row before the whole-row search, ``sort_cap`` candidates sorted in
+    registers (0: never), ``max_chunks`` programs per row. Every setting gives the same result;
+    tests shrink them to drive rows down each path, benchmarks sweep them."""
     if logits.dim() != 2 or logits.stride(-1) != 1:
         raise ValueError(f"logits: expected [B, V] with unit column stride, got {logits.shape}")
+    if sort_cap > cap:
+        raise ValueError(f"sort_cap: expected <= cap ({cap}), got {sort_cap}")
     rows, vocab = logits.shape
     device = logits.device
     temperature = _row_floats(temperature, rows, "temperature", device)
@@ -243,7 +279,7 @@ def cutoff(logits, temperature, top_k, top_p, min_p, *, cap: int = DEFAULT_CAP):
     top_k = top_k.to(device=device).contiguous()
     top_p = _row_floats(top_p, rows, "top_p", device)
     min_p = _row_floats(min_p, rows, "min_p", device)
-    chunk, block, num_chunks = chunking(vocab)
+    chunk, block, num_chunks = chunking(vocab, max_chunks)
     ncp = triton.next_power_of_2(num_chunks)
     f32 = dict(dtype=torch.float32, device=device)
     maxima, minima = torch.empty(rows, num_chunks, **f32), torch.empty(rows, num_chunks, **f32)
@@ -266,9 +302,9 @@ def cutoff(logits, temperature, top_k, top_p, min_p, *, cap: int = DEFAULT_CAP):
                          **common)  # fmt: skip
     slow_block = min(1024, max(64, triton.next_power_of_2(triton.cdiv(vocab, 8))))
     _finish_kernel[(rows,)](*row_args, *params, maxima, minima, hist, z, t_mp, count, cand, out,
-                            vocab, num_chunks, NB=NUM_BINS, NCP=ncp, CAP=cap, BLOCK=slow_block,
+                            vocab, num_chunks, sort_cap, NB=NUM_BINS, NCP=ncp, CAP=cap, BLOCK=slow_block,
                             NP=16, NBLK=triton.next_power_of_2(triton.cdiv(vocab, slow_block)),
-                            CBLOCK=min(_CAND_BLOCK, cap),
+                            CBLOCK=min(_CAND_BLOCK, cap), SORT_CAP=max(sort_cap, 2),
                             num_warps=8, **common)  # fmt: skip
     return out
 
