@@ -20,8 +20,8 @@ its index in the batch, or the device, given the same processed logits. Argmax t
 and Gumbel) go to the lowest token id. The hash bits are device independent; the float32
 ``log`` in the noise may differ by an ulp across devices, which can flip a draw only when the
 two best perturbed scores are within an ulp (about one draw in 10^6-10^7). Top-p masses are
-float32 sums; a token within rounding of the top-p threshold may be cut differently on CPU and
-GPU. Rows whose ``seq_seed`` is unset get a fresh random seed per call: resolve seeds at
+exact integer sums (see the op's contract), so the cutoff is the same on CPU and GPU, at the
+top-p boundary too. Rows whose ``seq_seed`` is unset get a fresh random seed per call: resolve seeds at
 admission (``resolve_seeds``) for reproducible streams.
 
 A greedy fast path (every row greedy, no processing, no logprobs) is one ``argmax``.

@@ -52,10 +52,17 @@ def top_k_top_p_min_p_cutoff(
     top_p:       ``[B]`` float32 in (0, 1]; 1 is off. Among the top-k survivors with mass
                  ``Z_k``, a token is kept if the mass of survivors strictly greater than it is
                  ``< top_p * Z_k`` (the smallest prefix reaching ``top_p``; ties kept).
-    min_p:       ``[B]`` float32 in [0, 1]; keeps ``exp(s - max(s)) >= min_p``.
+    min_p:       ``[B]`` float32 in [0, 1]; keeps every value at or above the smallest value
+                 with ``e >= min_p`` (the same set as ``e >= min_p``, ``e`` being monotone).
     Returns ``[B]`` float32: the cutoff ``c`` with kept = ``s >= c``; ``-inf`` when every token
-    is kept. Masses are float32 sums whose order is backend defined, so a token whose mass-above
-    is within float32 rounding of the threshold may be decided differently across backends.
+    is kept.
+
+    Masses are exact, so the result is bit-identical on every backend, for any summation order
+    or batch: ``e = exp_nonpositive(s - max(s))`` is a fixed sequence of float32 operations
+    (``reference.sampling.exp_nonpositive``: relative error < 3e-7, 0 below -87), each token's
+    mass is the int64 ``trunc(e * 2**40)``, masses are summed as integers, and
+    ``mass_above < top_p * Z_k`` is compared in float64. There is no tolerance at the top-p
+    boundary: conformance is exact equality.
     """
 
 
