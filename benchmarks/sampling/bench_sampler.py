@@ -12,12 +12,19 @@ Variants:
   sample() greedy         the greedy fast path (every row temperature 0)
   torch sort top-k+top-p  softmax, sort, cumsum top-p mask, top-k mask, torch.multinomial
   torch argmax            torch.argmax over the logits (the greedy floor)
+  cutoff <knobs>          the cutoff kernel at each tuning variant (``--variants``), imported
+                          from the NVIDIA backend module directly: a kernel-tuning sweep
+  sample() top-p only / min-p only   the public pipeline with the other filters off
+
+A torch.profiler pass over ``sample()`` lists the device time of each kernel (``kernels`` in
+the JSON). ``BENCH_COMMIT`` overrides the commit recorded (machines without ``.git``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -75,19 +82,74 @@ def _variants(rows: int, vocab: int, top_k: int, top_p: float):
         cut = kernels.top_k_top_p_min_p_cutoff(logits, temperature, k, p, min_p)
         return kernels.gumbel_sample(logits, temperature, cut, seeds, pos, 0)
 
+    top_p_only = [SamplingParams(temperature=0.8, top_p=top_p, seq_seed=i) for i in range(rows)]
+    min_p_only = [SamplingParams(temperature=0.8, min_p=0.05, seq_seed=i) for i in range(rows)]
+    return (
+        {
+            "sample() top-k+top-p": lambda: sample(logits, params, positions),
+            "ops top-k+top-p": ops,
+            "ops cutoff only": lambda: kernels.top_k_top_p_min_p_cutoff(
+                logits, temperature, k, p, min_p
+            ),
+            "ops gumbel only": lambda: kernels.gumbel_sample(
+                logits, temperature, min_p, seeds, pos, 0
+            ),
+            "sample() greedy": lambda: sample(logits, greedy, positions),
+            "sample() top-p only": lambda: sample(logits, top_p_only, positions),
+            "sample() min-p only": lambda: sample(logits, min_p_only, positions),
+            "torch sort top-k+top-p": lambda: _torch_baseline(logits, 0.8, top_k, top_p),
+            "torch argmax": lambda: torch.argmax(logits, dim=-1),
+            "torch copy (1 read + 1 write)": lambda: logits.clone(),
+        },
+        (logits, temperature, k, p, min_p),
+        (params, positions),
+    )
+
+
+VARIANTS = [
+    dict(cap=8192, sort_cap=1024, max_chunks=32),
+    dict(cap=8192, sort_cap=0, max_chunks=32),
+    dict(cap=8192, sort_cap=256, max_chunks=16),
+    dict(cap=8192, sort_cap=2048, max_chunks=64),
+    dict(cap=8192, sort_cap=1024, max_chunks=16),
+    dict(cap=8192, sort_cap=1024, max_chunks=64),
+]
+
+
+def _cutoff_variants(cutoff_args):
+    from deepinfer.kernels_nvidia import sampling_cutoff  # the tuning knobs live there
+
     return {
-        "sample() top-k+top-p": lambda: sample(logits, params, positions),
-        "ops top-k+top-p": ops,
-        "ops cutoff only": lambda: kernels.top_k_top_p_min_p_cutoff(
-            logits, temperature, k, p, min_p
-        ),
-        "sample() greedy": lambda: sample(logits, greedy, positions),
-        "torch sort top-k+top-p": lambda: _torch_baseline(logits, 0.8, top_k, top_p),
-        "torch argmax": lambda: torch.argmax(logits, dim=-1),
+        "cutoff " + " ".join(f"{k}={v}" for k, v in knobs.items()): (
+            lambda knobs=knobs: sampling_cutoff.cutoff(*cutoff_args, **knobs)
+        )
+        for knobs in VARIANTS
     }
 
 
+def _kernel_table(params, positions, logits, iters: int = 20) -> dict[str, float]:
+    """Device microseconds per ``sample()`` call of each kernel, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sample(logits, params, positions)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            sample(logits, params, positions)
+        torch.cuda.synchronize()
+    table = {}
+    for event in prof.key_averages():
+        device_us = getattr(event, "device_time_total", None)
+        if device_us is None:
+            device_us = getattr(event, "cuda_time_total", 0.0)
+        if device_us > 0:
+            table[event.key] = device_us / iters
+    return dict(sorted(table.items(), key=lambda kv: -kv[1]))
+
+
 def _commit() -> str:
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         return subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
@@ -104,14 +166,20 @@ def main() -> None:
     parser.add_argument("--top-p", type=float, default=0.9)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--out", type=str, default=None, help="write the results as JSON here")
+    parser.add_argument("--no-variants", action="store_true", help="skip the cutoff tuning sweep")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_sampler.py needs a CUDA GPU")
     kernels.set_accelerator("nvidia")
     results = {}
     print(f"{args.rows} rows x {args.vocab} vocab, top_k={args.top_k}, top_p={args.top_p}")
-    print(f"{'variant':28s} {'median ms':>10s} {'p10':>8s} {'p90':>8s}")
-    for name, fn in _variants(args.rows, args.vocab, args.top_k, args.top_p).items():
+    print(f"{'variant':52s} {'median ms':>10s} {'p10':>8s} {'p90':>8s}")
+    variants, cutoff_args, (params, positions) = _variants(
+        args.rows, args.vocab, args.top_k, args.top_p
+    )
+    if not args.no_variants:
+        variants.update(_cutoff_variants(cutoff_args))
+    for name, fn in variants.items():
         times = sorted(_time_ms(fn, args.runs))
         row = {
             "median_ms": statistics.median(times),
@@ -119,7 +187,11 @@ def main() -> None:
             "p90_ms": times[(9 * len(times)) // 10],
         }
         results[name] = row
-        print(f"{name:28s} {row['median_ms']:10.4f} {row['p10_ms']:8.4f} {row['p90_ms']:8.4f}")
+        print(f"{name:52s} {row['median_ms']:10.4f} {row['p10_ms']:8.4f} {row['p90_ms']:8.4f}")
+    kernel_us = _kernel_table(params, positions, cutoff_args[0])
+    print("sample() top-k+top-p, device time per call by kernel (us):")
+    for name, us in kernel_us.items():
+        print(f"  {us:9.2f}  {name[:90]}")
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "gpu": torch.cuda.get_device_name(0),
@@ -127,6 +199,8 @@ def main() -> None:
         "torch": torch.__version__,
         "args": vars(args),
         "results": results,
+        "kernels_us": kernel_us,
+        "bytes_one_logits_read": args.rows * args.vocab * 4,
     }
     if args.out:
         with open(args.out, "w") as f:
