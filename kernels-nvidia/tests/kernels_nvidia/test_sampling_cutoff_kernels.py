@@ -99,6 +99,20 @@ def test_top_p_exactly_at_the_boundary_matches_the_reference():
     assert len(seen) > 3, "the probes never crossed a top-p boundary"
 
 
+@interpreted_only
+@pytest.mark.parametrize("case_name, seed, row", [("64x129280-random", 7, 44)])
+def test_searching_candidates_for_top_p_alone_starts_below_every_kept_value(case_name, seed, row):
+    """Regression (H200 run of 2026-11-30): with top-k off the candidates' mass may exceed
+    p Z by a hair, so the whole-row mass bound must not start the candidate search (it cut a
+    kept value). One real-size row, searched rather than sorted."""
+    case = next(c for c in cases_for([CUTOFF], "real") if c.name == case_name)
+    args, _ = case.make_inputs(torch.Generator().manual_seed(seed), torch.device("cpu"))
+    one = tuple(a[row : row + 1] for a in args)
+    assert one[2].item() >= 129280 and one[3].item() < 1.0  # top-p alone
+    got = sampling_cutoff.cutoff(*one, cap=8192, sort_cap=0)
+    assert torch.equal(got, ref.top_k_top_p_min_p_cutoff(*one))
+
+
 def _reference_with(transform):
     def impl(logits, temperature, top_k, top_p, min_p):
         return ref.top_k_top_p_min_p_cutoff(logits, temperature, top_k, *transform(top_p, min_p))

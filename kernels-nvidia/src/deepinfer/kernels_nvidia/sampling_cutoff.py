@@ -240,10 +240,10 @@ def _finish_kernel(
             cut = _cut_from_sorted(cand_row_ptr, total, m, k, k_on, p, z_full, SORT_CAP)
         elif total <= CAP:  # search the candidates (already scaled)
             cut = search_cutoff(cand_row_ptr, total, 1.0, m, k, k_on, p, z_full,
-                                CBLOCK, NP, CAP // CBLOCK)  # fmt: skip
+                                CBLOCK, NP, CAP // CBLOCK, False)  # fmt: skip
         else:  # too many: search the whole row
             row_ptr = logits_ptr + row.to(tl.int64) * stride
-            cut = search_cutoff(row_ptr, vocab, inv_t, m, k, k_on, p, z_full, BLOCK, NP, NBLK)
+            cut = search_cutoff(row_ptr, vocab, inv_t, m, k, k_on, p, z_full, BLOCK, NP, NBLK, True)
     if min_p > 0.0:
         cut = tl.maximum(cut, tl.load(t_mp_ptr + row))
     tl.store(out_ptr + row, tl.where(cut <= row_min, -float("inf"), cut))

@@ -126,11 +126,12 @@ def _mass_and_smallest(row_ptr, vocab, inv_t, m, threshold, BLOCK: tl.constexpr)
 
 
 @triton.jit
-def search_cutoff(row_ptr, n, inv_t, m, k, k_on, p, z_full,
-                  BLOCK: tl.constexpr, NP: tl.constexpr, NBLK: tl.constexpr):  # fmt: skip
+def search_cutoff(row_ptr, n, inv_t, m, k, k_on, p, z_full, BLOCK: tl.constexpr,
+                  NP: tl.constexpr, NBLK: tl.constexpr, WHOLE_ROW: tl.constexpr):  # fmt: skip
     """max(top-k value, top-p cut) over the ``n`` values at ``row_ptr`` (times ``inv_t``): a
     whole row, or an upper set of it that holds every kept value and, when top-k is on, at
     least k values. ``z_full``: the row's fixed-point mass, the top-p total when top-k is off.
+    ``WHOLE_ROW``: the set is the whole row (so the top-p search may start at a mass bound).
     Returns a value of the set (-inf when neither filter is on)."""
     hi = _float_to_key(m)
     t_k = tl.full([], float("-inf"), tl.float32)
@@ -143,11 +144,14 @@ def search_cutoff(row_ptr, n, inv_t, m, k, k_on, p, z_full,
         z_k = z_full
         if k_on:
             z_k, _ = _mass_and_smallest(row_ptr, n, inv_t, m, t_k, BLOCK)
-        # Values with e < tau = (1 - p) Z_k / (4 n) hold less than (1 - p) Z_k / 4 in total, so
-        # the mass above each exceeds p Z_k: the top-p cut is at least m + log(tau).
-        z_real = z_k.to(tl.float32) * (1.0 / 1099511627776.0)
-        p_bound = m + tl.log((1.0 - p) * z_real / (4.0 * n))
-        lo_p = tl.maximum(_float_to_key(t_k), _float_to_key(p_bound))
+        lo_p = _float_to_key(t_k)  # kept values are top-k survivors
+        if WHOLE_ROW:
+            # Values with e < tau = (1 - p) Z_k / (4 V) hold less than (1 - p) Z_k / 4 in total,
+            # so the mass above each exceeds p Z_k: the top-p cut is at least m + log(tau).
+            # (Not on a candidate subset without top-k: its mass may exceed p Z by less.)
+            z_real = z_k.to(tl.float32) * (1.0 / 1099511627776.0)
+            p_bound = m + tl.log((1.0 - p) * z_real / (4.0 * n))
+            lo_p = tl.maximum(lo_p, _float_to_key(p_bound))
         target = p.to(tl.float64) * z_k.to(tl.float64)
         t_p = _search(row_ptr, n, inv_t, m, t_k, target, lo_p, hi, True, BLOCK, NP)
     _, cut = _mass_and_smallest(row_ptr, n, inv_t, m, tl.maximum(t_k, t_p), BLOCK)
