@@ -11,6 +11,7 @@ import pytest
 
 from deepinfer.engine.llm import LLM
 from deepinfer.engine.runner.testing import OracleDraftSource, expected_oracle_counts
+from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config
 from deepinfer.sampling import SamplingParams
 from deepinfer.spec import StepCostCurve
 
@@ -133,6 +134,38 @@ def test_rejected_drafts_never_become_visible(dspark_checkpoint):
     )
     assert _tokens(spec) == _tokens(plain)
     assert sum(o.metrics.num_draft_tokens - o.metrics.num_accepted_tokens for o in spec) > 20
+    for got, want in zip(spec, plain):
+        for g, w, t in zip(got.outputs[0].logprobs, want.outputs[0].logprobs,
+                           want.outputs[0].token_ids):  # fmt: skip
+            assert g[t] == pytest.approx(w[t], abs=1e-5)
+
+
+def test_v4_dspark_rejections_leave_no_trace(tmp_path):
+    """A V4-0731-style checkpoint (overlapping ratio-4 and ratio-128 compressors): prompts end
+    just before position 128, so rejected drafts complete the first ratio-128 entry (and
+    ratio-4 entries) from garbage before the right tokens rewrite them."""
+    config = tiny_v4_config(
+        num_nextn_predict_layers=2, compress_ratios=[0, 4, 128, 4, 0, 0], dspark_block_size=3,
+        dspark_noise_token_id=16, dspark_target_layer_ids=[1, 2, 3], dspark_markov_rank=32,
+    )  # fmt: skip
+    make_random_checkpoint(tmp_path, config, quantized=False, seed=0)
+    gen = random.Random(2)
+    prompts = [[gen.randrange(20, 250) for _ in range(n)] for n in (125, 126, 127, 9)]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=0)
+
+    def engine(k):
+        return LLM(str(tmp_path), dtype="float32", max_model_len=256, speculative_tokens=k)
+
+    plain = _run(engine(0), prompts, params)
+    reference = {str(i): p + o.outputs[0].token_ids for i, (p, o) in enumerate(zip(prompts, plain))}
+    llm = engine(K)
+    runner = llm._core.executor
+    runner.drafter = OracleDraftSource(
+        reference, K, runner.model.config.vocab_size, lambda r, pos: pos % 2 == 1
+    )
+    spec = _run(llm, prompts, params)
+    assert _tokens(spec) == _tokens(plain)
+    assert sum(o.metrics.num_draft_tokens - o.metrics.num_accepted_tokens for o in spec) > 10
     for got, want in zip(spec, plain):
         for g, w, t in zip(got.outputs[0].logprobs, want.outputs[0].logprobs,
                            want.outputs[0].token_ids):  # fmt: skip
