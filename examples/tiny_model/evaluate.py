@@ -8,7 +8,8 @@ Every model is scored on the same targets: the first ``--eval-tokens`` (262,144)
 - ``unquantised``: ``backbone.pt`` (fp32 weights, plain fp32 numerics, the reference ops);
 - ``quantised``: the exported checkpoint loaded by the engine's own loader
   (``deepinfer.engine.checkpoint.load_model``): FP8 / FP4 weights and, as for every quantised
-  checkpoint, the reference activation / KV rounding; ``--dtype`` activations (bf16);
+  checkpoint, the reference activation / KV rounding; ``--dtype`` activations (bf16); run by
+  the reference ops (``--nll-accelerator cpu``, on ``--device`` tensors) unless told otherwise;
 - ``bigram``: interpolated bigram ``l * c(a,b)/c(a) + (1 - l) * p(b)`` (add-one unigram)
   fitted on ``train.bin``, ``l`` chosen on the last 5% of train (fitted on the first 95%);
 - five Python prompts completed greedily (64 new tokens) by ``deepinfer.engine.LLM``.
@@ -103,7 +104,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--checkpoint", type=Path, required=True)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--accelerator", default="auto", help="engine backend for the checkpoint")
+    p.add_argument("--accelerator", default="auto", help="engine backend of the completions")
+    p.add_argument(
+        "--nll-accelerator",
+        default="cpu",
+        help="kernels for the checkpoint's NLL (cpu = the reference ops, on --device tensors)",
+    )
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--data-dir", type=Path, default=DATA_DIR)
     p.add_argument("--seq-len", type=int, default=TRAIN_SEQ_LEN)
@@ -128,7 +134,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     timings["unquantised_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    K.set_accelerator(args.accelerator)
+    K.set_accelerator(args.nll_accelerator)
     dtype = getattr(torch, args.dtype)
     quantised = quantised_nll(args.checkpoint, windows, args.batch, device, dtype)
     timings["quantised_s"] = time.perf_counter() - t0
@@ -142,6 +148,8 @@ def evaluate(args: argparse.Namespace) -> dict:
 
     t0 = time.perf_counter()
     samples = []
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the engine sizes its cache from the free memory
     if not args.no_completions:
         samples = completions(args.checkpoint, args.accelerator, args.dtype, args.max_new_tokens)
     timings["completions_s"] = time.perf_counter() - t0

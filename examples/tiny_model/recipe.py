@@ -12,22 +12,24 @@ Phases (each a subprocess; wall times printed and written to ``OUT/recipe.json``
 5. ``dspark_eval.py``  teacher-forced DSpark acceptance and calibration
    (``OUT/dspark_results.json``), when present and drafts were trained.
 
-Defaults fit the H200 budget (backbone <= 4.5 min, everything <= 7.5 min); ``--steps`` and
-``--max-train-minutes`` adjust the backbone, ``--dspark-steps`` / ``--dspark-max-minutes`` the
-drafts.
+Defaults fit the H200 budget (backbone <= 4.5 min, everything <= 7.5 min): by default the
+backbone measures its step time on steps 3-8 and runs as many steps as fit ``--train-minutes``
+(4.0; the count is recorded in ``train.json``: pass it back as ``--steps N`` to repeat a run
+step for step); ``--max-train-minutes`` is a hard stop; ``--dspark-steps`` /
+``--dspark-max-minutes`` size the drafts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_STEPS = 1200
 DEFAULT_BATCH = 32
 
 
@@ -36,15 +38,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    p.add_argument("--steps", type=int, default=0, help="0: as many as fit --train-minutes")
+    p.add_argument("--train-minutes", type=float, default=4.0, help="backbone loop budget")
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH)
     p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--max-train-minutes", type=float, default=4.5)
+    p.add_argument("--max-train-minutes", type=float, default=4.4, help="hard stop")
     p.add_argument("--dspark-steps", type=int, default=None, help="default: train_dspark's")
     p.add_argument("--dspark-max-minutes", type=float, default=1.5)
     p.add_argument("--eval-tokens", type=int, default=262_144)
     p.add_argument("--data-dir", type=Path, default=HERE / "data")
     p.add_argument("--skip-dspark", action="store_true")
+    p.add_argument("--dspark-extra", default="", help="more train_dspark.py args (one string)")
+    p.add_argument("--dspark-eval-extra", default="", help="more dspark_eval.py args")
     p.add_argument("--no-completions", action="store_true")
     return p.parse_args(argv)
 
@@ -66,6 +71,7 @@ def main(argv=None) -> dict:
     t_start = time.perf_counter()
     train = ["train.py", "--seed", str(args.seed), "--out", str(out), "--steps", str(args.steps)]
     train += ["--batch", str(args.batch), "--seq-len", str(args.seq_len)]
+    train += ["--train-minutes", str(args.train_minutes)]
     train += ["--max-train-minutes", str(args.max_train_minutes)]
     train += ["--eval-tokens", str(args.eval_tokens), *common]
     run_phase("train_backbone", train, phases)
@@ -79,6 +85,7 @@ def main(argv=None) -> dict:
         cmd += ["--seed", str(args.seed), "--max-minutes", str(args.dspark_max_minutes), *common]
         if args.dspark_steps is not None:
             cmd += ["--steps", str(args.dspark_steps)]
+        cmd += shlex.split(args.dspark_extra)
         run_phase("train_dspark", cmd, phases)
 
     export = ["export.py", "--backbone", str(out / "backbone.pt"), "--out", str(out / "checkpoint")]
@@ -94,6 +101,7 @@ def main(argv=None) -> dict:
     if dspark is not None and (HERE / "dspark_eval.py").exists():
         cmd = ["dspark_eval.py", "--checkpoint", str(out / "checkpoint")]
         cmd += ["--out", str(out / "dspark_results.json"), "--seed", str(args.seed), *common]
+        cmd += shlex.split(args.dspark_eval_extra)
         run_phase("dspark_eval", cmd, phases)
 
     phases["total"] = round(time.perf_counter() - t_start, 1)

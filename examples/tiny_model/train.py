@@ -40,13 +40,17 @@ from tiny_common import (
     training_batch,
 )
 from tqdm import tqdm
+from training_ops import training_ops
 
 import deepinfer.kernels as K
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=1200)
+    p.add_argument(
+        "--steps", type=int, default=0, help="0: as many as fit --train-minutes (measured)"
+    )
+    p.add_argument("--train-minutes", type=float, default=4.0, help="loop budget of --steps 0")
     p.add_argument("--batch", type=int, default=32, help="sequences per step")
     p.add_argument("--seq-len", type=int, default=TRAIN_SEQ_LEN)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -63,7 +67,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--eval-tokens", type=int, default=EVAL_TOKENS)
     p.add_argument("--max-train-minutes", type=float, default=None)
-    p.add_argument("--no-deterministic", action="store_true", help="CUDA: allow atomics")
+    p.add_argument(
+        "--deterministic", action="store_true", help="CUDA: no atomics (much slower backward)"
+    )
+    p.add_argument(
+        "--profile-steps", type=int, default=0, help="profile this many steps after step 4"
+    )
     p.add_argument(
         "--repeat-batch", action="store_true", help="train on step 0's windows every step (a check)"
     )
@@ -77,7 +86,7 @@ def setup(args: argparse.Namespace) -> None:
     np.random.seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    if torch.device(args.device).type == "cuda" and not args.no_deterministic:
+    if torch.device(args.device).type == "cuda" and args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
 
@@ -133,67 +142,153 @@ class ExpertBalancer:
         return worst
 
 
+CALIBRATION = (3, 9)  # steps timed to size an automatic run (after warm-up, inside LR warm-up)
+QAT_STEP_COST = 1.1  # a QAT step's time relative to a plain one (the weight rounding)
+
+
+def planned_steps(done: int, step_s: float, left_s: float, qat_fraction: float) -> int:
+    """Total steps so that the rest (``qat_fraction`` of the total at QAT cost) fits ``left_s``
+    with a 5% margin."""
+    per_step = step_s * (1 + (QAT_STEP_COST - 1) * qat_fraction)
+    return done + max(1, int(0.95 * left_s / per_step))
+
+
 def train(args: argparse.Namespace) -> dict:
+    t_start = time.perf_counter()
     setup(args)
     device = torch.device(args.device)
     tokens = load_tokens("train", args.data_dir)
     model = build_model(device, seed=args.seed)
+    auto = args.steps <= 0
+    if auto and args.warmup <= CALIBRATION[1]:
+        raise ValueError(f"--warmup {args.warmup}: an automatic run needs > {CALIBRATION[1]}")
     opt, schedule = make_optimizer(model, args)
     balancer = ExpertBalancer(model, args.balance_rate)
     qat_groups = quant_groups(model, _quantised_config())
-    qat_start = args.steps - int(round(args.qat_fraction * args.steps))
     tb = training_batch(model.config, args.batch, args.seq_len, device)
     params = [p for _, p in trainable_parameters(model)]
-    log, loss_sum, t0 = [], torch.zeros((), device=device), time.perf_counter()
-    deadline = None if args.max_train_minutes is None else t0 + 60 * args.max_train_minutes
-    bar = tqdm(range(args.steps), desc="train", mininterval=2.0)
-    step, last_log = 0, (0, t0)
-    for step in bar:
-        data_step = 0 if args.repeat_batch else step
-        windows = torch.from_numpy(batches(tokens, args.batch, args.seq_len, args.seed, data_step))
-        windows = windows.pin_memory() if device.type == "cuda" else windows
-        windows = windows.to(device, non_blocking=True)
-        saved = swap_in_quantised(qat_groups) if step >= qat_start else None
-        loss = token_nll(model, tb, windows)
-        loss.backward()
-        if saved is not None:
-            restore(qat_groups, saved)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, args.clip, foreach=True)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        schedule.step()
-        imbalance = balancer.update()
-        loss_sum += loss.detach()
-        if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
-            last_log = _log(
-                log, bar, step, loss_sum, grad_norm, imbalance, schedule, args, last_log
-            )
-            loss_sum.zero_()
-        if deadline is not None and time.perf_counter() > deadline:
-            print(f"--max-train-minutes {args.max_train_minutes} reached after step {step + 1}")
-            break
+    t0 = _sync_time(device)
+    print(f"startup {t0 - t_start:.1f} s; {sum(p.numel() for p in params):,} trainable parameters")
+    run = _Run(args, device, t0, total=None if auto else args.steps)
+    with training_ops():
+        while run.total is None or run.step < run.total:
+            if auto and run.step == CALIBRATION[0]:
+                t_cal = _sync_time(device)
+            if auto and run.step == CALIBRATION[1]:
+                step_s = (_sync_time(device) - t_cal) / (CALIBRATION[1] - CALIBRATION[0])
+                left_s = 60 * args.train_minutes - (time.perf_counter() - t0)
+                run.set_total(planned_steps(run.step, step_s, left_s, args.qat_fraction), step_s)
+            run.profiler.at_step(run.step)
+            is_qat = run.total is not None and run.step >= run.qat_start
+            loss = _train_step(model, tb, tokens, args, run.step, qat_groups if is_qat else None)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, args.clip, foreach=True)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            schedule.step()
+            run.after_step(loss, grad_norm, balancer.update(), schedule)
+            if run.past_deadline():
+                print(f"--max-train-minutes {args.max_train_minutes} reached at step {run.step}")
+                break
     train_s = _sync_time(device) - t0
-    steps_done = step + 1
-    return finish(model, args, device, log, steps_done, train_s, qat_start)
+    return finish(model, args, device, run, train_s, t0 - t_start)
 
 
-def _log(log, bar, step, loss_sum, grad_norm, imbalance, schedule, args, last_log):
-    prev_step, prev_t = last_log
-    now = _sync_time(loss_sum.device)
-    n = step + 1 - prev_step
+def _train_step(model, tb, tokens, args, step, qat_groups) -> torch.Tensor:
+    """Forward + backward of step ``step``'s windows (QAT: at the rounded weights); returns
+    the detached loss (on the device: no sync)."""
+    data_step = 0 if args.repeat_batch else step
+    windows = torch.from_numpy(batches(tokens, args.batch, args.seq_len, args.seed, data_step))
+    if tb.batch.input_ids.is_cuda:
+        windows = windows.pin_memory()
+    windows = windows.to(tb.batch.input_ids.device, non_blocking=True)
+    saved = swap_in_quantised(qat_groups) if qat_groups else None
+    loss = token_nll(model, tb, windows)
+    loss.backward()
+    if saved is not None:
+        restore(qat_groups, saved)
+    return loss.detach()
+
+
+class StepProfiler:
+    """``torch.profiler`` over ``count`` steps from step 4; writes the op table (by device
+    time, else CPU time) to ``path`` and prints its head."""
+
+    START = 4
+
+    def __init__(self, count: int, path: Path) -> None:
+        self.count, self.path, self.prof = count, path, None
+
+    def at_step(self, step: int) -> None:
+        if self.count <= 0:
+            return
+        if step == self.START:
+            self.prof = torch.profiler.profile(record_shapes=False)
+            self.prof.__enter__()
+        elif step == self.START + self.count and self.prof is not None:
+            self.prof.__exit__(None, None, None)
+            cuda = torch.cuda.is_available()
+            key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+            table = self.prof.key_averages().table(sort_by=key, row_limit=40)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(table)
+            tqdm.write(table[:6000])
+            self.prof = None
+
+
+class _Run:
+    """Step counter, schedule facts and the log of one training run."""
+
+    def __init__(self, args, device, t0: float, total: int | None) -> None:
+        self.args, self.t0, self.step, self.log = args, t0, 0, []
+        self.loss_sum = torch.zeros((), device=device)
+        self.last_log = (0, t0)
+        self.step_s_calibrated = None
+        self.total = self.qat_start = None
+        self.bar = tqdm(total=total, desc="train", mininterval=2.0)
+        if total is not None:
+            self.set_total(total, None)
+        minutes = args.max_train_minutes
+        self.deadline = None if minutes is None else t0 + 60 * minutes
+        self.profiler = StepProfiler(args.profile_steps, args.out / "profile.txt")
+
+    def set_total(self, total: int, step_s: float | None) -> None:
+        self.total, self.args.steps = total, total  # the LR schedule reads args.steps
+        self.qat_start = total - int(round(self.args.qat_fraction * total))
+        self.bar.total = total
+        if step_s is not None:
+            self.step_s_calibrated = step_s
+            tqdm.write(f"calibrated {step_s:.3f} s/step: {total} steps, QAT from {self.qat_start}")
+
+    def after_step(self, loss, grad_norm, imbalance, schedule) -> None:
+        self.loss_sum += loss
+        self.step += 1
+        self.bar.update(1)
+        if self.step % self.args.log_every == 0 or self.step == self.total or self.step <= 2:
+            self.last_log = _log(self, grad_norm, imbalance, schedule)
+            self.loss_sum.zero_()
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.perf_counter() > self.deadline
+
+
+def _log(run: _Run, grad_norm, imbalance, schedule) -> tuple[int, float]:
+    prev_step, prev_t = run.last_log
+    now = _sync_time(run.loss_sum.device)
+    n, args = run.step - prev_step, run.args
     entry = {
-        "step": step + 1,
-        "loss": round(float(loss_sum) / n, 4),
+        "step": run.step,
+        "loss": round(float(run.loss_sum) / n, 4),
         "grad_norm": round(float(grad_norm), 3),
         "expert_max_over_mean": round(float(imbalance), 2),
         "lr": schedule.get_last_lr()[0],
         "tokens_per_s": round(n * args.batch * args.seq_len / (now - prev_t)),
         "steps_per_s": round(n / (now - prev_t), 3),
+        "elapsed_s": round(now - run.t0, 1),
     }
-    log.append(entry)
-    bar.set_postfix(loss=entry["loss"], tok_s=entry["tokens_per_s"])
+    run.log.append(entry)
+    run.bar.set_postfix(loss=entry["loss"], tok_s=entry["tokens_per_s"])
     tqdm.write(json.dumps(entry))
-    return step + 1, now
+    return run.step, now
 
 
 def _sync_time(device) -> float:
@@ -208,38 +303,42 @@ def _quantised_config() -> dict:
     return hf_config(quantized=True)
 
 
-def finish(model, args, device, log, steps_done, train_s, qat_start) -> dict:
+def finish(model, args, device, run: _Run, train_s: float, startup_s: float) -> dict:
+    run.bar.close()
     model.eval()
     t0 = time.perf_counter()
     windows = eval_windows(load_tokens("validation", args.data_dir), args.seq_len, args.eval_tokens)
-    val_nll = mean_nll(model, windows, args.batch, device)
+    with training_ops():
+        val_nll = mean_nll(model, windows, args.batch, device)
     eval_s = time.perf_counter() - t0
+    cuda = device.type == "cuda"
     facts = {
         "seed": args.seed,
-        "steps": args.steps,
-        "steps_done": steps_done,
-        "qat_from_step": qat_start,
+        "steps": run.total,
+        "steps_done": run.step,
+        "qat_from_step": run.qat_start,
+        "calibrated_step_s": run.step_s_calibrated,
         "batch": args.batch,
         "seq_len": args.seq_len,
-        "tokens_seen": steps_done * args.batch * args.seq_len,
+        "tokens_seen": run.step * args.batch * args.seq_len,
+        "startup_s": round(startup_s, 1),
         "train_s": round(train_s, 1),
         "val_nll": round(val_nll, 4),
         "val_tokens": int(windows.shape[0] * args.seq_len),
         "val_eval_s": round(eval_s, 1),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 1)
-        if device.type == "cuda"
+        if cuda
         else None,
         "args": {k: str(v) for k, v in vars(args).items()},
-        "log": log,
+        "log": run.log,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    save_backbone(
-        model, args.out / "backbone.pt", extra={k: v for k, v in facts.items() if k != "log"}
-    )
+    extra = {k: v for k, v in facts.items() if k != "log"}
+    save_backbone(model, args.out / "backbone.pt", extra=extra)
     (args.out / "train.json").write_text(json.dumps(facts, indent=2) + "\n")
     print(
-        f"trained {steps_done} steps in {train_s:.1f} s "
+        f"trained {run.step} steps in {train_s:.1f} s "
         f"({facts['tokens_seen'] / train_s:,.0f} tok/s); validation NLL {val_nll:.4f} "
         f"over {facts['val_tokens']:,} tokens ({eval_s:.1f} s)"
     )
