@@ -103,7 +103,7 @@ def test_export_is_the_official_format(exported):
     dtypes = {}
     for shard in shards:
         with safe_open(exported / shard, "pt") as f:
-            for key in f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 dtypes[key] = f.get_slice(key).get_dtype()
     assert set(dtypes) == set(index)
     assert dtypes["layers.0.attn.wq_a.weight"] == "F8_E4M3"
@@ -158,3 +158,26 @@ def test_bigram_matches_dense_counts():
     lam = 0.8
     p = lam * counts[prev, nxt] / counts.sum(1)[prev] + (1 - lam) * unigram[nxt]
     assert ev.Bigram(train, vocab).nll(prev, nxt, lam) == pytest.approx(-np.log(p).mean())
+
+
+def test_training_twin_of_sparse_attention_matches_the_reference():
+    from training_ops import sparse_mqa_sink as twin
+    from training_ops import training_ops
+
+    import deepinfer.kernels as K
+    from deepinfer.kernels.reference.attention import sparse_mqa_sink as reference
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(40, 4, 64, generator=g)
+    kv = torch.randn(70, 64, generator=g, requires_grad=True)
+    indices = torch.randint(-1, 70, (40, 25), generator=g)  # holes and many duplicates
+    sink = torch.randn(4, generator=g)
+    want = reference(q, kv, indices, sink, 0.125)
+    got = twin(q, kv, indices, sink, 0.125)
+    assert torch.equal(got, want)
+    (grad_want,) = torch.autograd.grad(want.square().sum(), kv)
+    (grad_got,) = torch.autograd.grad(got.square().sum(), kv)
+    torch.testing.assert_close(grad_got, grad_want, rtol=1e-5, atol=1e-5)
+    with training_ops():
+        assert K.registry.OPS["sparse_mqa_sink"].reference is twin
+    assert K.registry.OPS["sparse_mqa_sink"].reference is reference
