@@ -29,16 +29,19 @@ interpreted_only = pytest.mark.skipif(not INTERPRETED, reason="interpreter run")
 needs_gpu = pytest.mark.skipif(
     INTERPRETED or not torch.cuda.is_available(), reason="needs an NVIDIA GPU (and no interpreter)"
 )
-# (cap, sort_cap): search the candidates; sort few, search more, whole row past 16
-SMALL_VARIANTS = {"search": (8192, 0), "mixed": (16, 4)}
+# search the candidates; sort few, search more, whole row past 16 (fused finish)
+SMALL_VARIANTS = {
+    "search": dict(cap=8192, sort_cap=0),
+    "sort": dict(cap=64, sort_cap=32),
+    "mixed-fused": dict(cap=16, sort_cap=4, fused_finish=True),
+}
 
 
 @interpreted_only
 @pytest.mark.parametrize("variant", sorted(SMALL_VARIANTS))
 @pytest.mark.parametrize("case", cases_for([CUTOFF], "small"), ids=str)
 def test_cutoff_conformance_small_interpreted(case, variant):
-    cap, sort_cap = SMALL_VARIANTS[variant]
-    impl = functools.partial(sampling_cutoff.cutoff, cap=cap, sort_cap=sort_cap)
+    impl = functools.partial(sampling_cutoff.cutoff, **SMALL_VARIANTS[variant])
     for seed in range(2):
         check_case(impl, case, device="cpu", seed=seed)
 
@@ -92,9 +95,9 @@ def test_top_p_exactly_at_the_boundary_matches_the_reference():
         for p in (p0, torch.nextafter(p0, ones), torch.nextafter(p0, -ones)):
             args = (logits, ones, torch.zeros(1, dtype=torch.int32), p, torch.zeros(1))
             want = ref.top_k_top_p_min_p_cutoff(*args)
-            for cap, sort_cap in SMALL_VARIANTS.values():
-                got = sampling_cutoff.cutoff(*args, cap=cap, sort_cap=sort_cap)
-                assert torch.equal(got, want), (i, p.item(), cap)
+            for variant in SMALL_VARIANTS.values():
+                got = sampling_cutoff.cutoff(*args, **variant)
+                assert torch.equal(got, want), (i, p.item(), variant)
             seen.add((i, want.item()))
     assert len(seen) > 3, "the probes never crossed a top-p boundary"
 
@@ -156,8 +159,9 @@ def test_a_row_gets_the_same_cutoff_alone_and_in_a_batch():
 # every tuning variant the benchmark sweeps: the default is picked from its table
 GPU_VARIANTS = [
     dict(cap=8192, sort_cap=1024, max_chunks=32),
+    dict(cap=8192, sort_cap=1024, max_chunks=32, fused_finish=True),
     dict(cap=8192, sort_cap=0, max_chunks=32),
-    dict(cap=8192, sort_cap=256, max_chunks=16),
+    dict(cap=8192, sort_cap=256, max_chunks=16, fused_finish=True),
     dict(cap=8192, sort_cap=2048, max_chunks=64),
     dict(cap=256, sort_cap=128, max_chunks=32),
 ]

@@ -1,6 +1,7 @@
 """Sampling kernels against their references: the conformance kit under TRITON_INTERPRET=1 at
 small shapes on CPU, and at real shapes on the GPU (with a speed print against torch)."""
 
+import functools
 import os
 
 import pytest
@@ -38,6 +39,21 @@ def test_every_sampling_op_has_a_kernel():
 def test_conformance_small_interpreted(case):
     for seed in range(2):
         check_case(IMPLEMENTATIONS[case.op], case, device="cpu", seed=seed)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="interpreter run")
+@pytest.mark.parametrize("case", cases_for(["gumbel_sample"], "small"), ids=str)
+def test_gumbel_with_fused_pick_small_interpreted(case):
+    impl = functools.partial(sampling.gumbel, fused_pick=True)
+    for seed in range(2):
+        check_case(impl, case, device="cpu", seed=seed)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("case", cases_for(["gumbel_sample"], "real"), ids=str)
+def test_gumbel_with_fused_pick_real_gpu(case):
+    check_case(functools.partial(sampling.gumbel, fused_pick=True), case, device="cuda", seed=5)
 
 
 @pytest.mark.gpu
@@ -97,37 +113,38 @@ from deepinfer.kernels_nvidia import sampling_cutoff as c
 
 row = {"logits_ptr": "*fp32", "stride": "i32", "temp_ptr": "*fp32"}
 params = {"top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"}
-chunks = {"CHUNK": 4096, "BLOCK": 1024, "NB": 64}
+tail = {"NCP": 32, "CAP": 8192, "SORT_CAP": 1024, "BLOCK": 1024, "CBLOCK": 256, "NBLK": 128}
+constexpr = lambda names: {n: "constexpr" for n in names}  # noqa: E731
 jobs = [
     (k._bitmask_kernel, {"logits_ptr": "*bf16", "bitmask_ptr": "*i32", "out_ptr": "*bf16",
      "vocab": "i32", "stride_l": "i32", "stride_b": "i32", "stride_o": "i32",
      "BLOCK": "constexpr"}, {"BLOCK": 1024}),
     (c._extremes_kernel, {**row, "maxima_ptr": "*fp32", "minima_ptr": "*fp32",
      "hist_ptr": "*i32", "z_ptr": "*i64", "t_mp_ptr": "*fp32", "count_ptr": "*i32",
-     "vocab": "i32", "num_chunks": "i32", "CHUNK": "constexpr", "BLOCK": "constexpr",
-     "NB": "constexpr"}, chunks),
+     "vocab": "i32", "num_chunks": "i32", **constexpr(["CHUNK", "NB"])},
+     {"CHUNK": 4096, "NB": 64}),
     (c._histogram_kernel, {**row, **params, "maxima_ptr": "*fp32", "hist_ptr": "*i32",
      "z_ptr": "*i64", "t_mp_ptr": "*fp32", "vocab": "i32", "num_chunks": "i32",
-     "CHUNK": "constexpr", "BLOCK": "constexpr", "NB": "constexpr", "NCP": "constexpr"},
-     {**chunks, "NCP": 32}),
-    (c._gather_kernel, {**row, **params, "maxima_ptr": "*fp32", "hist_ptr": "*i32",
-     "z_ptr": "*i64", "count_ptr": "*i32", "cand_ptr": "*fp32", "vocab": "i32",
-     "num_chunks": "i32", "CHUNK": "constexpr", "BLOCK": "constexpr", "NB": "constexpr",
-     "NCP": "constexpr", "CAP": "constexpr"}, {**chunks, "NCP": 32, "CAP": 8192}),
-    (c._finish_kernel, {**row, **params, "maxima_ptr": "*fp32", "minima_ptr": "*fp32",
-     "hist_ptr": "*i32", "z_ptr": "*i64", "t_mp_ptr": "*fp32", "count_ptr": "*i32",
-     "cand_ptr": "*fp32", "out_ptr": "*fp32", "vocab": "i32", "num_chunks": "i32",
-     "sort_limit": "i32", "NB": "constexpr", "NCP": "constexpr", "CAP": "constexpr",
-     "BLOCK": "constexpr", "NP": "constexpr", "NBLK": "constexpr", "CBLOCK": "constexpr",
-     "SORT_CAP": "constexpr"},
-     {"NB": 64, "NCP": 32, "CAP": 8192, "BLOCK": 1024, "NP": 16, "NBLK": 128, "CBLOCK": 256,
-      "SORT_CAP": 1024}),
-    (k._gumbel_kernel, {**row, "cutoff_ptr": "*fp32", "seeds_ptr": "*i64",
-     "positions_ptr": "*i64", "stream_term": "i64", "best_ptr": "*fp32",
-     "best_idx_ptr": "*i32", "vocab": "i32", "num_chunks": "i32", "CHUNK": "constexpr",
-     "BLOCK": "constexpr"}, {"CHUNK": 8192, "BLOCK": 1024}),
+     **constexpr(["CHUNK", "NB", "NCP"])}, {"CHUNK": 4096, "NB": 64, "NCP": 32}),
+]
+buffers = {"maxima_ptr": "*fp32", "minima_ptr": "*fp32", "hist_ptr": "*i32", "z_ptr": "*i64",
+           "t_mp_ptr": "*fp32"}
+for fused in (False, True):
+    jobs.append((c._gather_kernel, {**row, **params, **buffers, "count_ptr": "*i32",
+                 "cand_ptr": "*fp32", "out_ptr": "*fp32", "vocab": "i32", "num_chunks": "i32",
+                 "sort_limit": "i32", **constexpr(["CHUNK", "NB", *tail, "FUSED"])},
+                 {"CHUNK": 4096, "NB": 64, **tail, "FUSED": fused}))
+    jobs.append((k._gumbel_kernel, {**row, "cutoff_ptr": "*fp32", "seeds_ptr": "*i64",
+                 "positions_ptr": "*i64", "stream_term": "i64", "best_ptr": "*fp32",
+                 "best_idx_ptr": "*i32", "done_ptr": "*i32", "out_ptr": "*i64", "vocab": "i32",
+                 "num_chunks": "i32", **constexpr(["CHUNK", "NCP", "FUSED"])},
+                 {"CHUNK": 4096, "NCP": 32, "FUSED": fused}))
+jobs += [
+    (c._finish_kernel, {**row, **params, **buffers, "cand_ptr": "*fp32", "out_ptr": "*fp32",
+     "vocab": "i32", "num_chunks": "i32", "sort_limit": "i32",
+     **constexpr(["NB", *tail])}, {"NB": 64, **tail}),
     (k._pick_chunk_kernel, {"best_ptr": "*fp32", "best_idx_ptr": "*i32", "out_ptr": "*i64",
-     "num_chunks": "i32", "NCP": "constexpr"}, {"NCP": 16}),
+     "num_chunks": "i32", "NCP": "constexpr"}, {"NCP": 32}),
 ]
 for fn, signature, constexprs in jobs:
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)

@@ -2,10 +2,11 @@
 ``sampling_cutoff``).
 
 * ``apply_token_bitmask``: one program per (row, block of tokens); reads each logit once.
-* ``gumbel_sample``: the row is split into chunks; each program derives the row's hash key from
-  (seed, position, stream), computes the counter-hash Gumbel noise of its tokens in registers
-  and reduces ``argmax(s + g)`` (lowest index on ties); a second tiny launch picks the best
-  chunk (first on ties). No ``[B, V]`` noise is stored, and no torch op runs around the kernels.
+* ``gumbel_sample``: the row is split into chunks; each program loads its chunk at once and,
+  only if the chunk holds a kept token, derives the row's hash key from (seed, position,
+  stream), computes the counter-hash Gumbel noise of its tokens in registers and reduces
+  ``argmax(s + g)`` once (lowest index on ties); a second tiny launch (or, fused, the row's
+  last program) picks the best chunk (first on ties). No ``[B, V]`` noise is stored.
 All reductions run within a row in an order fixed by the vocabulary size: batch invariant.
 FMA contraction is off (``enable_fp_fusion=False``) and ``1 / T`` is an IEEE division
 (``div_rn``), so ``logits * (1 / T)`` and ``s + g`` round exactly like the torch reference.
@@ -79,52 +80,57 @@ def _mix64(z):
 
 
 @triton.jit
-def _gumbel_kernel(
-    logits_ptr, stride, temp_ptr, cutoff_ptr, seeds_ptr, positions_ptr, stream_term, best_ptr,
-    best_idx_ptr, vocab, num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    row_ptr = logits_ptr + row.to(tl.int64) * stride
-    inv_t = tl.math.div_rn(1.0, tl.load(temp_ptr + row))
-    cutoff = tl.load(cutoff_ptr + row)
-    seed = tl.load(seeds_ptr + row).to(tl.int64).to(tl.uint64, bitcast=True)
-    position = tl.load(positions_ptr + row).to(tl.int64).to(tl.uint64, bitcast=True)
-    key = seed * 0x9E3779B97F4A7C15 + position * 0xD6E8FEB86659FD93
-    key = _mix64(key + stream_term.to(tl.int64).to(tl.uint64, bitcast=True))
-    best = tl.full([], float("-inf"), tl.float32)
-    best_idx = (chunk * CHUNK).to(tl.int32)
-    for start in range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        inside = cols < vocab
-        s = tl.load(row_ptr + cols, mask=inside, other=float("-inf")).to(tl.float32) * inv_t
-        z = _mix64(key + (cols.to(tl.uint64) + 1) * 0x9E3779B97F4A7C15)
-        u = ((z >> 40).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-        score = s + (-tl.log(-tl.log(u)))
-        score = tl.where((s >= cutoff) & (s > float("-inf")) & inside, score, float("-inf"))
-        block_best = tl.max(score)
-        block_idx = tl.min(tl.where(score == block_best, cols, 2147483647))
-        if block_best > best:
-            best = block_best
-            best_idx = block_idx
-    tl.store(best_ptr + row * num_chunks + chunk, best)
-    tl.store(best_idx_ptr + row * num_chunks + chunk, best_idx)
-
-
-@triton.jit
-def _pick_chunk_kernel(best_ptr, best_idx_ptr, out_ptr, num_chunks, NCP: tl.constexpr):
+def _pick_chunk(best_ptr, best_idx_ptr, out_ptr, row, num_chunks, NCP: tl.constexpr):
     """The best chunk of a row, the first on ties (so the lowest token id overall)."""
-    row = tl.program_id(0)
     c = tl.arange(0, NCP)
     best = tl.load(best_ptr + row * num_chunks + c, mask=c < num_chunks, other=float("-inf"))
-    top = tl.max(best)
-    winner = tl.min(tl.where(best == top, c, NCP))
+    winner = tl.min(tl.where(best == tl.max(best), c, NCP))
     idx = tl.load(best_idx_ptr + row * num_chunks + winner)
     tl.store(out_ptr + row, idx.to(tl.int64))
 
 
-@implements("gumbel_sample")
-def gumbel_sample(logits, temperature, cutoff, seeds, positions, stream):
+@triton.jit
+def _gumbel_kernel(
+    logits_ptr, stride, temp_ptr, cutoff_ptr, seeds_ptr, positions_ptr, stream_term, best_ptr,
+    best_idx_ptr, done_ptr, out_ptr, vocab, num_chunks,
+    CHUNK: tl.constexpr, NCP: tl.constexpr, FUSED: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    inside = cols < vocab
+    inv_t = tl.math.div_rn(1.0, tl.load(temp_ptr + row))
+    row_ptr = logits_ptr + row.to(tl.int64) * stride
+    s = tl.load(row_ptr + cols, mask=inside, other=float("-inf")).to(tl.float32) * inv_t
+    kept = (s >= tl.load(cutoff_ptr + row)) & (s > float("-inf")) & inside
+    best = tl.full([], float("-inf"), tl.float32)
+    best_idx = (chunk * CHUNK).to(tl.int32)
+    if tl.max(kept.to(tl.int32)) > 0:  # only chunks holding a kept token pay for the noise
+        seed = tl.load(seeds_ptr + row).to(tl.int64).to(tl.uint64, bitcast=True)
+        position = tl.load(positions_ptr + row).to(tl.int64).to(tl.uint64, bitcast=True)
+        key = seed * 0x9E3779B97F4A7C15 + position * 0xD6E8FEB86659FD93
+        key = _mix64(key + stream_term.to(tl.int64).to(tl.uint64, bitcast=True))
+        z = _mix64(key + (cols.to(tl.uint64) + 1) * 0x9E3779B97F4A7C15)
+        u = ((z >> 40).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        score = tl.where(kept, s + (-tl.log(-tl.log(u))), float("-inf"))
+        best = tl.max(score)
+        best_idx = tl.min(tl.where(score == best, cols, 2147483647))
+    tl.store(best_ptr + row * num_chunks + chunk, best)
+    tl.store(best_idx_ptr + row * num_chunks + chunk, best_idx)
+    if FUSED:  # the row's last program to get here picks its chunk
+        tl.debug_barrier()
+        if tl.atomic_add(done_ptr + row, 1, sem="acq_rel") == num_chunks - 1:
+            _pick_chunk(best_ptr, best_idx_ptr, out_ptr, row, num_chunks, NCP)
+
+
+@triton.jit
+def _pick_chunk_kernel(best_ptr, best_idx_ptr, out_ptr, num_chunks, NCP: tl.constexpr):
+    _pick_chunk(best_ptr, best_idx_ptr, out_ptr, tl.program_id(0), num_chunks, NCP)
+
+
+def gumbel(logits, temperature, cutoff, seeds, positions, stream, *, fused_pick: bool = False):
+    """:func:`deepinfer.kernels.gumbel_sample`; ``fused_pick``: the last chunk program of each
+    row picks its best chunk (one launch less, one tiny zero-fill more)."""
     _check_logits(logits)
     rows, vocab = logits.shape
     device = logits.device
@@ -136,18 +142,23 @@ def gumbel_sample(logits, temperature, cutoff, seeds, positions, stream):
                 f"{name}: expected integer shape ({rows},), got {t.dtype} {tuple(t.shape)}"
             )
     seeds, positions = seeds.to(device).contiguous(), positions.to(device).contiguous()
-    block = min(1024, triton.next_power_of_2(vocab))
-    chunk = max(block, min(8192, triton.next_power_of_2(triton.cdiv(vocab, 16))))
+    chunk = max(64, min(4096, triton.next_power_of_2(triton.cdiv(vocab, 32))))
     num_chunks = triton.cdiv(vocab, chunk)
+    ncp = triton.next_power_of_2(num_chunks)
     best = torch.empty(rows, num_chunks, dtype=torch.float32, device=device)
     best_idx = torch.empty(rows, num_chunks, dtype=torch.int32, device=device)
+    done = torch.zeros(rows, dtype=torch.int32, device=device) if fused_pick else best_idx
     out = torch.empty(rows, dtype=torch.int64, device=device)
     _gumbel_kernel[(rows, num_chunks)](
         logits, logits.stride(0), temperature, cutoff, seeds, positions, stream_term(stream),
-        best, best_idx, vocab, num_chunks, CHUNK=chunk, BLOCK=block, num_warps=4,
-        enable_fp_fusion=False,
+        best, best_idx, done, out, vocab, num_chunks, CHUNK=chunk, NCP=ncp, FUSED=fused_pick,
+        num_warps=8, enable_fp_fusion=False,
     )  # fmt: skip
-    _pick_chunk_kernel[(rows,)](
-        best, best_idx, out, num_chunks, NCP=triton.next_power_of_2(num_chunks), num_warps=1
-    )
+    if not fused_pick:
+        _pick_chunk_kernel[(rows,)](best, best_idx, out, num_chunks, NCP=ncp, num_warps=1)
     return out
+
+
+@implements("gumbel_sample")
+def gumbel_sample(logits, temperature, cutoff, seeds, positions, stream):
+    return gumbel(logits, temperature, cutoff, seeds, positions, stream)

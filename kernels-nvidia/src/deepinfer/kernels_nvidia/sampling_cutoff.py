@@ -1,23 +1,24 @@
 """The top-k / top-p / min-p cutoff in Triton, spread over the whole GPU.
 
 Every filter keeps the values at or above a threshold, so the answer is one value per row. The
-row is cut into chunks (grid ``(rows, chunks)``, the chunk size a function of the vocabulary
-only) and four launches find it:
+row is cut into chunks (grid ``(rows, chunks)``; the chunk size is a function of the vocabulary
+only; each program loads its whole chunk at once and reduces once, so all its loads are in
+flight together) and three or four launches find it:
 
 1. ``_extremes_kernel``: per chunk, the max and min of ``s = logits * (1 / T)``.
 2. ``_histogram_kernel``: per row, a histogram of the gap ``m - s`` to the row max ``m`` in
    bins of ~19% width (4 per octave; integer atomics, so order independent); for rows that need
    them, the exact int64 mass ``Z = sum trunc(exp(s - m) 2**40)`` and the min-p threshold.
-3. ``_gather_kernel``: the first bins that hold the top-k (``count >= k``), or for top-p alone a
-   provable lower bound of mass ``>= top_p Z``, are the candidates: an upper set of values that
-   holds every kept token. Each chunk appends its candidates to a per-row buffer.
-4. ``_finish_kernel``: one program per row sorts its <= ``cap`` candidates and reads the top-k
-   value, the exact top-p cut (int64 prefix masses) and the min-p threshold off them. A row
-   whose candidates overflow ``cap`` takes the slow exact path (``sampling_cutoff_search``).
+3. ``_gather_kernel``: the candidates are the values in the first bins: with top-k, the fewest
+   bins holding k values; with top-p alone, as many as fit ``cap``, the first ``sort_cap`` of
+   them in a first tier. Each chunk appends its candidates to the row's buffer (per tier).
+4. ``_finish_kernel`` (one program per row; or, with ``fused_finish``, the last chunk program
+   of the row to finish its gather): ``sampling_cutoff_search.finish_row`` reads the exact cut
+   off the candidates (sorted, or searched), or searches the row when they cannot hold it.
 
 Masses are exact integer sums, so the result never depends on the summation order, the batch or
 the device: it is bit-identical to the reference twin. The candidates' append order varies run
-to run; the sort makes it irrelevant.
+to run; the finishing step does not depend on it.
 """
 
 from __future__ import annotations
@@ -27,18 +28,12 @@ import triton
 import triton.language as tl
 
 from deepinfer.kernels_nvidia.registry import implements
-from deepinfer.kernels_nvidia.sampling_cutoff_search import (
-    exp_nonpositive,
-    fixed_mass,
-    search_cutoff,
-)
+from deepinfer.kernels_nvidia.sampling_cutoff_search import exp_nonpositive, finish_row, fixed_mass
 
 NUM_BINS = 64  # bin 0: gap < 1/16; then 4 bins per octave up to ~4000 nats; the last: the rest
-GAP_SCALE = 16.0
-SUB_BITS = 2  # log2(bins per octave)
-DEFAULT_CAP = 8192  # candidates searched by the finishing program
-_CAND_BLOCK = 256
+DEFAULT_CAP = 8192  # candidates per row; more: the row is searched
 DEFAULT_SORT_CAP = 1024  # candidates sorted in registers instead of searched
+_CAND_BLOCK = 256
 _MAX_CHUNKS = 32
 
 
@@ -50,18 +45,6 @@ def _gap_bin(s, m, NB: tl.constexpr):
     j = (bits >> 21) - (127 << 2) + 1
     j = tl.where(u < 1.0, 0, j)
     return tl.minimum(j, NB - 1)
-
-
-@triton.jit
-def _bin_mass_floor(j, NB: tl.constexpr):
-    """A lower bound (1% slack) of the fixed-point mass ``exp(s - m) 2**40`` of any value in bin
-    ``j``; 0 in the last bin. Elementwise, so every kernel computes the same integers."""
-    octave = (tl.maximum(j, 1) - 1) >> 2
-    quarter = (tl.maximum(j, 1) - 1) & 3
-    gap_hi = tl.exp2(octave.to(tl.float32)) * (1.0 + (quarter + 1).to(tl.float32) * 0.25) / 16.0
-    gap_hi = tl.where(j == 0, 1.0 / 16.0, gap_hi)
-    floor = (tl.exp(-gap_hi) * (0.99 * 1099511627776.0)).to(tl.int64)
-    return tl.where(j == NB - 1, 0, floor)
 
 
 @triton.jit
@@ -83,170 +66,148 @@ def _row_max(maxima_ptr, row, num_chunks, NCP: tl.constexpr):
 
 
 @triton.jit
+def _load_chunk(logits_ptr, stride, row, chunk, vocab, inv_t, CHUNK: tl.constexpr):
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    inside = cols < vocab
+    row_ptr = logits_ptr + row.to(tl.int64) * stride
+    s = tl.load(row_ptr + cols, mask=inside, other=0.0).to(tl.float32) * inv_t
+    return s, inside
+
+
+@triton.jit
 def _extremes_kernel(
     logits_ptr, stride, temp_ptr, maxima_ptr, minima_ptr, hist_ptr, z_ptr, t_mp_ptr, count_ptr,
-    vocab, num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr,
+    vocab, num_chunks, CHUNK: tl.constexpr, NB: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     chunk = tl.program_id(1)
-    row_ptr = logits_ptr + row.to(tl.int64) * stride
     inv_t = tl.math.div_rn(1.0, tl.load(temp_ptr + row))
-    hi = tl.full([BLOCK], -float("inf"), tl.float32)
-    lo = tl.full([BLOCK], float("inf"), tl.float32)
-    for start in range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        inside = cols < vocab
-        s = tl.load(row_ptr + cols, mask=inside, other=0.0).to(tl.float32) * inv_t
-        hi = tl.maximum(hi, tl.where(inside, s, -float("inf")))
-        lo = tl.minimum(lo, tl.where(inside, s, float("inf")))
-    tl.store(maxima_ptr + row * num_chunks + chunk, tl.max(hi))
-    tl.store(minima_ptr + row * num_chunks + chunk, tl.min(lo))
+    s, inside = _load_chunk(logits_ptr, stride, row, chunk, vocab, inv_t, CHUNK)
+    tl.store(maxima_ptr + row * num_chunks + chunk, tl.max(tl.where(inside, s, -float("inf"))))
+    tl.store(minima_ptr + row * num_chunks + chunk, tl.min(tl.where(inside, s, float("inf"))))
     if chunk == 0:  # reset the accumulators the next launches add into
         tl.store(hist_ptr + row * NB + tl.arange(0, NB), tl.zeros([NB], tl.int32))
         tl.store(z_ptr + row, tl.zeros([], tl.int64))
-        tl.store(count_ptr + row, tl.zeros([], tl.int32))
+        tl.store(count_ptr + row * 4 + tl.arange(0, 4), tl.zeros([4], tl.int32))
         tl.store(t_mp_ptr + row, float("inf"))
 
 
 @triton.jit
 def _histogram_kernel(
     logits_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, maxima_ptr, hist_ptr, z_ptr,
-    t_mp_ptr, vocab, num_chunks,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, NCP: tl.constexpr,
+    t_mp_ptr, vocab, num_chunks, CHUNK: tl.constexpr, NB: tl.constexpr, NCP: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     chunk = tl.program_id(1)
-    row_ptr = logits_ptr + row.to(tl.int64) * stride
     inv_t, k, k_on, p, min_p = _load_row_params(
         temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
     )
     m = _row_max(maxima_ptr, row, num_chunks, NCP)
-    need_z = ((k <= 0) | (k >= vocab)) & (p < 1.0)
-    need_mass = need_z | (min_p > 0.0)
-    hist = tl.zeros([NB], tl.int32)
-    z = tl.zeros([BLOCK], tl.int64)
-    t_mp = tl.full([BLOCK], float("inf"), tl.float32)
-    for start in range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        inside = cols < vocab
-        s = tl.load(row_ptr + cols, mask=inside, other=0.0).to(tl.float32) * inv_t
-        hist += tl.histogram(_gap_bin(s, m, NB), NB, mask=inside)
-        if need_mass:
-            e = exp_nonpositive(s - m)
-            z += tl.where(inside, fixed_mass(e), 0)
-            t_mp = tl.minimum(t_mp, tl.where(inside & (e >= min_p), s, float("inf")))
+    s, inside = _load_chunk(logits_ptr, stride, row, chunk, vocab, inv_t, CHUNK)
+    hist = tl.histogram(_gap_bin(s, m, NB), NB, mask=inside)
     tl.atomic_add(hist_ptr + row * NB + tl.arange(0, NB), hist)
-    if need_z:
-        tl.atomic_add(z_ptr + row, tl.sum(z))
-    if min_p > 0.0:
-        tl.atomic_min(t_mp_ptr + row, tl.min(t_mp))
+    need_z = ((k <= 0) | (k >= vocab)) & (p < 1.0)
+    if need_z | (min_p > 0.0):
+        e = exp_nonpositive(s - m)
+        if need_z:
+            tl.atomic_add(z_ptr + row, tl.sum(tl.where(inside, fixed_mass(e), 0)))
+        if min_p > 0.0:
+            t_mp = tl.min(tl.where(inside & (e >= min_p), s, float("inf")))
+            tl.atomic_min(t_mp_ptr + row, t_mp)
 
 
 @triton.jit
-def _choose_bin(hist_ptr, z_ptr, row, k, k_on, p, vocab, NB: tl.constexpr):
-    """The last candidate bin ``b`` (-1: no top-k / top-p, so no candidates) and the number of
-    values in bins ``<= b``. Deterministic: every program of the row computes the same."""
+def _choose_bins(hist_ptr, row, k, k_on, p, sort_limit, CAP: tl.constexpr, NB: tl.constexpr):
+    """(b1, b, c1, total): candidates are the values in bins ``<= b`` (``total`` of them), the
+    first tier those in bins ``<= b1`` (``c1``); ``b = -1``: top-k and top-p are off. Integer
+    only, so every program of the row computes the same."""
     j = tl.arange(0, NB)
-    hist = tl.load(hist_ptr + row * NB + j)
-    cum = tl.cumsum(hist, 0)
+    cum = tl.cumsum(tl.load(hist_ptr + row * NB + j), 0)
     b = tl.full([], -1, tl.int32)
-    if k_on:  # the first bins holding k values hold every value >= the k-th largest
+    b1 = tl.full([], -1, tl.int32)
+    if k_on:  # the fewest bins holding k values hold every value >= the k-th largest
         b = tl.min(tl.where(cum >= k, j, NB - 1))
-    elif p < 1.0:  # the first bins whose mass provably reaches p Z hold every kept value
-        # integer prefix sums: exact, so every program (whatever its layout) picks the same bin;
-        # + vocab covers the truncation of each fixed-point term
-        floor_mass = tl.cumsum(hist.to(tl.int64) * _bin_mass_floor(j, NB), 0)
-        z = tl.load(z_ptr + row).to(tl.float64)
-        target = p.to(tl.float64) * z * 1.0001 + vocab
-        b = tl.min(tl.where(floor_mass.to(tl.float64) >= target, j, NB - 1))
-    count = tl.max(tl.where(j == b, cum, 0))
-    return b, count
+        b1 = b
+    elif p < 1.0:  # as many as fit: finish_row checks they hold top_p Z
+        b = tl.maximum(tl.max(tl.where(cum <= CAP, j, -1)), 0)
+        b1 = tl.minimum(tl.max(tl.where(cum <= sort_limit, j, -1)), b)
+    total = tl.max(tl.where(j == b, cum, 0))
+    c1 = tl.max(tl.where(j == b1, cum, 0))
+    return b1, b, c1, total
 
 
 @triton.jit
-def _gather_kernel(
-    logits_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, maxima_ptr, hist_ptr, z_ptr,
-    count_ptr, cand_ptr, vocab, num_chunks,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, NCP: tl.constexpr,
-    CAP: tl.constexpr,
-):  # fmt: skip
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    row_ptr = logits_ptr + row.to(tl.int64) * stride
-    inv_t, k, k_on, p, min_p = _load_row_params(
-        temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
-    )
-    b, total = _choose_bin(hist_ptr, z_ptr, row, k, k_on, p, vocab, NB)
-    if (b >= 0) & (total <= CAP):
-        m = _row_max(maxima_ptr, row, num_chunks, NCP)
-        for start in range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            inside = cols < vocab
-            s = tl.load(row_ptr + cols, mask=inside, other=0.0).to(tl.float32) * inv_t
-            chosen = inside & (_gap_bin(s, m, NB) <= b)
-            n = tl.sum(chosen.to(tl.int32))
-            if n > 0:
-                base = tl.atomic_add(count_ptr + row, n)
-                slot = base + tl.cumsum(chosen.to(tl.int32), 0) - 1
-                tl.store(cand_ptr + row.to(tl.int64) * CAP + slot, s, mask=chosen)
+def _append(cand_row_ptr, count_ptr, s, chosen, offset):
+    """Append the chosen values of a chunk after ``offset`` + the tier's running count."""
+    n = tl.sum(chosen.to(tl.int32))
+    if n > 0:
+        base = offset + tl.atomic_add(count_ptr, n)
+        slot = base + tl.cumsum(chosen.to(tl.int32), 0) - 1
+        tl.store(cand_row_ptr + slot, s, mask=chosen)
 
 
 @triton.jit
-def _cut_from_sorted(cand_ptr, count, m, k, k_on, p, z_full, SORT_CAP: tl.constexpr):
-    """max(top-k value, top-p cut) read off the <= SORT_CAP candidates sorted in registers: the
-    k-th value, and the last value whose exclusive prefix mass is < top_p Z_k."""
-    idx = tl.arange(0, SORT_CAP)
-    valid = idx < count
-    v = tl.sort(tl.load(cand_ptr + idx, mask=valid, other=-float("inf")), 0, descending=True)
-    t_k = tl.full([], -float("inf"), tl.float32)
-    if k_on:
-        t_k = tl.max(tl.where(idx == k - 1, v, -float("inf")))
-    in_k = valid & (v >= t_k)
-    e_k = tl.where(in_k, fixed_mass(exp_nonpositive(v - m)), 0)
-    t_p = tl.full([], -float("inf"), tl.float32)
-    if p < 1.0:
-        z = z_full
-        if k_on:
-            z = tl.sum(e_k)
-        exclusive = tl.cumsum(e_k, 0) - e_k
-        target = p.to(tl.float64) * z.to(tl.float64)
-        num_kept = tl.sum((in_k & (exclusive.to(tl.float64) < target)).to(tl.int32))
-        t_p = tl.max(tl.where(idx == num_kept - 1, v, -float("inf")))
-    return tl.maximum(t_k, t_p)
-
-
-@triton.jit
-def _finish_kernel(
-    logits_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, maxima_ptr, minima_ptr,
-    hist_ptr, z_ptr, t_mp_ptr, count_ptr, cand_ptr, out_ptr, vocab, num_chunks, sort_limit,
-    NB: tl.constexpr, NCP: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
-    NP: tl.constexpr, NBLK: tl.constexpr, CBLOCK: tl.constexpr, SORT_CAP: tl.constexpr,
-):  # fmt: skip
-    row = tl.program_id(0)
-    inv_t, k, k_on, p, min_p = _load_row_params(
-        temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
-    )
+def _finish(logits_ptr, stride, cand_ptr, row, vocab, inv_t, k, k_on, p, min_p, maxima_ptr,
+            minima_ptr, z_ptr, t_mp_ptr, out_ptr, num_chunks, b1, b, c1, total, sort_limit,
+            NCP: tl.constexpr, CAP: tl.constexpr, SORT_CAP: tl.constexpr, BLOCK: tl.constexpr,
+            CBLOCK: tl.constexpr, NBLK: tl.constexpr):  # fmt: skip
     m = _row_max(maxima_ptr, row, num_chunks, NCP)
     c = tl.arange(0, NCP)
     row_min = tl.min(
         tl.load(minima_ptr + row * num_chunks + c, mask=c < num_chunks, other=float("inf"))
     )
-    b, total = _choose_bin(hist_ptr, z_ptr, row, k, k_on, p, vocab, NB)
-    cut = tl.full([], -float("inf"), tl.float32)
-    if b >= 0:
-        z_full = tl.load(z_ptr + row)
+    cut = finish_row(
+        logits_ptr + row.to(tl.int64) * stride, cand_ptr + row.to(tl.int64) * CAP, vocab, inv_t,
+        m, row_min, k, k_on, p, min_p, tl.load(z_ptr + row), tl.load(t_mp_ptr + row), b, c1,
+        total, sort_limit, CAP, SORT_CAP, BLOCK, CBLOCK, 16, NBLK,
+    )  # fmt: skip
+    tl.store(out_ptr + row, cut)
+
+
+@triton.jit
+def _gather_kernel(
+    logits_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, maxima_ptr, minima_ptr,
+    hist_ptr, z_ptr, t_mp_ptr, count_ptr, cand_ptr, out_ptr, vocab, num_chunks, sort_limit,
+    CHUNK: tl.constexpr, NB: tl.constexpr, NCP: tl.constexpr, CAP: tl.constexpr,
+    SORT_CAP: tl.constexpr, BLOCK: tl.constexpr, CBLOCK: tl.constexpr, NBLK: tl.constexpr,
+    FUSED: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    inv_t, k, k_on, p, min_p = _load_row_params(
+        temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
+    )
+    b1, b, c1, total = _choose_bins(hist_ptr, row, k, k_on, p, sort_limit, CAP, NB)
+    if (b >= 0) & (total <= CAP):
+        m = _row_max(maxima_ptr, row, num_chunks, NCP)
+        s, inside = _load_chunk(logits_ptr, stride, row, chunk, vocab, inv_t, CHUNK)
+        bins = _gap_bin(s, m, NB)
         cand_row_ptr = cand_ptr + row.to(tl.int64) * CAP
-        if total <= sort_limit:  # few: sort them in registers
-            cut = _cut_from_sorted(cand_row_ptr, total, m, k, k_on, p, z_full, SORT_CAP)
-        elif total <= CAP:  # search the candidates (already scaled)
-            cut = search_cutoff(cand_row_ptr, total, 1.0, m, k, k_on, p, z_full,
-                                CBLOCK, NP, CAP // CBLOCK, False)  # fmt: skip
-        else:  # too many: search the whole row
-            row_ptr = logits_ptr + row.to(tl.int64) * stride
-            cut = search_cutoff(row_ptr, vocab, inv_t, m, k, k_on, p, z_full, BLOCK, NP, NBLK, True)
-    if min_p > 0.0:
-        cut = tl.maximum(cut, tl.load(t_mp_ptr + row))
-    tl.store(out_ptr + row, tl.where(cut <= row_min, -float("inf"), cut))
+        _append(cand_row_ptr, count_ptr + row * 4, s, inside & (bins <= b1), 0)
+        _append(cand_row_ptr, count_ptr + row * 4 + 1, s, inside & (bins > b1) & (bins <= b), c1)
+    if FUSED:  # the row's last program to get here finishes it
+        tl.debug_barrier()  # every thread's candidate stores precede the release below
+        if tl.atomic_add(count_ptr + row * 4 + 2, 1, sem="acq_rel") == num_chunks - 1:
+            _finish(logits_ptr, stride, cand_ptr, row, vocab, inv_t, k, k_on, p, min_p,
+                    maxima_ptr, minima_ptr, z_ptr, t_mp_ptr, out_ptr, num_chunks, b1, b, c1,
+                    total, sort_limit, NCP, CAP, SORT_CAP, BLOCK, CBLOCK, NBLK)  # fmt: skip
+
+
+@triton.jit
+def _finish_kernel(
+    logits_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, maxima_ptr, minima_ptr,
+    hist_ptr, z_ptr, t_mp_ptr, cand_ptr, out_ptr, vocab, num_chunks, sort_limit,
+    NB: tl.constexpr, NCP: tl.constexpr, CAP: tl.constexpr, SORT_CAP: tl.constexpr,
+    BLOCK: tl.constexpr, CBLOCK: tl.constexpr, NBLK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    inv_t, k, k_on, p, min_p = _load_row_params(
+        temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
+    )
+    b1, b, c1, total = _choose_bins(hist_ptr, row, k, k_on, p, sort_limit, CAP, NB)
+    _finish(logits_ptr, stride, cand_ptr, row, vocab, inv_t, k, k_on, p, min_p, maxima_ptr,
+            minima_ptr, z_ptr, t_mp_ptr, out_ptr, num_chunks, b1, b, c1, total, sort_limit,
+            NCP, CAP, SORT_CAP, BLOCK, CBLOCK, NBLK)  # fmt: skip
 
 
 def _row_floats(t: torch.Tensor, rows: int, name: str, device) -> torch.Tensor:
@@ -255,18 +216,20 @@ def _row_floats(t: torch.Tensor, rows: int, name: str, device) -> torch.Tensor:
     return t.to(device=device, dtype=torch.float32).contiguous()
 
 
-def chunking(vocab: int, max_chunks: int = _MAX_CHUNKS) -> tuple[int, int, int]:
-    """(chunk, block, number of chunks): a function of the vocabulary only (batch invariance)."""
+def chunking(vocab: int, max_chunks: int = _MAX_CHUNKS) -> tuple[int, int]:
+    """(chunk, number of chunks): a function of the vocabulary only (batch invariance)."""
     chunk = max(64, min(4096, triton.next_power_of_2(triton.cdiv(vocab, max_chunks))))
-    return chunk, min(1024, chunk), triton.cdiv(vocab, chunk)
+    return chunk, triton.cdiv(vocab, chunk)
 
 
 def cutoff(logits, temperature, top_k, top_p, min_p, *, cap: int = DEFAULT_CAP,
-           sort_cap: int = DEFAULT_SORT_CAP, max_chunks: int = _MAX_CHUNKS):  # fmt: skip
+           sort_cap: int = DEFAULT_SORT_CAP, max_chunks: int = _MAX_CHUNKS,
+           fused_finish: bool = False):  # fmt: skip
     """:func:`deepinfer.kernels.top_k_top_p_min_p_cutoff` with its tuning knobs (powers of 2):
     ``cap`` candidates per row before the whole-row search, ``sort_cap`` candidates sorted in
-    registers (0: never), ``max_chunks`` programs per row. Every setting gives the same result;
-    tests shrink them to drive rows down each path, benchmarks sweep them."""
+    registers (0: never), ``max_chunks`` programs per row, ``fused_finish`` (the gather's last
+    program per row finishes it: one launch less). Every setting gives the same result; tests
+    shrink them to drive rows down each path, benchmarks sweep them."""
     if logits.dim() != 2 or logits.stride(-1) != 1:
         raise ValueError(f"logits: expected [B, V] with unit column stride, got {logits.shape}")
     if sort_cap > cap:
@@ -279,33 +242,34 @@ def cutoff(logits, temperature, top_k, top_p, min_p, *, cap: int = DEFAULT_CAP,
     top_k = top_k.to(device=device).contiguous()
     top_p = _row_floats(top_p, rows, "top_p", device)
     min_p = _row_floats(min_p, rows, "min_p", device)
-    chunk, block, num_chunks = chunking(vocab, max_chunks)
-    ncp = triton.next_power_of_2(num_chunks)
-    f32 = dict(dtype=torch.float32, device=device)
-    maxima, minima = torch.empty(rows, num_chunks, **f32), torch.empty(rows, num_chunks, **f32)
-    hist = torch.empty(rows, NUM_BINS, dtype=torch.int32, device=device)
+    chunk, num_chunks = chunking(vocab, max_chunks)
+    # three allocations, cut into flat per-row arrays
+    f32 = torch.empty(rows * (2 * num_chunks + 2 + cap), dtype=torch.float32, device=device)
+    maxima, minima, t_mp, out, cand = f32.split(
+        [rows * num_chunks, rows * num_chunks, rows, rows, rows * cap]
+    )
+    i32 = torch.empty(rows * (NUM_BINS + 4), dtype=torch.int32, device=device)
+    hist, count = i32.split([rows * NUM_BINS, rows * 4])  # count: tier 1, tier 2, done, pad
     z = torch.empty(rows, dtype=torch.int64, device=device)
-    t_mp, out = torch.empty(rows, **f32), torch.empty(rows, **f32)
-    count = torch.empty(rows, dtype=torch.int32, device=device)
-    cand = torch.empty(rows, cap, **f32)
-    row_args = (logits, logits.stride(0), temperature)
+    head = (logits, logits.stride(0), temperature)
     params = (top_k, top_p, min_p)
     grid = (rows, num_chunks)
-    common = dict(enable_fp_fusion=False)
-    _extremes_kernel[grid](*row_args, maxima, minima, hist, z, t_mp, count, vocab, num_chunks,
-                           CHUNK=chunk, BLOCK=block, NB=NUM_BINS, num_warps=8, **common)  # fmt: skip
-    _histogram_kernel[grid](*row_args, *params, maxima, hist, z, t_mp, vocab, num_chunks,
-                            CHUNK=chunk, BLOCK=block, NB=NUM_BINS, NCP=ncp, num_warps=8,
-                            **common)  # fmt: skip
-    _gather_kernel[grid](*row_args, *params, maxima, hist, z, count, cand, vocab, num_chunks,
-                         CHUNK=chunk, BLOCK=block, NB=NUM_BINS, NCP=ncp, CAP=cap, num_warps=8,
-                         **common)  # fmt: skip
     slow_block = min(1024, max(64, triton.next_power_of_2(triton.cdiv(vocab, 8))))
-    _finish_kernel[(rows,)](*row_args, *params, maxima, minima, hist, z, t_mp, count, cand, out,
-                            vocab, num_chunks, sort_cap, NB=NUM_BINS, NCP=ncp, CAP=cap, BLOCK=slow_block,
-                            NP=16, NBLK=triton.next_power_of_2(triton.cdiv(vocab, slow_block)),
-                            CBLOCK=min(_CAND_BLOCK, cap), SORT_CAP=max(sort_cap, 2),
-                            num_warps=8, **common)  # fmt: skip
+    ncp = triton.next_power_of_2(num_chunks)
+    tail = dict(NCP=ncp, CAP=cap, SORT_CAP=max(sort_cap, 2), BLOCK=slow_block,
+                CBLOCK=min(_CAND_BLOCK, cap), NBLK=triton.next_power_of_2(
+                    triton.cdiv(vocab, slow_block)), num_warps=8, enable_fp_fusion=False)  # fmt: skip
+    _extremes_kernel[grid](*head, maxima, minima, hist, z, t_mp, count, vocab, num_chunks,
+                           CHUNK=chunk, NB=NUM_BINS, num_warps=8, enable_fp_fusion=False)  # fmt: skip
+    _histogram_kernel[grid](*head, *params, maxima, hist, z, t_mp, vocab, num_chunks,
+                            CHUNK=chunk, NB=NUM_BINS, NCP=ncp, num_warps=8,
+                            enable_fp_fusion=False)  # fmt: skip
+    _gather_kernel[grid](*head, *params, maxima, minima, hist, z, t_mp, count, cand, out, vocab,
+                         num_chunks, sort_cap, CHUNK=chunk, NB=NUM_BINS, FUSED=fused_finish,
+                         **tail)  # fmt: skip
+    if not fused_finish:
+        _finish_kernel[(rows,)](*head, *params, maxima, minima, hist, z, t_mp, cand, out, vocab,
+                                num_chunks, sort_cap, NB=NUM_BINS, **tail)  # fmt: skip
     return out
 
 

@@ -1,9 +1,13 @@
-"""Shared pieces of the cutoff kernels: the bit-exact ``exp``, fixed-point masses, and the slow
-exact path for a row whose candidates overflow the fast path's buffer.
+"""Per-row finishing of the cutoff: the bit-exact ``exp``, fixed-point masses, and the three
+exact ways to read the cut once the candidates are gathered (``finish_row``):
 
-The slow path runs in the row's finishing program and streams the whole row several times: a
-16-ary search over the order-preserving integer keys of float32 values, snapping the bracket to
-row values after each pass (so at most 8 passes). Top-k searches for the smallest ``x`` with
+* few candidates (``<= sort_limit``): sorted in registers; the top-k value is the k-th, the
+  top-p cut the last value whose exclusive prefix mass is ``< top_p Z_k``;
+* more (``<= cap``): a search over the candidate buffer;
+* too many, or (top-p alone) candidates holding less than ``top_p Z``: a search over the row.
+
+A search is 16-ary over the order-preserving integer keys of float32 values, snapping the bracket
+to set values after each pass (so at most 8 passes). Top-k searches for the smallest ``x`` with
 ``count(s > x) < k``, top-p for the smallest ``x`` with ``mass(s > x, s >= t_k) < top_p Z_k``.
 """
 
@@ -156,3 +160,57 @@ def search_cutoff(row_ptr, n, inv_t, m, k, k_on, p, z_full, BLOCK: tl.constexpr,
         t_p = _search(row_ptr, n, inv_t, m, t_k, target, lo_p, hi, True, BLOCK, NP)
     _, cut = _mass_and_smallest(row_ptr, n, inv_t, m, tl.maximum(t_k, t_p), BLOCK)
     return cut
+
+
+@triton.jit
+def _cut_from_sorted(cand_ptr, count, m, k, k_on, p, z_full, SORT_CAP: tl.constexpr):
+    """(max(top-k value, top-p cut), ok) from the <= SORT_CAP candidates sorted in registers.
+    ``ok`` is False when top-p alone needs values outside them (their mass is < top_p Z)."""
+    idx = tl.arange(0, SORT_CAP)
+    valid = idx < count
+    v = tl.sort(tl.load(cand_ptr + idx, mask=valid, other=-float("inf")), 0, descending=True)
+    t_k = tl.full([], -float("inf"), tl.float32)
+    if k_on:
+        t_k = tl.max(tl.where(idx == k - 1, v, -float("inf")))
+    in_k = valid & (v >= t_k)
+    e_k = tl.where(in_k, fixed_mass(exp_nonpositive(v - m)), 0)
+    t_p = tl.full([], -float("inf"), tl.float32)
+    ok = tl.full([], 1, tl.int1)
+    if p < 1.0:
+        z = z_full
+        if k_on:
+            z = tl.sum(e_k)
+        target = p.to(tl.float64) * z.to(tl.float64)
+        ok = k_on | (tl.sum(e_k).to(tl.float64) >= target)
+        exclusive = tl.cumsum(e_k, 0) - e_k
+        num_kept = tl.sum((in_k & (exclusive.to(tl.float64) < target)).to(tl.int32))
+        t_p = tl.max(tl.where(idx == num_kept - 1, v, -float("inf")))
+    return tl.maximum(t_k, t_p), ok
+
+
+@triton.jit
+def finish_row(row_ptr, cand_row_ptr, vocab, inv_t, m, row_min, k, k_on, p, min_p, z_full, t_mp,
+               b, c1, total, sort_limit, CAP: tl.constexpr, SORT_CAP: tl.constexpr,
+               BLOCK: tl.constexpr, CBLOCK: tl.constexpr, NP: tl.constexpr,
+               NBLK: tl.constexpr):  # fmt: skip
+    """The row's cutoff from its gathered candidates: ``c1`` sort-tier values then up to
+    ``total`` in all (``b < 0``: top-k and top-p are off). -inf when every token is kept."""
+    cut = tl.full([], -float("inf"), tl.float32)
+    if b >= 0:
+        done = tl.full([], 0, tl.int1)
+        if (c1 > 0) & (c1 <= sort_limit):
+            cut, done = _cut_from_sorted(cand_row_ptr, c1, m, k, k_on, p, z_full, SORT_CAP)
+        if done == 0:
+            whole_row = total > CAP
+            if ((k <= 0) | (k >= vocab)) & (total <= CAP):  # top-p alone: enough mass?
+                u_mass, _ = _mass_and_smallest(cand_row_ptr, total, 1.0, m, -float("inf"), CBLOCK)
+                whole_row = u_mass.to(tl.float64) < p.to(tl.float64) * z_full.to(tl.float64)
+            if whole_row:
+                cut = search_cutoff(row_ptr, vocab, inv_t, m, k, k_on, p, z_full,
+                                    BLOCK, NP, NBLK, True)  # fmt: skip
+            else:
+                cut = search_cutoff(cand_row_ptr, total, 1.0, m, k, k_on, p, z_full,
+                                    CBLOCK, NP, CAP // CBLOCK, False)  # fmt: skip
+    if min_p > 0.0:
+        cut = tl.maximum(cut, t_mp)
+    return tl.where(cut <= row_min, -float("inf"), cut)
