@@ -12,8 +12,9 @@ Variants:
   sample() greedy         the greedy fast path (every row temperature 0)
   torch sort top-k+top-p  softmax, sort, cumsum top-p mask, top-k mask, torch.multinomial
   torch argmax            torch.argmax over the logits (the greedy floor)
-  cutoff <knobs>          the cutoff kernel at each tuning variant (``--variants``), imported
-                          from the NVIDIA backend module directly: a kernel-tuning sweep
+  cutoff <knobs>, gumbel fused_pick, sample() ... fused   the kernels' tuning knobs (imported
+                          from the NVIDIA backend module directly: a kernel-tuning sweep;
+                          ``--no-variants`` skips it)
   sample() top-p only / min-p only   the public pipeline with the other filters off
 
 A torch.profiler pass over ``sample()`` lists the device time of each kernel (``kernels`` in
@@ -82,6 +83,7 @@ def _variants(rows: int, vocab: int, top_k: int, top_p: float):
         cut = kernels.top_k_top_p_min_p_cutoff(logits, temperature, k, p, min_p)
         return kernels.gumbel_sample(logits, temperature, cut, seeds, pos, 0)
 
+    cut = kernels.top_k_top_p_min_p_cutoff(logits, temperature, k, p, min_p)
     top_p_only = [SamplingParams(temperature=0.8, top_p=top_p, seq_seed=i) for i in range(rows)]
     min_p_only = [SamplingParams(temperature=0.8, min_p=0.05, seq_seed=i) for i in range(rows)]
     return (
@@ -91,7 +93,10 @@ def _variants(rows: int, vocab: int, top_k: int, top_p: float):
             "ops cutoff only": lambda: kernels.top_k_top_p_min_p_cutoff(
                 logits, temperature, k, p, min_p
             ),
-            "ops gumbel only": lambda: kernels.gumbel_sample(
+            "ops gumbel only (top-k cutoff)": lambda: kernels.gumbel_sample(
+                logits, temperature, cut, seeds, pos, 0
+            ),
+            "ops gumbel only (cutoff 0: noise everywhere)": lambda: kernels.gumbel_sample(
                 logits, temperature, min_p, seeds, pos, 0
             ),
             "sample() greedy": lambda: sample(logits, greedy, positions),
@@ -102,12 +107,14 @@ def _variants(rows: int, vocab: int, top_k: int, top_p: float):
             "torch copy (1 read + 1 write)": lambda: logits.clone(),
         },
         (logits, temperature, k, p, min_p),
+        (logits, temperature, cut, seeds, pos, 0),
         (params, positions),
     )
 
 
 VARIANTS = [
     dict(cap=8192, sort_cap=1024, max_chunks=32),
+    dict(cap=8192, sort_cap=1024, max_chunks=32, fused_finish=True),
     dict(cap=8192, sort_cap=0, max_chunks=32),
     dict(cap=8192, sort_cap=256, max_chunks=16),
     dict(cap=8192, sort_cap=2048, max_chunks=64),
@@ -116,15 +123,29 @@ VARIANTS = [
 ]
 
 
-def _cutoff_variants(cutoff_args):
+def _kernel_variants(cutoff_args, gumbel_args, params, positions):
+    """The kernels' tuning knobs, timed alone, and ``sample()`` with both fused variants on
+    (their defaults patched for the call: the registered ops take no knobs)."""
+    from deepinfer.kernels_nvidia import sampling as nv_sampling
     from deepinfer.kernels_nvidia import sampling_cutoff  # the tuning knobs live there
 
-    return {
+    def fused_sample():
+        finish, pick = sampling_cutoff.cutoff.__kwdefaults__, nv_sampling.gumbel.__kwdefaults__
+        finish["fused_finish"], pick["fused_pick"] = True, True
+        try:
+            return sample(cutoff_args[0], params, positions)
+        finally:
+            finish["fused_finish"], pick["fused_pick"] = False, False
+
+    variants = {
         "cutoff " + " ".join(f"{k}={v}" for k, v in knobs.items()): (
             lambda knobs=knobs: sampling_cutoff.cutoff(*cutoff_args, **knobs)
         )
         for knobs in VARIANTS
     }
+    variants["gumbel fused_pick=True"] = lambda: nv_sampling.gumbel(*gumbel_args, fused_pick=True)
+    variants["sample() top-k+top-p, fused finish + pick"] = fused_sample
+    return variants
 
 
 def _kernel_table(params, positions, logits, iters: int = 20) -> dict[str, float]:
@@ -174,11 +195,11 @@ def main() -> None:
     results = {}
     print(f"{args.rows} rows x {args.vocab} vocab, top_k={args.top_k}, top_p={args.top_p}")
     print(f"{'variant':52s} {'median ms':>10s} {'p10':>8s} {'p90':>8s}")
-    variants, cutoff_args, (params, positions) = _variants(
+    variants, cutoff_args, gumbel_args, (params, positions) = _variants(
         args.rows, args.vocab, args.top_k, args.top_p
     )
     if not args.no_variants:
-        variants.update(_cutoff_variants(cutoff_args))
+        variants.update(_kernel_variants(cutoff_args, gumbel_args, params, positions))
     for name, fn in variants.items():
         times = sorted(_time_ms(fn, args.runs))
         row = {
@@ -197,7 +218,7 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(0),
         "commit": _commit(),
         "torch": torch.__version__,
-        "args": vars(args),
+        "args": {**vars(args), "out": os.path.basename(args.out or "")},
         "results": results,
         "kernels_us": kernel_us,
         "bytes_one_logits_read": args.rows * args.vocab * 4,
