@@ -227,7 +227,7 @@ class StepProfiler:
         elif step == self.START + self.count and self.prof is not None:
             self.prof.__exit__(None, None, None)
             cuda = torch.cuda.is_available()
-            key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+            key = "self_device_time_total" if cuda else "self_cpu_time_total"
             table = self.prof.key_averages().table(sort_by=key, row_limit=40)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(table)
