@@ -20,6 +20,7 @@ import triton.language as tl
 
 from deepinfer.kernels.counter_hash import stream_term
 from deepinfer.kernels_nvidia.registry import implements
+from deepinfer.kernels_nvidia.sampling_cutoff import chunking
 
 
 @triton.jit
@@ -142,9 +143,8 @@ def gumbel(logits, temperature, cutoff, seeds, positions, stream, *, fused_pick:
                 f"{name}: expected integer shape ({rows},), got {t.dtype} {tuple(t.shape)}"
             )
     seeds, positions = seeds.to(device).contiguous(), positions.to(device).contiguous()
-    chunk = max(64, min(4096, triton.next_power_of_2(triton.cdiv(vocab, 32))))
-    num_chunks = triton.cdiv(vocab, chunk)
-    ncp = triton.next_power_of_2(num_chunks)
+    chunk, num_chunks = chunking(vocab)
+    ncp = 1 << max(0, num_chunks - 1).bit_length()
     best = torch.empty(rows, num_chunks, dtype=torch.float32, device=device)
     best_idx = torch.empty(rows, num_chunks, dtype=torch.int32, device=device)
     done = torch.zeros(rows, dtype=torch.int32, device=device) if fused_pick else best_idx

@@ -23,6 +23,8 @@ to run; the finishing step does not depend on it.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -216,10 +218,37 @@ def _row_floats(t: torch.Tensor, rows: int, name: str, device) -> torch.Tensor:
     return t.to(device=device, dtype=torch.float32).contiguous()
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
 def chunking(vocab: int, max_chunks: int = _MAX_CHUNKS) -> tuple[int, int]:
     """(chunk, number of chunks): a function of the vocabulary only (batch invariance)."""
-    chunk = max(64, min(4096, triton.next_power_of_2(triton.cdiv(vocab, max_chunks))))
-    return chunk, triton.cdiv(vocab, chunk)
+    chunk = max(64, min(4096, _pow2_at_least(_cdiv(vocab, max_chunks))))
+    return chunk, _cdiv(vocab, chunk)
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(vocab: int, cap: int, sort_cap: int, max_chunks: int) -> tuple[int, int, dict]:
+    """(chunk, number of chunks, the finishing constexprs) for a vocabulary and knob setting:
+    computed once (this host work is inside every sampling step)."""
+    if sort_cap > cap or cap & (cap - 1) or max_chunks < 1:
+        raise ValueError(
+            f"cutoff knobs: expected power-of-2 cap >= sort_cap and max_chunks >= 1, got "
+            f"cap={cap}, sort_cap={sort_cap}, max_chunks={max_chunks}"
+        )
+    chunk, num_chunks = chunking(vocab, max_chunks)
+    slow_block = min(1024, max(64, _pow2_at_least(_cdiv(vocab, 8))))
+    finish = dict(
+        NCP=_pow2_at_least(num_chunks), CAP=cap, SORT_CAP=_pow2_at_least(max(sort_cap, 2)),
+        BLOCK=slow_block, CBLOCK=min(_CAND_BLOCK, cap),
+        NBLK=_pow2_at_least(_cdiv(vocab, slow_block)), num_warps=8, enable_fp_fusion=False,
+    )  # fmt: skip
+    return chunk, num_chunks, finish
 
 
 def cutoff(logits, temperature, top_k, top_p, min_p, *, cap: int = DEFAULT_CAP,
@@ -232,8 +261,6 @@ def cutoff(logits, temperature, top_k, top_p, min_p, *, cap: int = DEFAULT_CAP,
     shrink them to drive rows down each path, benchmarks sweep them."""
     if logits.dim() != 2 or logits.stride(-1) != 1:
         raise ValueError(f"logits: expected [B, V] with unit column stride, got {logits.shape}")
-    if sort_cap > cap:
-        raise ValueError(f"sort_cap: expected <= cap ({cap}), got {sort_cap}")
     rows, vocab = logits.shape
     device = logits.device
     temperature = _row_floats(temperature, rows, "temperature", device)
@@ -242,7 +269,7 @@ def cutoff(logits, temperature, top_k, top_p, min_p, *, cap: int = DEFAULT_CAP,
     top_k = top_k.to(device=device).contiguous()
     top_p = _row_floats(top_p, rows, "top_p", device)
     min_p = _row_floats(min_p, rows, "min_p", device)
-    chunk, num_chunks = chunking(vocab, max_chunks)
+    chunk, num_chunks, tail = _plan(vocab, cap, sort_cap, max_chunks)
     # three allocations, cut into flat per-row arrays
     f32 = torch.empty(rows * (2 * num_chunks + 2 + cap), dtype=torch.float32, device=device)
     maxima, minima, t_mp, out, cand = f32.split(
@@ -254,11 +281,7 @@ def cutoff(logits, temperature, top_k, top_p, min_p, *, cap: int = DEFAULT_CAP,
     head = (logits, logits.stride(0), temperature)
     params = (top_k, top_p, min_p)
     grid = (rows, num_chunks)
-    slow_block = min(1024, max(64, triton.next_power_of_2(triton.cdiv(vocab, 8))))
-    ncp = triton.next_power_of_2(num_chunks)
-    tail = dict(NCP=ncp, CAP=cap, SORT_CAP=max(sort_cap, 2), BLOCK=slow_block,
-                CBLOCK=min(_CAND_BLOCK, cap), NBLK=triton.next_power_of_2(
-                    triton.cdiv(vocab, slow_block)), num_warps=8, enable_fp_fusion=False)  # fmt: skip
+    ncp = tail["NCP"]
     _extremes_kernel[grid](*head, maxima, minima, hist, z, t_mp, count, vocab, num_chunks,
                            CHUNK=chunk, NB=NUM_BINS, num_warps=8, enable_fp_fusion=False)  # fmt: skip
     _histogram_kernel[grid](*head, *params, maxima, hist, z, t_mp, vocab, num_chunks,
