@@ -100,7 +100,10 @@ def _row_tensors(params, positions, device, unseeded: bool) -> _RowTensors:
     num = len(params)
     floats = np.frombuffer(b"".join([p.row_float_bytes for p in params]), np.float32)
     ints = np.frombuffer(b"".join([p.row_int_bytes for p in params]), np.int64)
-    host = np.empty(6 * num, dtype=np.int64)
+    # pinned on CUDA (torch's caching host allocator keeps it until the copy is done), so the
+    # copy never waits for the work queued before it
+    host_tensor = torch.empty(6 * num, dtype=torch.int64, pin_memory=device.type == "cuda")
+    host = host_tensor.numpy()
     host[: 2 * num].view(np.float32).reshape(4, num)[:] = floats.reshape(num, 4).T
     host_ints = host[2 * num :].reshape(4, num)
     host_ints[:3] = ints.reshape(num, 3).T
@@ -110,7 +113,7 @@ def _row_tensors(params, positions, device, unseeded: bool) -> _RowTensors:
     on_device = isinstance(positions, torch.Tensor)
     if not on_device:
         host_ints[3] = np.asarray(positions, dtype=np.int64)
-    dev = torch.from_numpy(host).to(device, non_blocking=True)
+    dev = host_tensor.to(device, non_blocking=True)
     dev_floats = dev[: 2 * num].view(torch.float32).view(4, num)
     dev_ints = dev[2 * num :].view(4, num)
     pos = positions.to(device=device, dtype=torch.int64) if on_device else dev_ints[3]
