@@ -84,9 +84,12 @@ def _mix64(z):
 def _pick_chunk(best_ptr, best_idx_ptr, out_ptr, row, num_chunks, NCP: tl.constexpr):
     """The best chunk of a row, the first on ties (so the lowest token id overall)."""
     c = tl.arange(0, NCP)
-    best = tl.load(best_ptr + row * num_chunks + c, mask=c < num_chunks, other=float("-inf"))
+    mask = c < num_chunks  # .cg: with a fused pick, other programs of the launch stored these
+    best = tl.load(
+        best_ptr + row * num_chunks + c, mask=mask, other=-float("inf"), cache_modifier=".cg"
+    )
     winner = tl.min(tl.where(best == tl.max(best), c, NCP))
-    idx = tl.load(best_idx_ptr + row * num_chunks + winner)
+    idx = tl.load(best_idx_ptr + row * num_chunks + winner, cache_modifier=".cg")
     tl.store(out_ptr + row, idx.to(tl.int64))
 
 

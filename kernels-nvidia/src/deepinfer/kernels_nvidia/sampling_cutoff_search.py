@@ -56,7 +56,10 @@ def _key_to_float(key):
 
 @triton.jit
 def _load_scaled(row_ptr, cols, vocab, inv_t):
-    return tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inv_t
+    # .cg (L2, not L1): with a fused finish the candidates were stored by other programs of
+    # the same launch
+    x = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"), cache_modifier=".cg")
+    return x.to(tl.float32) * inv_t
 
 
 @triton.jit
@@ -168,7 +171,8 @@ def _cut_from_sorted(cand_ptr, count, m, k, k_on, p, z_full, SORT_CAP: tl.conste
     ``ok`` is False when top-p alone needs values outside them (their mass is < top_p Z)."""
     idx = tl.arange(0, SORT_CAP)
     valid = idx < count
-    v = tl.sort(tl.load(cand_ptr + idx, mask=valid, other=-float("inf")), 0, descending=True)
+    x = tl.load(cand_ptr + idx, mask=valid, other=-float("inf"), cache_modifier=".cg")
+    v = tl.sort(x, 0, descending=True)
     t_k = tl.full([], -float("inf"), tl.float32)
     if k_on:
         t_k = tl.max(tl.where(idx == k - 1, v, -float("inf")))
