@@ -114,18 +114,10 @@ def _row_tensors(params, positions, device, unseeded: bool) -> _RowTensors:
     if not on_device:
         host_ints[3] = np.asarray(positions, dtype=np.int64)
     dev = host_tensor.to(device, non_blocking=True)
-    dev_floats = dev[: 2 * num].view(torch.float32).view(4, num)
-    dev_ints = dev[2 * num :].view(4, num)
-    pos = positions.to(device=device, dtype=torch.int64) if on_device else dev_ints[3]
-    return _RowTensors(
-        temperature=dev_floats[0],
-        top_p=dev_floats[1],
-        min_p=dev_floats[2],
-        top_k=dev_ints[0],
-        seeds=dev_ints[1],
-        greedy_flags=dev_ints[2],
-        positions=pos,
-    )
+    temperature, top_p, min_p, _ = dev[: 2 * num].view(torch.float32).view(4, num).unbind(0)
+    top_k, seeds, greedy_flags, dev_positions = dev[2 * num :].view(4, num).unbind(0)
+    pos = positions.to(device=device, dtype=torch.int64) if on_device else dev_positions
+    return _RowTensors(temperature, top_p, min_p, top_k, seeds, greedy_flags, pos)
 
 
 def _batch_flags(params) -> tuple[int, int]:
