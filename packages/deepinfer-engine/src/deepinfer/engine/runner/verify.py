@@ -156,6 +156,7 @@ def _match(runner, plan, groups, logits) -> list[Emitted]:
 def _accept_by_match(groups: list[RequestRows], tokens: torch.Tensor) -> list[int]:
     """Accepted drafts per group (0 without drafts): one padded call per mode."""
     accepted = [0] * len(groups)
+    host = tokens.cpu()
     starts, at = [], 0
     for g in groups:
         starts.append(at)
@@ -167,7 +168,6 @@ def _accept_by_match(groups: list[RequestRows], tokens: torch.Tensor) -> list[in
         width = max(len(groups[i].drafts) for i in chosen)
         drafts = torch.full((len(chosen), width), PAD_TOKEN_ID, dtype=torch.long)
         target = torch.full((len(chosen), width + 1), PAD_TOKEN_ID, dtype=torch.long)
-        host = tokens.cpu()
         for k, i in enumerate(chosen):
             g = groups[i]
             drafts[k, : len(g.drafts)] = torch.tensor(g.drafts)
