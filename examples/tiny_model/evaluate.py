@@ -146,12 +146,14 @@ def evaluate(args: argparse.Namespace) -> dict:
     bigram = bigram_nll(train, previous, targets, int(max(train.max(), validation.max())) + 1)
     timings["bigram_s"] = time.perf_counter() - t0
 
+    # The NLL results are written before the completions, whose engine start may fail alone.
+    results = summarise(args, unquantised, quantised, bigram, [], n_targets, timings)
+    if args.no_completions:
+        return results
     t0 = time.perf_counter()
-    samples = []
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the engine sizes its cache from the free memory
-    if not args.no_completions:
-        samples = completions(args.checkpoint, args.accelerator, args.dtype, args.max_new_tokens)
+    samples = completions(args.checkpoint, args.accelerator, args.dtype, args.max_new_tokens)
     timings["completions_s"] = time.perf_counter() - t0
     return summarise(args, unquantised, quantised, bigram, samples, n_targets, timings)
 

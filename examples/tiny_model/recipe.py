@@ -14,7 +14,7 @@ Phases (each a subprocess; wall times printed and written to ``OUT/recipe.json``
 
 Defaults fit the H200 budget (backbone <= 4.5 min, everything <= 7.5 min): by default the
 backbone measures its step time on steps 3-8 and runs as many steps as fit ``--train-minutes``
-(4.0; the count is recorded in ``train.json``: pass it back as ``--steps N`` to repeat a run
+(3.8; the count is recorded in ``train.json``: pass it back as ``--steps N`` to repeat a run
 step for step); ``--max-train-minutes`` is a hard stop; ``--dspark-steps`` /
 ``--dspark-max-minutes`` size the drafts.
 """
@@ -39,7 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--steps", type=int, default=0, help="0: as many as fit --train-minutes")
-    p.add_argument("--train-minutes", type=float, default=4.0, help="backbone loop budget")
+    p.add_argument("--train-minutes", type=float, default=3.8, help="backbone loop budget")
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--max-train-minutes", type=float, default=4.4, help="hard stop")
@@ -54,12 +54,35 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_phase(name: str, argv: list[str], phases: dict) -> None:
-    print(f"=== {name}: {' '.join(argv)}", flush=True)
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, *argv], check=True, cwd=HERE)
-    phases[name] = round(time.perf_counter() - t0, 1)
-    print(f"=== {name}: {phases[name]} s", flush=True)
+class Phases:
+    """Runs each phase as a subprocess, times it and records failures (a failed phase stops
+    only the phases that need its output)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.wall_s, self.failed = out, {}, []
+        self.t_start = time.perf_counter()
+
+    def run(self, name: str, argv: list[str]) -> bool:
+        print(f"=== {name}: {' '.join(argv)}", flush=True)
+        t0 = time.perf_counter()
+        rc = subprocess.run([sys.executable, *argv], cwd=HERE).returncode
+        self.wall_s[name] = round(time.perf_counter() - t0, 1)
+        print(f"=== {name}: {self.wall_s[name]} s" + (f", FAILED (exit {rc})" if rc else ""))
+        if rc:
+            self.failed.append(name)
+        return rc == 0
+
+    def write(self, args: argparse.Namespace) -> dict:
+        self.wall_s["total"] = round(time.perf_counter() - self.t_start, 1)
+        summary = {
+            "seed": args.seed,
+            "phases_s": self.wall_s,
+            "failed": self.failed,
+            "args": {k: str(v) for k, v in vars(args).items()},
+        }
+        (self.out / "recipe.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print("phase wall times (s): " + ", ".join(f"{k} {v}" for k, v in self.wall_s.items()))
+        return summary
 
 
 def main(argv=None) -> dict:
@@ -67,14 +90,15 @@ def main(argv=None) -> dict:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     common = ["--device", args.device, "--data-dir", str(args.data_dir.resolve())]
-    phases: dict[str, float] = {}
-    t_start = time.perf_counter()
+    phases = Phases(out)
     train = ["train.py", "--seed", str(args.seed), "--out", str(out), "--steps", str(args.steps)]
     train += ["--batch", str(args.batch), "--seq-len", str(args.seq_len)]
     train += ["--train-minutes", str(args.train_minutes)]
     train += ["--max-train-minutes", str(args.max_train_minutes)]
     train += ["--eval-tokens", str(args.eval_tokens), *common]
-    run_phase("train_backbone", train, phases)
+    if not phases.run("train_backbone", train):
+        phases.write(args)
+        sys.exit(1)
 
     dspark = out / "dspark.pt"
     if args.skip_dspark or not (HERE / "train_dspark.py").exists():
@@ -86,32 +110,25 @@ def main(argv=None) -> dict:
         if args.dspark_steps is not None:
             cmd += ["--steps", str(args.dspark_steps)]
         cmd += shlex.split(args.dspark_extra)
-        run_phase("train_dspark", cmd, phases)
+        if not phases.run("train_dspark", cmd):
+            dspark = None  # export the backbone with untrained drafts
 
     export = ["export.py", "--backbone", str(out / "backbone.pt"), "--out", str(out / "checkpoint")]
     export += ["--seed", str(args.seed)] + (["--dspark", str(dspark)] if dspark else [])
-    run_phase("export", export, phases)
-
-    evaluate = ["evaluate.py", "--backbone", str(out / "backbone.pt")]
-    evaluate += ["--checkpoint", str(out / "checkpoint"), "--out", str(out / "results.json")]
-    evaluate += ["--seq-len", str(args.seq_len), "--eval-tokens", str(args.eval_tokens), *common]
-    evaluate += ["--no-completions"] if args.no_completions else []
-    run_phase("evaluate", evaluate, phases)
-
-    if dspark is not None and (HERE / "dspark_eval.py").exists():
-        cmd = ["dspark_eval.py", "--checkpoint", str(out / "checkpoint")]
-        cmd += ["--out", str(out / "dspark_results.json"), "--seed", str(args.seed), *common]
-        cmd += shlex.split(args.dspark_eval_extra)
-        run_phase("dspark_eval", cmd, phases)
-
-    phases["total"] = round(time.perf_counter() - t_start, 1)
-    summary = {
-        "seed": args.seed,
-        "phases_s": phases,
-        "args": {k: str(v) for k, v in vars(args).items()},
-    }
-    (out / "recipe.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("phase wall times (s): " + ", ".join(f"{k} {v}" for k, v in phases.items()))
+    if phases.run("export", export):
+        evaluate = ["evaluate.py", "--backbone", str(out / "backbone.pt")]
+        evaluate += ["--checkpoint", str(out / "checkpoint"), "--out", str(out / "results.json")]
+        evaluate += ["--seq-len", str(args.seq_len), "--eval-tokens", str(args.eval_tokens)]
+        evaluate += [*common] + (["--no-completions"] if args.no_completions else [])
+        phases.run("evaluate", evaluate)
+        if dspark is not None and (HERE / "dspark_eval.py").exists():
+            cmd = ["dspark_eval.py", "--checkpoint", str(out / "checkpoint")]
+            cmd += ["--out", str(out / "dspark_results.json"), "--seed", str(args.seed), *common]
+            cmd += shlex.split(args.dspark_eval_extra)
+            phases.run("dspark_eval", cmd)
+    summary = phases.write(args)
+    if phases.failed:
+        sys.exit(1)
     return summary
 
 
