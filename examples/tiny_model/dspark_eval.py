@@ -248,11 +248,15 @@ def _fmt(x) -> str:
 
 
 def main(argv=None) -> dict:
+    args = parse_args(argv)
+    with torch.no_grad():  # scoped: a caller's (or a test session's) grad mode stays as it was
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> dict:
     import tiny_common as tc
 
-    args = parse_args(argv)
     K.set_accelerator(args.accelerator)
-    torch.set_grad_enabled(False)
     tokens = tc.load_tokens("validation", args.data_dir)
     prefixes = sample_prefixes(tokens, args.anchors, args.prefix_len, args.seed)
     results = {"args": vars(args), "models": {}}

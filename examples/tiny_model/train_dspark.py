@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import dspark_training as dt  # noqa: E402
 import tiny_common as tc  # noqa: E402
+from training_ops import training_ops  # noqa: E402
 
 import deepinfer.kernels as K  # noqa: E402
 
@@ -110,6 +111,13 @@ def load_models(args: argparse.Namespace):
 
 
 def train(args: argparse.Namespace) -> dict:
+    # the sparse-attention twin whose backward scatters with atomics: every main-position K=V
+    # row is read by up to window x block queries, which the reference's backward serialises
+    with training_ops():
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
