@@ -95,7 +95,7 @@ def main(argv=None) -> dict:
     train += ["--batch", str(args.batch), "--seq-len", str(args.seq_len)]
     train += ["--train-minutes", str(args.train_minutes)]
     train += ["--max-train-minutes", str(args.max_train_minutes)]
-    train += ["--eval-tokens", str(args.eval_tokens), *common]
+    train += ["--eval-tokens", str(args.eval_tokens), "--profile-steps", "2", *common]
     if not phases.run("train_backbone", train):
         phases.write(args)
         sys.exit(1)

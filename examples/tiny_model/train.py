@@ -71,7 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--deterministic", action="store_true", help="CUDA: no atomics (much slower backward)"
     )
     p.add_argument(
-        "--profile-steps", type=int, default=0, help="profile this many steps after step 4"
+        "--profile-steps", type=int, default=0, help="profile this many steps from step 10"
     )
     p.add_argument(
         "--repeat-batch", action="store_true", help="train on step 0's windows every step (a check)"
@@ -170,14 +170,11 @@ def train(args: argparse.Namespace) -> dict:
     t0 = _sync_time(device)
     print(f"startup {t0 - t_start:.1f} s; {sum(p.numel() for p in params):,} trainable parameters")
     run = _Run(args, device, t0, total=None if auto else args.steps)
+    budget = StepBudget(run, device, t0 + 60 * args.train_minutes) if auto else None
     with training_ops():
         while run.total is None or run.step < run.total:
-            if auto and run.step == CALIBRATION[0]:
-                t_cal = _sync_time(device)
-            if auto and run.step == CALIBRATION[1]:
-                step_s = (_sync_time(device) - t_cal) / (CALIBRATION[1] - CALIBRATION[0])
-                left_s = 60 * args.train_minutes - (time.perf_counter() - t0)
-                run.set_total(planned_steps(run.step, step_s, left_s, args.qat_fraction), step_s)
+            if budget is not None:
+                budget.at_step(run.step)
             run.profiler.at_step(run.step)
             is_qat = run.total is not None and run.step >= run.qat_start
             loss = _train_step(model, tb, tokens, args, run.step, qat_groups if is_qat else None)
@@ -209,11 +206,37 @@ def _train_step(model, tb, tokens, args, step, qat_groups) -> torch.Tensor:
     return loss.detach()
 
 
-class StepProfiler:
-    """``torch.profiler`` over ``count`` steps from step 4; writes the op table (by device
-    time, else CPU time) to ``path`` and prints its head."""
+class StepBudget:
+    """Sizes an automatic run: times steps 3-8 and plans the total that fills the budget, then
+    re-plans from the latest segment's pace at 1/4 and 1/2 of the plan and 5 steps into QAT
+    (the LR schedule follows the plan; QAT's start stays put once passed)."""
 
-    START = 4
+    def __init__(self, run: _Run, device, budget_end: float) -> None:
+        self.run, self.device, self.budget_end = run, device, budget_end
+        self.mark: tuple[int, float] | None = None
+        self.checkpoints = {CALIBRATION[1]}
+
+    def at_step(self, step: int) -> None:
+        if step == CALIBRATION[0]:
+            self.mark = (step, _sync_time(self.device))
+        if step not in self.checkpoints or self.mark is None:
+            return
+        now = _sync_time(self.device)
+        step_s = (now - self.mark[1]) / (step - self.mark[0])
+        self.mark, left_s, run = (step, now), self.budget_end - now, self.run
+        if run.qat_start is not None and step > run.qat_start:  # every step left is QAT
+            run.set_total(step + max(1, int(0.97 * left_s / step_s)), step_s, keep_qat=True)
+        else:
+            run.set_total(planned_steps(step, step_s, left_s, run.args.qat_fraction), step_s)
+        wanted = (run.total // 4, run.total // 2, run.qat_start + 5)
+        self.checkpoints = {c for c in wanted if step < c < run.total}
+
+
+class StepProfiler:
+    """``torch.profiler`` over ``count`` steps from step 10 (after the step-time calibration);
+    writes the op table (by device time, else CPU time) to ``path`` and prints its head."""
+
+    START = CALIBRATION[1] + 1
 
     def __init__(self, count: int, path: Path) -> None:
         self.count, self.path, self.prof = count, path, None
@@ -242,7 +265,7 @@ class _Run:
         self.args, self.t0, self.step, self.log = args, t0, 0, []
         self.loss_sum = torch.zeros((), device=device)
         self.last_log = (0, t0)
-        self.step_s_calibrated = None
+        self.plans: list[dict] = []
         self.total = self.qat_start = None
         self.bar = tqdm(total=total, desc="train", mininterval=2.0)
         if total is not None:
@@ -251,13 +274,16 @@ class _Run:
         self.deadline = None if minutes is None else t0 + 60 * minutes
         self.profiler = StepProfiler(args.profile_steps, args.out / "profile.txt")
 
-    def set_total(self, total: int, step_s: float | None) -> None:
+    def set_total(self, total: int, step_s: float | None, keep_qat: bool = False) -> None:
         self.total, self.args.steps = total, total  # the LR schedule reads args.steps
-        self.qat_start = total - int(round(self.args.qat_fraction * total))
+        if not keep_qat:
+            self.qat_start = total - int(round(self.args.qat_fraction * total))
         self.bar.total = total
         if step_s is not None:
-            self.step_s_calibrated = step_s
-            tqdm.write(f"calibrated {step_s:.3f} s/step: {total} steps, QAT from {self.qat_start}")
+            self.plans.append({"at_step": self.step, "step_s": round(step_s, 4), "total": total})
+            tqdm.write(
+                f"step {self.step}: {step_s:.3f} s/step -> {total} steps, QAT from {self.qat_start}"
+            )
 
     def after_step(self, loss, grad_norm, imbalance, schedule) -> None:
         self.loss_sum += loss
@@ -305,6 +331,7 @@ def _quantised_config() -> dict:
 
 def finish(model, args, device, run: _Run, train_s: float, startup_s: float) -> dict:
     run.bar.close()
+    run.profiler.at_step(run.profiler.START + run.profiler.count)  # a run that ended inside
     model.eval()
     t0 = time.perf_counter()
     windows = eval_windows(load_tokens("validation", args.data_dir), args.seq_len, args.eval_tokens)
@@ -317,7 +344,7 @@ def finish(model, args, device, run: _Run, train_s: float, startup_s: float) -> 
         "steps": run.total,
         "steps_done": run.step,
         "qat_from_step": run.qat_start,
-        "calibrated_step_s": run.step_s_calibrated,
+        "step_plans": run.plans,
         "batch": args.batch,
         "seq_len": args.seq_len,
         "tokens_seen": run.step * args.batch * args.seq_len,
