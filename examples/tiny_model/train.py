@@ -276,6 +276,8 @@ class _Run:
 
     def set_total(self, total: int, step_s: float | None, keep_qat: bool = False) -> None:
         self.total, self.args.steps = total, total  # the LR schedule reads args.steps
+        if step_s is not None:  # a short automatic run (slow device) still decays
+            self.args.warmup = min(self.args.warmup, max(CALIBRATION[1] + 1, total // 5))
         if not keep_qat:
             self.qat_start = total - int(round(self.args.qat_fraction * total))
         self.bar.total = total
