@@ -65,6 +65,19 @@ def test_select_topk_ties_and_short_rows():
     assert got[1].tolist() == [108, 106, -1, -1]
 
 
+def test_no_candidates_yet_gives_only_holes():
+    """A step before the first compressed entry has zero-width scores (seen on the H200 in the
+    engine's step-cost profile): every pick is a hole, as in the reference."""
+    scores = torch.empty(3, 0, device=DEVICE)
+    cand = torch.empty(3, 0, dtype=torch.int64, device=DEVICE)
+    got = backend.ops["select_topk"](scores, cand, 8)
+    want = kernels.OPS["select_topk"].reference(scores, cand, 8)
+    assert got.shape == want.shape == (3, 8) and torch.equal(got.cpu(), want.cpu())
+    assert (got == -1).all()
+    mask = backend.ops["candidate_block_mask"](scores, torch.zeros(3, dtype=torch.long), 4, 2)
+    assert mask.shape == (3, 0) and mask.dtype == torch.bool
+
+
 def test_select_topk_many_zero_scores_break_ties_by_column():
     """After the ReLU many scores are exactly 0 (or -0.0): the choice and order among them
     follow a stable descending sort, whatever padding follows."""

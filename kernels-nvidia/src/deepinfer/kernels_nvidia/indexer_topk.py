@@ -103,6 +103,8 @@ def select_topk(scores, candidates, k):
         return _topk_torch(scores, candidates, k)
     if rows == 0 or k == 0:
         return torch.empty(rows, k, dtype=torch.int64, device=scores.device)
+    if width == 0:  # nothing visible yet (a step before the first compressed entry): all holes
+        return torch.full((rows, k), -1, dtype=torch.int64, device=scores.device)
     scores = scores if scores.stride(1) == 1 else scores.contiguous()
     positions = _winner_positions(scores, k)
     # Only the k winners are sorted (descending score, the contract's order; the kernel wrote
@@ -123,6 +125,8 @@ def candidate_block_mask(scores, visible_count, topk_blocks, block_size):
         raise ValueError(f"scores/visible_count: expected [T, C]/[T], got "
                          f"{tuple(scores.shape)}/{tuple(visible_count.shape)}")  # fmt: skip
     rows, width = scores.shape
+    if width == 0:
+        return torch.zeros(rows, 0, dtype=torch.bool, device=scores.device)
     padded = torch.nn.functional.pad(scores.float(), (0, -width % block_size), value=-float("inf"))
     blocks = padded.unflatten(-1, (-1, block_size)).amax(-1)  # [T, nb]
     num_blocks = blocks.shape[-1]
