@@ -3,9 +3,10 @@
     uv run examples/offline_inference.py                       # the embedded default model, on CPU
     uv run examples/offline_inference.py --model DIR_OR_HUB_ID --max-tokens 64
 
-Without ``--model`` it loads ``examples/default_model`` (a small DeepSeek-V4.1-architecture
-checkpoint in the official FP8/FP4 format; see ``examples/make_default_model.py``), so it runs
-on a fresh machine with no GPU and no network.
+Without ``--model`` it loads ``examples/tiny_model/checkpoint``: a small model of the
+DeepSeek-V4.1-Flash architecture that we trained on the Python standard library, with its three
+DSpark draft stages, in the official FP8/FP4 format (``examples/tiny_model/README.md``), so it
+runs on a fresh machine with no GPU and no network.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from deepinfer.engine import LLM, SamplingParams
 
-DEFAULT_MODEL = Path(__file__).resolve().parent / "default_model"
+DEFAULT_MODEL = Path(__file__).resolve().parent / "tiny_model" / "checkpoint"
 PROMPTS = [
     "def fibonacci(n):",
     "import os\n\n\ndef list_python_files(directory):",
