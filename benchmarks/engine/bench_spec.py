@@ -11,7 +11,7 @@ Prompts: Python snippets (the tiny model's domain) or ``--prompts-file`` (one pe
 cycled to the batch size.
 
     python benchmarks/engine/bench_spec.py --out bench-out/spec.json          # GPU
-    python benchmarks/engine/bench_spec.py --smoke --out /tmp/spec.json      # CPU, seconds
+    python benchmarks/engine/bench_spec.py --smoke --out bench-out/spec.json # CPU, seconds
 """
 
 from __future__ import annotations
