@@ -132,8 +132,9 @@ buffers = {"maxima_ptr": "*fp32", "minima_ptr": "*fp32", "hist_ptr": "*i32", "z_
 for fused in (False, True):
     jobs.append((c._gather_kernel, {**row, **params, **buffers, "count_ptr": "*i32",
                  "cand_ptr": "*fp32", "out_ptr": "*fp32", "vocab": "i32", "num_chunks": "i32",
-                 "sort_limit": "i32", **constexpr(["CHUNK", "NB", *tail, "FUSED"])},
-                 {"CHUNK": 4096, "NB": 64, **tail, "FUSED": fused}))
+                 "sort_limit": "i32", **constexpr(["CHUNK", "GATHER_BLOCK", "NB", *tail,
+                 "FUSED"])}, {"CHUNK": 4096, "GATHER_BLOCK": 1024, "NB": 64, **tail,
+                 "FUSED": fused}))
     jobs.append((k._gumbel_kernel, {**row, "cutoff_ptr": "*fp32", "seeds_ptr": "*i64",
                  "positions_ptr": "*i64", "stream_term": "i64", "best_ptr": "*fp32",
                  "best_idx_ptr": "*i32", "done_ptr": "*i32", "out_ptr": "*i64", "vocab": "i32",
