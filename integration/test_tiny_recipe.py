@@ -32,7 +32,7 @@ from deepinfer.engine.checkpoint import load_model  # noqa: E402
 from deepinfer.engine.model.config import parse_config  # noqa: E402
 
 SEQ_LEN, BATCH = 32, 2
-pytestmark = pytest.mark.slow  # ~45 s of CPU: a 33M-parameter model trained, exported, loaded
+slow = pytest.mark.slow  # the recipe tests: a 33M-parameter model trained, exported, loaded
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +60,7 @@ def exported(trained) -> Path:
     return ex.export(trained / "backbone.pt", trained / "checkpoint")
 
 
+@slow
 def test_every_trainable_parameter_gets_a_gradient(data_dir):
     model = tc.build_model("cpu", seed=3)
     tb = tc.training_batch(model.config, BATCH, 2 * SEQ_LEN, "cpu")
@@ -73,6 +74,7 @@ def test_every_trainable_parameter_gets_a_gradient(data_dir):
     assert any(".indexer." in n for n in frozen) and any(n.endswith("gate.bias") for n in frozen)
 
 
+@slow
 def test_train_script_writes_backbone_and_facts(trained):
     facts = json.loads((trained / "train.json").read_text())
     assert facts["steps_done"] == 3 and facts["qat_from_step"] == 2
@@ -85,6 +87,7 @@ def test_train_script_writes_backbone_and_facts(trained):
     assert saved["config"]["quantization_config"]["weight_block_size"] == [32, 32]
 
 
+@slow
 def test_export_is_the_official_format(exported):
     files = sorted(p.name for p in exported.iterdir())
     shards = [f for f in files if f.endswith(".safetensors")]
@@ -114,6 +117,7 @@ def test_export_is_the_official_format(exported):
     assert any(k.startswith("mtp.2.") for k in dtypes)
 
 
+@slow
 def test_exported_checkpoint_scores_like_the_fake_quantised_model(trained, exported, data_dir):
     windows = tc.eval_windows(tc.load_tokens("validation", data_dir), SEQ_LEN, 64)
     loaded = load_model(exported, dtype=torch.float32, progress=False)
@@ -128,6 +132,7 @@ def test_exported_checkpoint_scores_like_the_fake_quantised_model(trained, expor
     assert abs(plain - nll_loaded) / plain < 0.05
 
 
+@slow
 def test_batched_fake_quantisation_equals_the_kernels_quantisers():
     model = tc.build_model("cpu", include_mtp=True, seed=2)
     raw = tc.hf_config(quantized=True)
@@ -181,3 +186,141 @@ def test_training_twin_of_sparse_attention_matches_the_reference():
     with training_ops():
         assert K.registry.OPS["sparse_mqa_sink"].reference is twin
     assert K.registry.OPS["sparse_mqa_sink"].reference is reference
+
+
+# -- the dense-masked attention twin and the MoE twin ----------------------------------------
+
+
+def training_layout_call(num_seqs, seq_len, ring, arena, width, g, outside=False):
+    """Random ``sparse_mqa_sink`` inputs laid out as a training batch's: kv = [ring rows |
+    step tokens | arena], each query listing rows of its own sequence only: a window part
+    (step tokens, unsorted, duplicated, with holes) and a compressed part (arena rows, idem;
+    every third query sees only its window). ``outside``: one index into another sequence."""
+    heads, dim = 4, 16
+    num_tokens = num_seqs * seq_len
+    base = num_seqs * ring
+    rows = base + num_tokens + num_seqs * arena
+    q = torch.randn(num_tokens, heads, dim, generator=g, requires_grad=True)
+    kv = torch.randn(rows, dim, generator=g, requires_grad=True)
+    sink = torch.randn(heads, generator=g, requires_grad=True)
+    t = torch.arange(num_tokens)
+    seq = t // seq_len
+    window = (
+        base + seq[:, None] * seq_len + torch.randint(0, seq_len, (num_tokens, width), generator=g)
+    )
+    window[torch.rand(num_tokens, width, generator=g) < 0.2] = -1
+    window[:, :2] = window[:, 2:3]  # duplicates for sure (or holes)
+    parts = [window]
+    if arena:
+        entries = torch.randint(0, arena, (num_tokens, width), generator=g)
+        compressed = base + num_tokens + seq[:, None] * arena + entries
+        compressed[torch.rand(num_tokens, width, generator=g) < 0.3] = -1
+        compressed[t % 3 == 0] = -1  # rows that see only their window
+        parts.append(compressed)
+    indices = torch.cat(parts, dim=1)
+    if outside:
+        indices[1, 0] = base + ((1 // seq_len + 1) % num_seqs) * seq_len
+    return q, kv, indices, sink
+
+
+def twin_values_and_grads(fn, q, kv, indices, sink):
+    out = fn(q, kv, indices, sink, 0.25)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(9))
+    grads = torch.autograd.grad((out * weight).sum(), (q, kv, sink))
+    return out, grads
+
+
+@pytest.mark.parametrize("arena", [0, 6], ids=["window-only", "window+compressed"])
+def test_dense_attention_twin_equals_the_gather_twin(arena):
+    from dense_attention import SequenceBlocks
+    from training_ops import sparse_mqa_sink as gather
+    from training_ops import training_ops
+
+    import deepinfer.kernels as K
+
+    g = torch.Generator().manual_seed(11 + arena)
+    num_seqs, seq_len, ring = 3, 8, 5
+    q, kv, indices, sink = training_layout_call(num_seqs, seq_len, ring, arena, 7, g)
+    want, want_grads = twin_values_and_grads(gather, q, kv, indices, sink)
+    with training_ops(SequenceBlocks(seq_len, ring)) as dense:
+        got, got_grads = twin_values_and_grads(K.sparse_mqa_sink, q, kv, indices, sink)
+    assert dense.num_dense == 1 and dense.num_fallback == 0
+    dense.raise_on_violations()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for name, a, b in zip(("q", "kv", "sink"), got_grads, want_grads):
+        assert b.abs().sum() > 0, name
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+    assert kv.grad is None and not got_grads[1][: num_seqs * ring].any()  # ring rows unread
+
+
+def test_dense_attention_twin_falls_back_or_raises_off_its_layout():
+    from dense_attention import DenseAttention, SequenceBlocks
+    from training_ops import sparse_mqa_sink as gather
+
+    g = torch.Generator().manual_seed(3)
+    q, kv, indices, sink = training_layout_call(2, 8, 5, 4, 6, g, outside=True)
+    want = gather(q, kv, indices, sink, 0.25)
+    checked = DenseAttention(SequenceBlocks(8, 5), gather, verify=True)
+    torch.testing.assert_close(checked(q, kv, indices, sink, 0.25), want)
+    assert (checked.num_dense, checked.num_fallback) == (0, 1)
+    unchecked = DenseAttention(SequenceBlocks(8, 5), gather)
+    unchecked(q, kv, indices, sink, 0.25)
+    with pytest.raises(RuntimeError, match="1 indices outside"):
+        unchecked.raise_on_violations()
+    other_length = DenseAttention(SequenceBlocks(6, 5), gather)  # 16 tokens: not 6 per seq
+    torch.testing.assert_close(other_length(q, kv, indices, sink, 0.25), want)
+    assert other_length.num_fallback == 1
+
+
+def test_grouped_moe_twin_equals_the_reference_loop():
+    from training_ops import grouped_moe_forward, moe_twins
+
+    model = tc.build_model("cpu", seed=4)
+    moe = model.layers[3].ffn
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(96, model.config.hidden_size, generator=g, requires_grad=True)
+    ids = torch.randint(17, 8192, (96,), generator=g)
+    with torch.no_grad():
+        moe.gate.bias.copy_(torch.randn(moe.gate.bias.shape, generator=g))  # uneven loads
+    params = [x, moe.gate.weight, moe.experts[0].w1.weight, moe.shared_experts.w2.weight]
+    want = moe(x, ids)
+    want_grads = torch.autograd.grad(want.square().sum(), params)
+    got = grouped_moe_forward(moe, x, ids)
+    got_grads = torch.autograd.grad(got.square().sum(), params)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(got_grads, want_grads):
+        assert b.abs().sum() > 0
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    with moe_twins(model) as count:
+        assert count == model.config.num_layers and "forward" in moe.__dict__
+    assert "forward" not in moe.__dict__
+
+
+@slow
+def test_one_training_step_is_the_same_with_the_dense_and_moe_twins():
+    from dense_attention import SequenceBlocks
+    from training_ops import training_ops
+
+    model = tc.build_model("cpu", seed=1)
+    seq_len = 160  # > window (128): rows see the window and compressed entries beyond it
+    tb = tc.training_batch(model.config, 2, seq_len, "cpu")
+    windows = torch.randint(17, 8192, (2, seq_len + 1), generator=torch.Generator().manual_seed(0))
+    params = [p for _, p in tc.trainable_parameters(model)]
+
+    def step(**twins):
+        with training_ops(**twins) as dense:
+            loss = tc.token_nll(model, tb, windows)
+            grads = torch.autograd.grad(loss, params)
+        return loss, torch.stack([gr.norm() for gr in grads]), dense
+
+    loss, norms, _ = step()
+    loss_twin, norms_twin, dense = step(
+        blocks=SequenceBlocks(seq_len, tb.cache.ring_size), model=model
+    )
+    assert dense.num_dense == model.config.num_layers and dense.num_fallback == 0
+    dense.raise_on_violations()
+    torch.testing.assert_close(loss_twin, loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(norms_twin, norms, rtol=1e-3, atol=1e-7)
+    assert torch.linalg.vector_norm(norms_twin) == pytest.approx(
+        float(torch.linalg.vector_norm(norms)), rel=1e-5
+    )
