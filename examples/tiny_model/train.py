@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from dense_attention import SequenceBlocks
 from quantise import quant_groups, restore, swap_in_quantised
 from tiny_common import (
     DATA_DIR,
@@ -59,7 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--qat-fraction", type=float, default=0.2)
-    p.add_argument("--balance-rate", type=float, default=1e-3, help="router bias step size")
+    p.add_argument("--balance-rate", type=float, default=5e-3, help="router bias step size")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--data-dir", type=Path, default=DATA_DIR)
@@ -75,6 +76,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--repeat-batch", action="store_true", help="train on step 0's windows every step (a check)"
+    )
+    p.add_argument(
+        "--attention-twin",
+        choices=("dense", "gather"),
+        default="dense",
+        help="sparse_mqa_sink training twin: per-sequence dense + mask, or the gather one",
+    )
+    p.add_argument(
+        "--moe-twin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="MoE forward with one host sync (else the reference loop over experts)",
     )
     return p.parse_args(argv)
 
@@ -171,7 +184,7 @@ def train(args: argparse.Namespace) -> dict:
     print(f"startup {t0 - t_start:.1f} s; {sum(p.numel() for p in params):,} trainable parameters")
     run = _Run(args, device, t0, total=None if auto else args.steps)
     budget = StepBudget(run, device, t0 + 60 * args.train_minutes) if auto else None
-    with training_ops():
+    with twins(args, model, tb.cache.ring_size) as run.dense:
         while run.total is None or run.step < run.total:
             if budget is not None:
                 budget.at_step(run.step)
@@ -188,6 +201,12 @@ def train(args: argparse.Namespace) -> dict:
                 break
     train_s = _sync_time(device) - t0
     return finish(model, args, device, run, train_s, t0 - t_start)
+
+
+def twins(args: argparse.Namespace, model, ring_size: int):
+    """The training twins ``--attention-twin`` / ``--moe-twin`` choose (``training_ops``)."""
+    blocks = SequenceBlocks(args.seq_len, ring_size) if args.attention_twin == "dense" else None
+    return training_ops(blocks, model=model if args.moe_twin else None)
 
 
 def _train_step(model, tb, tokens, args, step, qat_groups) -> torch.Tensor:
@@ -263,6 +282,7 @@ class _Run:
 
     def __init__(self, args, device, t0: float, total: int | None) -> None:
         self.args, self.t0, self.step, self.log = args, t0, 0, []
+        self.dense = None  # the DenseAttention twin in use (checked at each log step)
         self.loss_sum = torch.zeros((), device=device)
         self.last_log = (0, t0)
         self.plans: list[dict] = []
@@ -316,7 +336,23 @@ def _log(run: _Run, grad_norm, imbalance, schedule) -> tuple[int, float]:
     run.log.append(entry)
     run.bar.set_postfix(loss=entry["loss"], tok_s=entry["tokens_per_s"])
     tqdm.write(json.dumps(entry))
+    if run.dense is not None:
+        run.dense.raise_on_violations()
+    _write_progress(run)
     return run.step, now
+
+
+def _write_progress(run: _Run) -> None:
+    """``OUT/train.json`` so far (``"finished": false``): a run killed later keeps its log."""
+    args = run.args
+    facts = {"finished": False, "seed": args.seed, "steps": run.total, "steps_done": run.step}
+    facts.update(batch=args.batch, seq_len=args.seq_len, step_plans=run.plans, log=run.log)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "train.json").write_text(json.dumps(facts, indent=1) + "\n")
+
+
+def _twin_calls(dense) -> dict | None:
+    return None if dense is None else {"dense": dense.num_dense, "gather": dense.num_fallback}
 
 
 def _sync_time(device) -> float:
@@ -337,11 +373,14 @@ def finish(model, args, device, run: _Run, train_s: float, startup_s: float) -> 
     model.eval()
     t0 = time.perf_counter()
     windows = eval_windows(load_tokens("validation", args.data_dir), args.seq_len, args.eval_tokens)
-    with training_ops():
+    with twins(args, model, model.config.sliding_window) as dense:
         val_nll = mean_nll(model, windows, args.batch, device)
+        if dense is not None:
+            dense.raise_on_violations()
     eval_s = time.perf_counter() - t0
     cuda = device.type == "cuda"
     facts = {
+        "finished": True,
         "seed": args.seed,
         "steps": run.total,
         "steps_done": run.step,
@@ -359,6 +398,7 @@ def finish(model, args, device, run: _Run, train_s: float, startup_s: float) -> 
         "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 1)
         if cuda
         else None,
+        "attention_twin_calls": _twin_calls(run.dense),
         "args": {k: str(v) for k, v in vars(args).items()},
         "log": run.log,
     }

@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import dspark_training as dt  # noqa: E402
 import tiny_common as tc  # noqa: E402
-from training_ops import training_ops  # noqa: E402
+from dense_attention import SequenceBlocks  # noqa: E402
+from training_ops import moe_twins, training_ops  # noqa: E402
 
 import deepinfer.kernels as K  # noqa: E402
 
@@ -111,19 +112,21 @@ def load_models(args: argparse.Namespace):
 
 
 def train(args: argparse.Namespace) -> dict:
-    # the sparse-attention twin whose backward scatters with atomics: every main-position K=V
-    # row is read by up to window x block queries, which the reference's backward serialises
-    with training_ops():
-        return _train(args)
-
-
-def _train(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     # the reference ops run on any device and have a backward; the Triton kernels do not
     K.set_accelerator("cpu")
     target, draft = load_models(args)
+    # Training twins: the target's prefill attends densely per sequence (checked per call:
+    # other shapes and the draft stages' window lists fall back to the gather twin, whose
+    # backward scatters with atomics); both MoE stacks route with one host sync per layer.
+    blocks = SequenceBlocks(args.seq_len, target.config.sliding_window)
+    with training_ops(blocks, model=target, verify=True), moe_twins(draft):
+        return _train(args, target, draft)
+
+
+def _train(args: argparse.Namespace, target, draft) -> dict:
     params = dt.draft_parameters(draft)
     optimizer = torch.optim.AdamW(
         params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay
