@@ -110,10 +110,11 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from deepinfer.kernels_nvidia import sampling as k
 from deepinfer.kernels_nvidia import sampling_cutoff as c
+from deepinfer.kernels_nvidia import sampling_draw as d
 
 row = {"logits_ptr": "*fp32", "stride": "i32", "temp_ptr": "*fp32"}
 params = {"top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"}
-tail = {"NCP": 32, "CAP": 8192, "SORT_CAP": 1024, "BLOCK": 1024, "CBLOCK": 256, "NBLK": 128}
+tail = {"NCP": 32, "CAP": 8192, "SORT_CAP": 256, "BLOCK": 1024, "CBLOCK": 256, "NBLK": 128}
 constexpr = lambda names: {n: "constexpr" for n in names}  # noqa: E731
 jobs = [
     (k._bitmask_kernel, {"logits_ptr": "*bf16", "bitmask_ptr": "*i32", "out_ptr": "*bf16",
@@ -131,21 +132,28 @@ buffers = {"maxima_ptr": "*fp32", "minima_ptr": "*fp32", "hist_ptr": "*i32", "z_
            "t_mp_ptr": "*fp32"}
 for fused in (False, True):
     jobs.append((c._gather_kernel, {**row, **params, **buffers, "count_ptr": "*i32",
-                 "cand_ptr": "*fp32", "out_ptr": "*fp32", "vocab": "i32", "num_chunks": "i32",
-                 "sort_limit": "i32", **constexpr(["CHUNK", "GATHER_BLOCK", "NB", *tail,
-                 "FUSED"])}, {"CHUNK": 4096, "GATHER_BLOCK": 1024, "NB": 64, **tail,
-                 "FUSED": fused}))
+                 "cand_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*fp32", "vocab": "i32",
+                 "num_chunks": "i32", "sort_limit": "i32", **constexpr(["CHUNK", "GATHER_BLOCK",
+                 "NB", *tail, "FUSED", "STORE_IDX"])}, {"CHUNK": 4096, "GATHER_BLOCK": 1024,
+                 "NB": 64, **tail, "FUSED": fused, "STORE_IDX": not fused}))
     jobs.append((k._gumbel_kernel, {**row, "cutoff_ptr": "*fp32", "seeds_ptr": "*i64",
                  "positions_ptr": "*i64", "stream_term": "i64", "best_ptr": "*fp32",
-                 "best_idx_ptr": "*i32", "done_ptr": "*i32", "out_ptr": "*i64", "vocab": "i32",
-                 "num_chunks": "i32", **constexpr(["CHUNK", "NCP", "FUSED"])},
-                 {"CHUNK": 4096, "NCP": 32, "FUSED": fused}))
+                 "best_idx_ptr": "*i32", "done_ptr": "*i32", "out_ptr": "*i64",
+                 "flags_ptr": "*i32", "vocab": "i32", "num_chunks": "i32",
+                 **constexpr(["CHUNK", "NCP", "FUSED", "ONLY_FLAGGED"])},
+                 {"CHUNK": 4096, "NCP": 32, "FUSED": fused, "ONLY_FLAGGED": not fused}))
+    jobs.append((k._pick_chunk_kernel, {"best_ptr": "*fp32", "best_idx_ptr": "*i32",
+                 "out_ptr": "*i64", "flags_ptr": "*i32", "num_chunks": "i32",
+                 "NCP": "constexpr", "ONLY_FLAGGED": "constexpr"},
+                 {"NCP": 32, "ONLY_FLAGGED": fused}))
+finish = {**row, **params, **buffers, "cand_ptr": "*fp32"}
 jobs += [
-    (c._finish_kernel, {**row, **params, **buffers, "cand_ptr": "*fp32", "out_ptr": "*fp32",
-     "vocab": "i32", "num_chunks": "i32", "sort_limit": "i32",
+    (c._finish_kernel, {**finish, "out_ptr": "*fp32", "vocab": "i32", "num_chunks": "i32",
+     "sort_limit": "i32", **constexpr(["NB", *tail])}, {"NB": 64, **tail}),
+    (d._finish_draw_kernel, {**finish, "idx_ptr": "*i32", "out_ptr": "*fp32",
+     "seeds_ptr": "*i64", "positions_ptr": "*i64", "stream_term": "i64", "tokens_ptr": "*i64",
+     "flags_ptr": "*i32", "vocab": "i32", "num_chunks": "i32", "sort_limit": "i32",
      **constexpr(["NB", *tail])}, {"NB": 64, **tail}),
-    (k._pick_chunk_kernel, {"best_ptr": "*fp32", "best_idx_ptr": "*i32", "out_ptr": "*i64",
-     "num_chunks": "i32", "NCP": "constexpr"}, {"NCP": 32}),
 ]
 for fn, signature, constexprs in jobs:
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)

@@ -81,6 +81,23 @@ def _mix64(z):
 
 
 @triton.jit
+def row_key(seeds_ptr, positions_ptr, stream_term, row):
+    """The row's 64-bit hash key of (seed, position, stream)."""
+    seed = tl.load(seeds_ptr + row).to(tl.int64).to(tl.uint64, bitcast=True)
+    position = tl.load(positions_ptr + row).to(tl.int64).to(tl.uint64, bitcast=True)
+    key = seed * 0x9E3779B97F4A7C15 + position * 0xD6E8FEB86659FD93
+    return _mix64(key + stream_term.to(tl.int64).to(tl.uint64, bitcast=True))
+
+
+@triton.jit
+def gumbel_noise(key, cols):
+    """``-log(-log(u))`` of token ids ``cols`` (int32), ``u`` the 24-bit hash uniform."""
+    z = _mix64(key + (cols.to(tl.uint64) + 1) * 0x9E3779B97F4A7C15)
+    u = ((z >> 40).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
 def _pick_chunk(best_ptr, best_idx_ptr, out_ptr, row, num_chunks, NCP: tl.constexpr):
     """The best chunk of a row, the first on ties (so the lowest token id overall)."""
     c = tl.arange(0, NCP)
@@ -94,47 +111,61 @@ def _pick_chunk(best_ptr, best_idx_ptr, out_ptr, row, num_chunks, NCP: tl.conste
 
 
 @triton.jit
-def _gumbel_kernel(
-    logits_ptr, stride, temp_ptr, cutoff_ptr, seeds_ptr, positions_ptr, stream_term, best_ptr,
-    best_idx_ptr, done_ptr, out_ptr, vocab, num_chunks,
-    CHUNK: tl.constexpr, NCP: tl.constexpr, FUSED: tl.constexpr,
-):  # fmt: skip
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    inside = cols < vocab
-    inv_t = tl.math.div_rn(1.0, tl.load(temp_ptr + row))
-    row_ptr = logits_ptr + row.to(tl.int64) * stride
-    s = tl.load(row_ptr + cols, mask=inside, other=float("-inf")).to(tl.float32) * inv_t
-    kept = (s >= tl.load(cutoff_ptr + row)) & (s > float("-inf")) & inside
-    best = tl.full([], float("-inf"), tl.float32)
-    best_idx = (chunk * CHUNK).to(tl.int32)
-    if tl.max(kept.to(tl.int32)) > 0:  # only chunks holding a kept token pay for the noise
-        seed = tl.load(seeds_ptr + row).to(tl.int64).to(tl.uint64, bitcast=True)
-        position = tl.load(positions_ptr + row).to(tl.int64).to(tl.uint64, bitcast=True)
-        key = seed * 0x9E3779B97F4A7C15 + position * 0xD6E8FEB86659FD93
-        key = _mix64(key + stream_term.to(tl.int64).to(tl.uint64, bitcast=True))
-        z = _mix64(key + (cols.to(tl.uint64) + 1) * 0x9E3779B97F4A7C15)
-        u = ((z >> 40).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-        score = tl.where(kept, s + (-tl.log(-tl.log(u))), float("-inf"))
-        best = tl.max(score)
-        best_idx = tl.min(tl.where(score == best, cols, 2147483647))
-    tl.store(best_ptr + row * num_chunks + chunk, best)
-    tl.store(best_idx_ptr + row * num_chunks + chunk, best_idx)
-    if FUSED:  # the row's last program to get here picks its chunk
-        tl.debug_barrier()
-        if tl.atomic_add(done_ptr + row, 1, sem="acq_rel") == num_chunks - 1:
-            _pick_chunk(best_ptr, best_idx_ptr, out_ptr, row, num_chunks, NCP)
+def _row_is_active(flags_ptr, row, ONLY_FLAGGED: tl.constexpr):
+    """With ``ONLY_FLAGGED``, only rows whose flag is set are drawn here (the others were drawn
+    from the cutoff's candidates)."""
+    active = tl.full([], 1, tl.int1)
+    if ONLY_FLAGGED:
+        active = tl.load(flags_ptr + row) != 0
+    return active
 
 
 @triton.jit
-def _pick_chunk_kernel(best_ptr, best_idx_ptr, out_ptr, num_chunks, NCP: tl.constexpr):
-    _pick_chunk(best_ptr, best_idx_ptr, out_ptr, tl.program_id(0), num_chunks, NCP)
+def _gumbel_kernel(
+    logits_ptr, stride, temp_ptr, cutoff_ptr, seeds_ptr, positions_ptr, stream_term, best_ptr,
+    best_idx_ptr, done_ptr, out_ptr, flags_ptr, vocab, num_chunks,
+    CHUNK: tl.constexpr, NCP: tl.constexpr, FUSED: tl.constexpr, ONLY_FLAGGED: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    if _row_is_active(flags_ptr, row, ONLY_FLAGGED):
+        cols = chunk * CHUNK + tl.arange(0, CHUNK)
+        inside = cols < vocab
+        inv_t = tl.math.div_rn(1.0, tl.load(temp_ptr + row))
+        row_ptr = logits_ptr + row.to(tl.int64) * stride
+        s = tl.load(row_ptr + cols, mask=inside, other=float("-inf")).to(tl.float32) * inv_t
+        kept = (s >= tl.load(cutoff_ptr + row)) & (s > float("-inf")) & inside
+        best = tl.full([], float("-inf"), tl.float32)
+        best_idx = (chunk * CHUNK).to(tl.int32)
+        if tl.max(kept.to(tl.int32)) > 0:  # only chunks holding a kept token pay for the noise
+            key = row_key(seeds_ptr, positions_ptr, stream_term, row)
+            score = tl.where(kept, s + gumbel_noise(key, cols), float("-inf"))
+            best = tl.max(score)
+            best_idx = tl.min(tl.where(score == best, cols, 2147483647))
+        tl.store(best_ptr + row * num_chunks + chunk, best)
+        tl.store(best_idx_ptr + row * num_chunks + chunk, best_idx)
+        if FUSED:  # the row's last program to get here picks its chunk
+            tl.debug_barrier()
+            if tl.atomic_add(done_ptr + row, 1, sem="acq_rel") == num_chunks - 1:
+                _pick_chunk(best_ptr, best_idx_ptr, out_ptr, row, num_chunks, NCP)
 
 
-def gumbel(logits, temperature, cutoff, seeds, positions, stream, *, fused_pick: bool = False):
+@triton.jit
+def _pick_chunk_kernel(
+    best_ptr, best_idx_ptr, out_ptr, flags_ptr, num_chunks, NCP: tl.constexpr,
+    ONLY_FLAGGED: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    if _row_is_active(flags_ptr, row, ONLY_FLAGGED):
+        _pick_chunk(best_ptr, best_idx_ptr, out_ptr, row, num_chunks, NCP)
+
+
+def gumbel(logits, temperature, cutoff, seeds, positions, stream, *, fused_pick: bool = False,
+           out=None, only_rows_flagged=None):  # fmt: skip
     """:func:`deepinfer.kernels.gumbel_sample`; ``fused_pick``: the last chunk program of each
-    row picks its best chunk (one launch less, one tiny zero-fill more)."""
+    row picks its best chunk (one launch less, one tiny zero-fill more). ``out``: the ``[B]``
+    int64 result to write; ``only_rows_flagged``: a ``[B]`` int32 flag per row, nonzero for
+    the rows to draw (the others' ``out`` entries are left as they are)."""
     _check_logits(logits)
     rows, vocab = logits.shape
     device = logits.device
@@ -151,14 +182,19 @@ def gumbel(logits, temperature, cutoff, seeds, positions, stream, *, fused_pick:
     best = torch.empty(rows, num_chunks, dtype=torch.float32, device=device)
     best_idx = torch.empty(rows, num_chunks, dtype=torch.int32, device=device)
     done = torch.zeros(rows, dtype=torch.int32, device=device) if fused_pick else best_idx
-    out = torch.empty(rows, dtype=torch.int64, device=device)
+    if out is None:
+        out = torch.empty(rows, dtype=torch.int64, device=device)
+    flagged = only_rows_flagged is not None
+    flags = only_rows_flagged if flagged else best_idx
     _gumbel_kernel[(rows, num_chunks)](
         logits, logits.stride(0), temperature, cutoff, seeds, positions, stream_term(stream),
-        best, best_idx, done, out, vocab, num_chunks, CHUNK=chunk, NCP=ncp, FUSED=fused_pick,
-        num_warps=8, enable_fp_fusion=False,
+        best, best_idx, done, out, flags, vocab, num_chunks, CHUNK=chunk, NCP=ncp,
+        FUSED=fused_pick, ONLY_FLAGGED=flagged, num_warps=8, enable_fp_fusion=False,
     )  # fmt: skip
     if not fused_pick:
-        _pick_chunk_kernel[(rows,)](best, best_idx, out, num_chunks, NCP=ncp, num_warps=1)
+        _pick_chunk_kernel[(rows,)](
+            best, best_idx, out, flags, num_chunks, NCP=ncp, ONLY_FLAGGED=flagged, num_warps=1
+        )
     return out
 
 

@@ -25,6 +25,7 @@ to run; the finishing step does not depend on it.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -50,6 +51,9 @@ def _gap_bin(s, m, NB: tl.constexpr):
     bits = u.to(tl.int32, bitcast=True)
     j = (bits >> 21) - (127 << 2) + 1
     j = tl.where(u < 1.0, 0, j)
+    # a NaN gap (-inf - -inf: a row with no finite value) goes to the last bin; its sign bit
+    # is not specified, and a negative one made a negative bin
+    j = tl.where(u != u, NB - 1, j)
     return tl.minimum(j, NB - 1)
 
 
@@ -143,13 +147,17 @@ def _choose_bins(hist_ptr, row, k, k_on, p, sort_limit, CAP: tl.constexpr, NB: t
 
 
 @triton.jit
-def _append(cand_row_ptr, count_ptr, s, chosen, offset):
-    """Append the chosen values of a chunk after ``offset`` + the tier's running count."""
+def _append(cand_row_ptr, idx_row_ptr, count_ptr, s, cols, chosen, offset,
+            STORE_IDX: tl.constexpr):  # fmt: skip
+    """Append the chosen values of a chunk (and, with ``STORE_IDX``, their token ids) after
+    ``offset`` + the tier's running count."""
     n = tl.sum(chosen.to(tl.int32))
     if n > 0:
         base = offset + tl.atomic_add(count_ptr, n)
         slot = base + tl.cumsum(chosen.to(tl.int32), 0) - 1
         tl.store(cand_row_ptr + slot, s, mask=chosen)
+        if STORE_IDX:
+            tl.store(idx_row_ptr + slot, cols, mask=chosen)
 
 
 @triton.jit
@@ -162,21 +170,22 @@ def _finish(logits_ptr, stride, cand_ptr, row, vocab, inv_t, k, k_on, p, min_p, 
     row_min = tl.min(
         tl.load(minima_ptr + row * num_chunks + c, mask=c < num_chunks, other=float("inf"))
     )
-    cut = finish_row(
+    cut, from_candidates = finish_row(
         logits_ptr + row.to(tl.int64) * stride, cand_ptr + row.to(tl.int64) * CAP, vocab, inv_t,
         m, row_min, k, k_on, p, min_p, tl.load(z_ptr + row), tl.load(t_mp_ptr + row), b, c1,
         total, sort_limit, CAP, SORT_CAP, BLOCK, CBLOCK, 16, NBLK,
     )  # fmt: skip
     tl.store(out_ptr + row, cut)
+    return cut, from_candidates
 
 
 @triton.jit
 def _gather_kernel(
     logits_ptr, stride, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, maxima_ptr, minima_ptr,
-    hist_ptr, z_ptr, t_mp_ptr, count_ptr, cand_ptr, out_ptr, vocab, num_chunks, sort_limit,
-    CHUNK: tl.constexpr, GATHER_BLOCK: tl.constexpr, NB: tl.constexpr, NCP: tl.constexpr,
-    CAP: tl.constexpr, SORT_CAP: tl.constexpr, BLOCK: tl.constexpr, CBLOCK: tl.constexpr,
-    NBLK: tl.constexpr, FUSED: tl.constexpr,
+    hist_ptr, z_ptr, t_mp_ptr, count_ptr, cand_ptr, idx_ptr, out_ptr, vocab, num_chunks,
+    sort_limit, CHUNK: tl.constexpr, GATHER_BLOCK: tl.constexpr, NB: tl.constexpr,
+    NCP: tl.constexpr, CAP: tl.constexpr, SORT_CAP: tl.constexpr, BLOCK: tl.constexpr,
+    CBLOCK: tl.constexpr, NBLK: tl.constexpr, FUSED: tl.constexpr, STORE_IDX: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -189,6 +198,7 @@ def _gather_kernel(
         # a chunk whose max lies past the last candidate bin holds no candidate: skip its loads
         if _gap_bin(tl.load(maxima_ptr + row * num_chunks + chunk), m, NB) <= b:
             cand_row_ptr = cand_ptr + row.to(tl.int64) * CAP
+            idx_row_ptr = idx_ptr + row.to(tl.int64) * CAP
             row_ptr = logits_ptr + row.to(tl.int64) * stride
             # blocked (not whole-chunk) loads: the appends' cumsums over a whole chunk cost
             # registers and ran at 1.6x the blocked loop's time on the H200 (v3 vs v2)
@@ -197,9 +207,12 @@ def _gather_kernel(
                 inside = cols < vocab
                 s = tl.load(row_ptr + cols, mask=inside, other=0.0).to(tl.float32) * inv_t
                 bins = _gap_bin(s, m, NB)
-                _append(cand_row_ptr, count_ptr + row * 4, s, inside & (bins <= b1), 0)
+                first = inside & (bins <= b1)
                 second = inside & (bins > b1) & (bins <= b)
-                _append(cand_row_ptr, count_ptr + row * 4 + 1, s, second, c1)
+                _append(cand_row_ptr, idx_row_ptr, count_ptr + row * 4, s, cols, first, 0,
+                        STORE_IDX)  # fmt: skip
+                _append(cand_row_ptr, idx_row_ptr, count_ptr + row * 4 + 1, s, cols, second,
+                        c1, STORE_IDX)  # fmt: skip
     if FUSED:  # the row's last program to get here finishes it
         tl.debug_barrier()  # every thread's candidate stores precede the release below
         if tl.atomic_add(count_ptr + row * 4 + 2, 1, sem="acq_rel") == num_chunks - 1:
@@ -264,6 +277,66 @@ def _plan(vocab: int, cap: int, sort_cap: int, max_chunks: int) -> tuple[int, in
     return chunk, num_chunks, finish
 
 
+def check_filters(logits, temperature, top_k, top_p, min_p):
+    """The per-row filters as contiguous tensors on the logits' device (float32, top_k as
+    given), after checking the shapes."""
+    if logits.dim() != 2 or logits.stride(-1) != 1:
+        raise ValueError(f"logits: expected [B, V] with unit column stride, got {logits.shape}")
+    rows = logits.shape[0]
+    device = logits.device
+    temperature = _row_floats(temperature, rows, "temperature", device)
+    if top_k.shape != (rows,):
+        raise ValueError(f"top_k: expected shape ({rows},), got {tuple(top_k.shape)}")
+    top_k = top_k.to(device=device).contiguous()
+    return (
+        temperature,
+        top_k,
+        _row_floats(top_p, rows, "top_p", device),
+        _row_floats(min_p, rows, "min_p", device),
+    )
+
+
+class Passes(NamedTuple):
+    """The buffers the first three launches filled, for the finishing launch."""
+
+    head: tuple  # (logits, row stride, temperature)
+    params: tuple  # (top_k, top_p, min_p)
+    buffers: tuple  # (maxima, minima, hist, z, t_mp)
+    cand: torch.Tensor  # [B * cap] float32 candidate values
+    idx: torch.Tensor | None  # [B * cap] int32 their token ids (when asked)
+    out: torch.Tensor  # [B] float32: the cutoffs, once finished
+
+
+def first_passes(logits, filters, cap, sort_cap, max_chunks, *, fused_finish=False,
+                 store_idx=False) -> Passes:  # fmt: skip
+    """Launch the extremes, histogram and gather passes (see the module docstring)."""
+    rows, vocab = logits.shape
+    device = logits.device
+    chunk, num_chunks, tail = _plan(vocab, cap, sort_cap, max_chunks)
+    # a few allocations, cut into flat per-row arrays
+    f32 = torch.empty(rows * (2 * num_chunks + 2 + cap), dtype=torch.float32, device=device)
+    maxima, minima, t_mp, out, cand = f32.split(
+        [rows * num_chunks, rows * num_chunks, rows, rows, rows * cap]
+    )
+    i32 = torch.empty(rows * (NUM_BINS + 4 + cap * store_idx), dtype=torch.int32, device=device)
+    hist, count, idx = i32.split([rows * NUM_BINS, rows * 4, rows * cap * store_idx])
+    z = torch.empty(rows, dtype=torch.int64, device=device)
+    head = (logits, logits.stride(0), filters[0])
+    params = filters[1:]
+    grid = (rows, num_chunks)
+    _extremes_kernel[grid](*head, maxima, minima, hist, z, t_mp, count, vocab, num_chunks,
+                           CHUNK=chunk, NB=NUM_BINS, num_warps=8, enable_fp_fusion=False)  # fmt: skip
+    _histogram_kernel[grid](*head, *params, maxima, hist, z, t_mp, vocab, num_chunks,
+                            CHUNK=chunk, NB=NUM_BINS, NCP=tail["NCP"], num_warps=8,
+                            enable_fp_fusion=False)  # fmt: skip
+    _gather_kernel[grid](*head, *params, maxima, minima, hist, z, t_mp, count, cand,
+                         idx if store_idx else cand, out, vocab, num_chunks, sort_cap,
+                         CHUNK=chunk, GATHER_BLOCK=min(chunk, _GATHER_BLOCK), NB=NUM_BINS,
+                         FUSED=fused_finish, STORE_IDX=store_idx, **tail)  # fmt: skip
+    buffers = (maxima, minima, hist, z, t_mp)
+    return Passes(head, params, buffers, cand, idx if store_idx else None, out)
+
+
 def cutoff(logits, temperature, top_k, top_p, min_p, *, cap: int = DEFAULT_CAP,
            sort_cap: int = DEFAULT_SORT_CAP, max_chunks: int = _MAX_CHUNKS,
            fused_finish: bool = False):  # fmt: skip
@@ -272,41 +345,15 @@ def cutoff(logits, temperature, top_k, top_p, min_p, *, cap: int = DEFAULT_CAP,
     registers (0: never), ``max_chunks`` programs per row, ``fused_finish`` (the gather's last
     program per row finishes it: one launch less). Every setting gives the same result; tests
     shrink them to drive rows down each path, benchmarks sweep them."""
-    if logits.dim() != 2 or logits.stride(-1) != 1:
-        raise ValueError(f"logits: expected [B, V] with unit column stride, got {logits.shape}")
-    rows, vocab = logits.shape
-    device = logits.device
-    temperature = _row_floats(temperature, rows, "temperature", device)
-    if top_k.shape != (rows,):
-        raise ValueError(f"top_k: expected shape ({rows},), got {tuple(top_k.shape)}")
-    top_k = top_k.to(device=device).contiguous()
-    top_p = _row_floats(top_p, rows, "top_p", device)
-    min_p = _row_floats(min_p, rows, "min_p", device)
-    chunk, num_chunks, tail = _plan(vocab, cap, sort_cap, max_chunks)
-    # three allocations, cut into flat per-row arrays
-    f32 = torch.empty(rows * (2 * num_chunks + 2 + cap), dtype=torch.float32, device=device)
-    maxima, minima, t_mp, out, cand = f32.split(
-        [rows * num_chunks, rows * num_chunks, rows, rows, rows * cap]
-    )
-    i32 = torch.empty(rows * (NUM_BINS + 4), dtype=torch.int32, device=device)
-    hist, count = i32.split([rows * NUM_BINS, rows * 4])  # count: tier 1, tier 2, done, pad
-    z = torch.empty(rows, dtype=torch.int64, device=device)
-    head = (logits, logits.stride(0), temperature)
-    params = (top_k, top_p, min_p)
-    grid = (rows, num_chunks)
-    ncp = tail["NCP"]
-    _extremes_kernel[grid](*head, maxima, minima, hist, z, t_mp, count, vocab, num_chunks,
-                           CHUNK=chunk, NB=NUM_BINS, num_warps=8, enable_fp_fusion=False)  # fmt: skip
-    _histogram_kernel[grid](*head, *params, maxima, hist, z, t_mp, vocab, num_chunks,
-                            CHUNK=chunk, NB=NUM_BINS, NCP=ncp, num_warps=8,
-                            enable_fp_fusion=False)  # fmt: skip
-    _gather_kernel[grid](*head, *params, maxima, minima, hist, z, t_mp, count, cand, out, vocab,
-                         num_chunks, sort_cap, CHUNK=chunk, GATHER_BLOCK=min(chunk, _GATHER_BLOCK),
-                         NB=NUM_BINS, FUSED=fused_finish, **tail)  # fmt: skip
+    filters = check_filters(logits, temperature, top_k, top_p, min_p)
+    passes = first_passes(logits, filters, cap, sort_cap, max_chunks, fused_finish=fused_finish)
     if not fused_finish:
-        _finish_kernel[(rows,)](*head, *params, maxima, minima, hist, z, t_mp, cand, out, vocab,
-                                num_chunks, sort_cap, NB=NUM_BINS, **tail)  # fmt: skip
-    return out
+        rows, vocab = logits.shape
+        _, num_chunks, tail = _plan(vocab, cap, sort_cap, max_chunks)
+        _finish_kernel[(rows,)](*passes.head, *passes.params, *passes.buffers, passes.cand,
+                                passes.out, vocab, num_chunks, sort_cap, NB=NUM_BINS,
+                                **tail)  # fmt: skip
+    return passes.out
 
 
 @implements("top_k_top_p_min_p_cutoff")

@@ -197,9 +197,12 @@ def finish_row(row_ptr, cand_row_ptr, vocab, inv_t, m, row_min, k, k_on, p, min_
                b, c1, total, sort_limit, CAP: tl.constexpr, SORT_CAP: tl.constexpr,
                BLOCK: tl.constexpr, CBLOCK: tl.constexpr, NP: tl.constexpr,
                NBLK: tl.constexpr):  # fmt: skip
-    """The row's cutoff from its gathered candidates: ``c1`` sort-tier values then up to
-    ``total`` in all (``b < 0``: top-k and top-p are off). -inf when every token is kept."""
+    """(cut, from_candidates): the row's cutoff from its gathered candidates, ``c1`` sort-tier
+    values then up to ``total`` in all (``b < 0``: top-k and top-p are off), -inf when every
+    token is kept; ``from_candidates`` when the cut was read off the candidates, which then hold
+    every kept token (they are an upper set of the row, and the cut is one of them)."""
     cut = tl.full([], -float("inf"), tl.float32)
+    searched_row = tl.full([], 0, tl.int1)
     if b >= 0:
         done = tl.full([], 0, tl.int1)
         if (c1 > 0) & (c1 <= sort_limit):
@@ -212,9 +215,10 @@ def finish_row(row_ptr, cand_row_ptr, vocab, inv_t, m, row_min, k, k_on, p, min_
             if whole_row:
                 cut = search_cutoff(row_ptr, vocab, inv_t, m, k, k_on, p, z_full,
                                     BLOCK, NP, NBLK, True)  # fmt: skip
+                searched_row = tl.full([], 1, tl.int1)
             else:
                 cut = search_cutoff(cand_row_ptr, total, 1.0, m, k, k_on, p, z_full,
                                     CBLOCK, NP, CAP // CBLOCK, False)  # fmt: skip
     if min_p > 0.0:
         cut = tl.maximum(cut, t_mp)
-    return tl.where(cut <= row_min, -float("inf"), cut)
+    return tl.where(cut <= row_min, -float("inf"), cut), (b >= 0) & (searched_row == 0)

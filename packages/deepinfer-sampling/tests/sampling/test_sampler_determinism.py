@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from deepinfer.kernels.reference.sampling import gumbel_noise
-from deepinfer.sampling import SamplingParams, rng, sample
+from deepinfer.sampling import SamplingParams, graphs, rng, sample
 
 VOCAB = 300
 DEVICES = [
@@ -143,10 +143,15 @@ def test_plain_top_k_top_p_sample_makes_no_host_device_sync():
     logits = torch.randn(64, VOCAB, device="cuda")
     params = [SamplingParams(temperature=0.8, top_k=30, top_p=0.9, seq_seed=i) for i in range(64)]
     positions = list(range(64))
-    sample(logits, params, positions)  # warm-up (kernel compile)
+    graphs.reset()
+    sample(logits, params, positions)  # warm-up: kernel compile (eager)
+    sample(logits, params, positions)  # warm-up: the CUDA graph capture (synchronises)
+    assert len(graphs._policy.captured) == 1
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        sample(logits, params, positions)
+        sample(logits, params, positions)  # a replay
+        params = [SamplingParams(temperature=0.5, top_p=0.8, seq_seed=i) for i in range(64)]
+        sample(logits, params, positions)  # another replay (new parameters, same buffers)
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -6,7 +6,7 @@ import torch
 
 from deepinfer.sampling import SamplingParams
 from deepinfer.sampling.params import ROW_GREEDY, ROW_PLAIN_GREEDY, ROW_PROCESSED, ROW_UNSEEDED
-from deepinfer.sampling.sampler import _batch_flags, _row_tensors
+from deepinfer.sampling.rows import batch_flags, pack_rows
 
 
 def _params(gen, rows):
@@ -31,7 +31,7 @@ def test_packed_rows_hold_each_rows_parameters(positions_as_tensor):
     params = _params(gen, 37)  # odd: the int64 half must still be aligned
     positions = torch.randint(0, 1 << 40, (37,), generator=gen)
     given = positions if positions_as_tensor else positions.tolist()
-    rows = _row_tensors(params, given, torch.device("cpu"), unseeded=True)
+    rows = pack_rows(params, given, torch.device("cpu"), unseeded=True)
     f32 = np.float32
     assert rows.temperature.tolist() == [float(f32(p.temperature or 1.0)) for p in params]
     assert rows.top_p.tolist() == [float(f32(p.top_p)) for p in params]
@@ -50,8 +50,8 @@ def test_packed_rows_hold_each_rows_parameters(positions_as_tensor):
 def test_batch_flags_are_or_and_over_rows():
     greedy = SamplingParams(temperature=0.0, seq_seed=1)
     penalised = SamplingParams(temperature=0.5, presence_penalty=1.0)
-    any_flags, all_flags = _batch_flags([greedy, greedy])
+    any_flags, all_flags = batch_flags([greedy, greedy])
     assert all_flags & ROW_PLAIN_GREEDY and all_flags & ROW_GREEDY
-    any_flags, all_flags = _batch_flags([greedy, penalised])
+    any_flags, all_flags = batch_flags([greedy, penalised])
     assert any_flags & ROW_PROCESSED and any_flags & ROW_UNSEEDED and any_flags & ROW_GREEDY
     assert not all_flags & ROW_GREEDY and not all_flags & ROW_PLAIN_GREEDY

@@ -6,7 +6,7 @@
 on the engine: any framework can drive it from its own generation loop.
 """
 
-from deepinfer.sampling import rng
+from deepinfer.sampling import graphs, rng
 from deepinfer.sampling.compiler import (
     GrammarCompilerService,
     GrammarError,
@@ -40,6 +40,7 @@ __all__ = [
     "allocate_token_bitmask",
     "compiler_for_tokenizer",
     "fill_bitmasks",
+    "graphs",
     "prompt_logprobs",
     "resolve_seeds",
     "rng",

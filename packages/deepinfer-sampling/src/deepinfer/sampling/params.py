@@ -241,7 +241,7 @@ class SamplingParams:
             | ROW_UNSEEDED * (self.seq_seed is None)
         )
         cache(self, "row_flags", flags)
-        # the row's slice of the sampler's packed host buffer (see sampler._row_tensors)
+        # the row's slice of the sampler's packed host buffer (see sampling.rows)
         cache(self, "row_float_bytes", struct.pack("<4f", *self.row_floats, 0.0))
         seed = self.seq_seed if self.seq_seed is not None else 0
         cache(self, "row_int_bytes", struct.pack("<3q", self.top_k, seed, greedy))

@@ -7,11 +7,12 @@ Steps, in order, each a pure batched step on the logits' device (host preparatio
 2. **logit bias** - ``SamplingParams.logit_bias`` added.
 3. **grammar mask** - ``bitmask`` (xgrammar layout) applied: disallowed tokens get ``-inf``.
 4. **temperature** - ``s = logits * (1 / T)``; rows with ``T = 0`` are greedy.
-5. **top-k / top-p / min-p** - one cutoff per row (op ``top_k_top_p_min_p_cutoff``): kept
+5. **top-k / top-p / min-p** - one cutoff per row (``top_k_top_p_min_p_cutoff``): kept
    tokens are ``s >= cutoff`` (ties at the cut are kept).
-6. **draw** - Gumbel-max (op ``gumbel_sample``): ``argmax(s + g)`` over kept tokens with
+6. **draw** - Gumbel-max (``gumbel_sample``): ``argmax(s + g)`` over kept tokens with
    ``g = -log(-log(u))`` and ``u`` the counter hash of (seed, absolute position, stream,
-   token id). Greedy rows take ``argmax`` of the step-3 logits.
+   token id). Greedy rows take ``argmax`` of the step-3 logits. Steps 5 and 6 run as the one
+   op ``top_k_top_p_min_p_sample`` (a backend may draw from the cutoff's candidates).
 7. **logprobs** - see :class:`SampleResult`.
 
 Determinism and tie-breaking: every random number is a pure function of (request seed,
@@ -25,20 +26,22 @@ top-p boundary too. Rows whose ``seq_seed`` is unset get a fresh random seed per
 admission (``resolve_seeds``) for reproducible streams.
 
 A greedy fast path (every row greedy, no processing, no logprobs) is one ``argmax``.
+
+Host cost: the rows' parameters are packed into one buffer and copied once (``rows``); on CUDA,
+steps 4-6 of a call without processing or logprobs run as a captured CUDA graph once the same
+logits address and batch shape come back (``graphs``; bit-identical to the eager launches;
+``DEEPINFER_ENFORCE_EAGER=1`` turns it off).
 """
 
 from __future__ import annotations
 
-import functools
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from deepinfer import kernels
-from deepinfer.sampling import rng
+from deepinfer.sampling import graphs, rng
 from deepinfer.sampling.params import (
     ROW_GREEDY,
     ROW_LOGPROBS,
@@ -53,6 +56,7 @@ from deepinfer.sampling.processors import (
     needs_processing,
     prepare_processors,
 )
+from deepinfer.sampling.rows import RowTensors, batch_flags, pack_rows
 
 
 @dataclass(frozen=True)
@@ -79,53 +83,6 @@ class SampleResult:
     raw_logprobs: torch.Tensor | None = None
     raw_top_logprobs: torch.Tensor | None = None
     raw_top_token_ids: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
-class _RowTensors:
-    """Per-row parameters on the device: views of one buffer copied in one transfer."""
-
-    temperature: torch.Tensor  # [B] float32, greedy rows as 1.0
-    top_p: torch.Tensor  # [B] float32
-    min_p: torch.Tensor  # [B] float32
-    top_k: torch.Tensor  # [B] int64
-    seeds: torch.Tensor  # [B] int64
-    greedy_flags: torch.Tensor  # [B] int64, 1 for greedy rows
-    positions: torch.Tensor  # [B] int64
-
-
-def _row_tensors(params, positions, device, unseeded: bool) -> _RowTensors:
-    """Pack the rows' cached parameter bytes into one host buffer (``[4, B]`` float32 then
-    ``[4, B]`` int64) and copy it to the device once; the fields are views of it."""
-    num = len(params)
-    floats = np.frombuffer(b"".join([p.row_float_bytes for p in params]), np.float32)
-    ints = np.frombuffer(b"".join([p.row_int_bytes for p in params]), np.int64)
-    # pinned on CUDA (torch's caching host allocator keeps it until the copy is done), so the
-    # copy never waits for the work queued before it
-    host_tensor = torch.empty(6 * num, dtype=torch.int64, pin_memory=device.type == "cuda")
-    host = host_tensor.numpy()
-    host[: 2 * num].view(np.float32).reshape(4, num)[:] = floats.reshape(num, 4).T
-    host_ints = host[2 * num :].reshape(4, num)
-    host_ints[:3] = ints.reshape(num, 3).T
-    if unseeded:  # rows without a seed get a fresh one per call
-        missing = [i for i, p in enumerate(params) if p.seq_seed is None]
-        host_ints[1, missing] = rng.random_seeds(len(missing))
-    on_device = isinstance(positions, torch.Tensor)
-    if not on_device:
-        host_ints[3] = np.asarray(positions, dtype=np.int64)
-    dev = host_tensor.to(device, non_blocking=True)
-    temperature, top_p, min_p, _ = dev[: 2 * num].view(torch.float32).view(4, num).unbind(0)
-    top_k, seeds, greedy_flags, dev_positions = dev[2 * num :].view(4, num).unbind(0)
-    pos = positions.to(device=device, dtype=torch.int64) if on_device else dev_positions
-    return _RowTensors(temperature, top_p, min_p, top_k, seeds, greedy_flags, pos)
-
-
-def _batch_flags(params) -> tuple[int, int]:
-    """(OR, AND) of the rows' ``row_flags``, over the few distinct values."""
-    distinct = {p.row_flags for p in params}
-    return functools.reduce(operator.or_, distinct, 0), functools.reduce(
-        operator.and_, distinct, ~0
-    )
 
 
 def _validate(logits, params, positions, output_token_ids, bitmask) -> None:
@@ -179,7 +136,7 @@ def sample(
     (``rng.STREAM_SAMPLE``; drafting passes ``rng.STREAM_DRAFT``).
     """
     _validate(logits, params, positions, output_token_ids, bitmask)
-    any_flags, all_flags = _batch_flags(params)
+    any_flags, all_flags = batch_flags(params)
     if bitmask is None and all_flags & ROW_PLAIN_GREEDY:
         return SampleResult(token_ids=torch.argmax(logits, dim=-1))  # greedy fast path
     want_logprobs = bool(any_flags & ROW_LOGPROBS)
@@ -189,22 +146,33 @@ def sample(
         processed = logits.float() if want_logprobs else logits
     if all_flags & ROW_GREEDY and not want_logprobs:
         return SampleResult(token_ids=torch.argmax(processed, dim=-1))
-    rows = _row_tensors(params, positions, logits.device, bool(any_flags & ROW_UNSEEDED))
-    cutoff = kernels.top_k_top_p_min_p_cutoff(
-        processed, rows.temperature, rows.top_k, rows.top_p, rows.min_p
-    )
-    drawn = kernels.gumbel_sample(
-        processed, rows.temperature, cutoff, rows.seeds, rows.positions, stream
-    )
-    greedy = rows.greedy_flags.bool() if any_flags & ROW_GREEDY else None
-    if greedy is not None:
-        drawn = torch.where(greedy, torch.argmax(processed, dim=-1), drawn)
+    some_greedy = bool(any_flags & ROW_GREEDY)
+    unseeded = bool(any_flags & ROW_UNSEEDED)
+    if not want_logprobs and processed is logits and graphs.graphs_enabled(logits):
+        rows = pack_rows(params, positions, logits.device, unseeded, static_positions=True)
+        key = graphs.graph_key(logits, rows.buffer, stream, some_greedy)
+        token_ids = graphs.run_graphed(
+            key, lambda: _draw(logits, rows, stream, some_greedy)[0], logits.device, (rows,)
+        )
+        return SampleResult(token_ids=token_ids)
+    rows = pack_rows(params, positions, logits.device, unseeded)
+    drawn, cutoff = _draw(processed, rows, stream, some_greedy)
     if not want_logprobs:
         return SampleResult(token_ids=drawn)
     num_top = max(p.logprobs or 0 for p in params)
-    if greedy is None:
-        greedy = torch.zeros_like(rows.greedy_flags, dtype=torch.bool)
+    greedy = rows.greedy_flags.bool()
     return _with_logprobs(logits, processed, rows.temperature, greedy, cutoff, drawn, num_top)
+
+
+def _draw(processed, rows: RowTensors, stream: int, some_greedy: bool):
+    """Steps 4-6 on the device: (token ids ``[B]`` int64, cutoffs ``[B]`` float32)."""
+    drawn, cutoff = kernels.top_k_top_p_min_p_sample(
+        processed, rows.temperature, rows.top_k, rows.top_p, rows.min_p, rows.seeds,
+        rows.positions, stream,
+    )  # fmt: skip
+    if some_greedy:
+        drawn = torch.where(rows.greedy_flags.bool(), torch.argmax(processed, dim=-1), drawn)
+    return drawn, cutoff
 
 
 def _logprob_fields(logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: int):

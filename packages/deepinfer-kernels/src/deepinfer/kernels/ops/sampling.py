@@ -16,7 +16,12 @@ import torch
 from deepinfer.kernels.reference import sampling as ref
 from deepinfer.kernels.registry import op
 
-__all__ = ["apply_token_bitmask", "gumbel_sample", "top_k_top_p_min_p_cutoff"]
+__all__ = [
+    "apply_token_bitmask",
+    "gumbel_sample",
+    "top_k_top_p_min_p_cutoff",
+    "top_k_top_p_min_p_sample",
+]
 
 
 @op(reference=ref.apply_token_bitmask)
@@ -55,7 +60,7 @@ def top_k_top_p_min_p_cutoff(
     min_p:       ``[B]`` float32 in [0, 1]; keeps every value at or above the smallest value
                  with ``e >= min_p`` (the same set as ``e >= min_p``, ``e`` being monotone).
     Returns ``[B]`` float32: the cutoff ``c`` with kept = ``s >= c``; ``-inf`` when every token
-    is kept.
+    is kept (and for a row with no finite value).
 
     Masses are exact, so the result is bit-identical on every backend, for any summation order
     or batch: ``e = exp_nonpositive(s - max(s))`` is a fixed sequence of float32 operations
@@ -88,4 +93,24 @@ def gumbel_sample(
     Returns ``[B]`` int64. Ties go to the lowest index; ``-inf`` logits are never drawn.
     The hash bits are identical on every backend; ``log`` may differ by an ulp across devices,
     which can only change a draw whose two best perturbed scores are within an ulp.
+    """
+
+
+@op(reference=ref.top_k_top_p_min_p_sample)
+def top_k_top_p_min_p_sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    stream: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`top_k_top_p_min_p_cutoff` then :func:`gumbel_sample` with that cutoff, as one op.
+
+    Arguments as in those two ops. Returns ``(token_ids, cutoff)``: ``[B]`` int64 and ``[B]``
+    float32, each exactly what the two ops return (the same tokens bit for bit, under the same
+    tie and ``log`` rules). One op so a backend can draw from what the cutoff already gathered
+    instead of reading the logits again.
     """

@@ -108,7 +108,7 @@ def top_k_top_p_min_p_cutoff(
     t_mp = torch.where(e >= mp, sorted_s, float("inf")).amin(-1, keepdim=True)
     keep = in_k & in_p & (sorted_s >= t_mp)
     cutoff = torch.where(keep, sorted_s, float("inf")).amin(-1)
-    all_kept = keep.all(-1)
+    all_kept = keep.all(-1) | (m[:, 0] == float("-inf"))  # no finite value: nothing to cut
     return torch.where(all_kept, torch.full_like(cutoff, float("-inf")), cutoff)
 
 
@@ -126,3 +126,17 @@ def gumbel_sample(
     kept = (s >= cutoff.to(s.device)[:, None]) & (s > float("-inf"))
     score = torch.where(kept, score, float("-inf"))
     return torch.argmax(score, dim=-1)
+
+
+def top_k_top_p_min_p_sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    stream: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    cutoff = top_k_top_p_min_p_cutoff(logits, temperature, top_k, top_p, min_p)
+    return gumbel_sample(logits, temperature, cutoff, seeds, positions, stream), cutoff

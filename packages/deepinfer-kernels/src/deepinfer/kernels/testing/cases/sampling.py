@@ -1,4 +1,5 @@
-"""Cases for apply_token_bitmask, top_k_top_p_min_p_cutoff and gumbel_sample."""
+"""Cases for apply_token_bitmask, top_k_top_p_min_p_cutoff, gumbel_sample and
+top_k_top_p_min_p_sample."""
 
 from __future__ import annotations
 
@@ -57,6 +58,15 @@ def _gumbel_inputs(gen, device, *, rows, vocab, ties):
     return (logits, temperature, cutoff, seeds, positions, stream), {}
 
 
+def _sample_inputs(gen, device, *, rows, vocab, ties):
+    logits = _logits(gen, rows, vocab, device, ties=ties)
+    filters = _filters(gen, rows, vocab, device)
+    seeds = torch.randint(0, 2**62, (rows,), generator=gen, dtype=torch.int64).to(device)
+    positions = torch.randint(0, 1 << 20, (rows,), generator=gen, dtype=torch.int64).to(device)
+    stream = int(torch.randint(0, 4, (1,), generator=gen))
+    return (logits, *filters, seeds, positions, stream), {}
+
+
 def _cases(scale, shapes):
     cases = []
     for rows, vocab in shapes:
@@ -84,6 +94,16 @@ def _cases(scale, shapes):
                     name=f"{shape}-{tag}",
                     scale=scale,
                     make_inputs=functools.partial(_cutoff_inputs, **kw),
+                    atol=0.0,
+                    rtol=0.0,
+                )
+            )
+            cases.append(
+                Case(
+                    op="top_k_top_p_min_p_sample",
+                    name=f"{shape}-{tag}",
+                    scale=scale,
+                    make_inputs=functools.partial(_sample_inputs, **kw),
                     atol=0.0,
                     rtol=0.0,
                 )
