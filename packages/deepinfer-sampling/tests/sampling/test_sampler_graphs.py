@@ -74,21 +74,24 @@ def test_graphed_draws_equal_eager_draws_as_inputs_change(
     assert len(graphs._policy.captured) == 1  # captured on step 1, replayed on steps 2-4
     assert len({tuple(r.tolist()) for r in results}) == 5  # the inputs changed every step
     # each result is the caller's own tensor: later replays did not overwrite it
-    first = results[0].clone()
+    last = results[-1].clone()  # a replay's result
     sample(logits, _params(rows, 9, greedy_every), given)
-    assert torch.equal(results[0], first)
+    assert torch.equal(results[-1], last)
 
 
 @pytest.mark.gpu
 @needs_gpu
-def test_a_new_logits_address_is_not_replayed_with_the_old_one(monkeypatch):
+def test_each_logits_address_gets_its_own_graph(monkeypatch):
     graphs.reset()
     params = _params(16, 0)
     positions = list(range(16))
     a = torch.randn(16, 4096, device="cuda") * 3
-    first = [sample(a, params, positions).token_ids for _ in range(3)]  # eager, capture, replay
-    b = torch.randn(16, 4096, device="cuda") * 3  # another address
-    got_b = sample(b, params, positions).token_ids
+    b = torch.randn(16, 4096, device="cuda") * 3
+    got_a = [sample(a, params, positions).token_ids for _ in range(3)]  # eager, capture, replay
+    got_b = [sample(b, params, positions).token_ids for _ in range(3)]
+    assert len(graphs._policy.captured) == 2
     monkeypatch.setenv("DEEPINFER_ENFORCE_EAGER", "1")
-    assert torch.equal(got_b, sample(b, params, positions).token_ids)
-    assert all(torch.equal(t, sample(a, params, positions).token_ids) for t in first)
+    want_a, want_b = sample(a, params, positions).token_ids, sample(b, params, positions).token_ids
+    assert not torch.equal(want_a, want_b)
+    assert all(torch.equal(t, want_a) for t in got_a)
+    assert all(torch.equal(t, want_b) for t in got_b)

@@ -2,7 +2,7 @@
 Triton and torch launches of the draw (a dozen host-side launches of ~10-40 us each on the H200).
 
 A graph records kernels with fixed addresses and sizes, so it is keyed by everything they
-read: the logits' address, shape, stride and dtype; the device and stream; the per-row buffer
+read: the logits' address, shape, stride and dtype; the device; the per-row buffer
 (``rows.device_rows``: fixed per rows x device x stream); the RNG stream id; whether some rows
 are greedy; and the kernel backend. The kernels hold no host-side branch on the data (every
 data-dependent path is inside them), so a replay launches exactly what an eager call would:
@@ -89,10 +89,11 @@ def graphs_enabled(logits: torch.Tensor) -> bool:
 
 
 def graph_key(logits: torch.Tensor, rows_buffer: torch.Tensor, *extra: Hashable) -> tuple:
-    stream = torch.cuda.current_stream(logits.device).cuda_stream
+    """The row buffer's address stands for the stream too: buffers are kept per stream, and a
+    graph keeps its buffer alive, so no other stream's buffer can take that address."""
     return (
         logits.data_ptr(), tuple(logits.shape), logits.stride(0), logits.dtype, logits.device,
-        stream, rows_buffer.data_ptr(), id(registry.active()), *extra,
+        rows_buffer.data_ptr(), id(registry.active()), *extra,
     )  # fmt: skip
 
 
