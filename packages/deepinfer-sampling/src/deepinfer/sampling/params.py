@@ -241,10 +241,10 @@ class SamplingParams:
             | ROW_UNSEEDED * (self.seq_seed is None)
         )
         cache(self, "row_flags", flags)
-        # the row's slice of the sampler's packed host buffer (see sampling.rows)
-        cache(self, "row_float_bytes", struct.pack("<4f", *self.row_floats, 0.0))
+        # the row's record in the sampler's host preparation (see sampling.rows)
         seed = self.seq_seed if self.seq_seed is not None else 0
-        cache(self, "row_int_bytes", struct.pack("<3q", self.top_k, seed, greedy))
+        cache(self, "row_bytes", struct.pack("<4f4q", *self.row_floats, 0.0, self.top_k, seed,
+                                             greedy, flags))  # fmt: skip
 
     def _resolve_seed_alias(self) -> None:
         if self.seed is not None and self.seq_seed is not None and self.seed != self.seq_seed:

@@ -1,8 +1,9 @@
 """Host preparation of the per-row parameters: one packed host buffer, one copy to the device.
 
 The buffer is ``[4, B]`` float32 (temperature, top_p, min_p, pad) then ``[4, B]`` int64
-(top_k, seed, greedy flag, position), filled with numpy from the bytes each
-:class:`SamplingParams` caches at construction. On CUDA the host side is pinned (torch's caching
+(top_k, seed, greedy flag, position), filled with numpy from the record each
+:class:`SamplingParams` caches at construction (one join per step, shared with the batch
+flags). On CUDA the host side is pinned (torch's caching
 host allocator keeps each block until its copy has run, so the copy never waits behind queued
 work) and the device side is a buffer kept per (rows, device, stream) with its field views made
 once: a call costs one numpy fill and one ``copy_``. Reusing the device buffer is safe because
@@ -12,7 +13,6 @@ CUDA graph reads (``deepinfer.sampling.graphs``).
 
 from __future__ import annotations
 
-import functools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from deepinfer.sampling import rng
-from deepinfer.sampling.params import SamplingParams
+from deepinfer.sampling.params import ROW_UNSEEDED, SamplingParams
 
 _MAX_DEVICE_BUFFERS = 16  # distinct (rows, device, stream) kept; past it the cache restarts
 
@@ -63,17 +63,31 @@ def device_rows(num: int, device: torch.device) -> RowTensors:
     return rows
 
 
-def _fill_host(params, positions, unseeded: bool, pinned: bool) -> torch.Tensor:
-    num = len(params)
-    floats = np.frombuffer(b"".join([p.row_float_bytes for p in params]), np.float32)
-    ints = np.frombuffer(b"".join([p.row_int_bytes for p in params]), np.int64)
+_ROW_BYTES = operator.attrgetter("row_bytes")
+
+
+def row_records(params: Sequence[SamplingParams]) -> np.ndarray:
+    """``[B, 6]`` int64: each row's cached record (``SamplingParams.row_bytes``): float32
+    temperature, top_p, min_p, pad in the first two columns, then top_k, seed, greedy flag and
+    ``row_flags``. One join of cached bytes: the only per-row Python work of a step."""
+    return np.frombuffer(b"".join(map(_ROW_BYTES, params)), np.int64).reshape(len(params), 6)
+
+
+def batch_flags(params: Sequence[SamplingParams], records: np.ndarray | None = None):
+    """(OR, AND) of the rows' ``row_flags``."""
+    flags = (row_records(params) if records is None else records)[:, 5]
+    return int(np.bitwise_or.reduce(flags)), int(np.bitwise_and.reduce(flags))
+
+
+def _fill_host(records: np.ndarray, positions, unseeded: bool, pinned: bool) -> torch.Tensor:
+    num = records.shape[0]
     host_tensor = torch.empty(6 * num, dtype=torch.int64, pin_memory=pinned)
     host = host_tensor.numpy()
-    host[: 2 * num].view(np.float32).reshape(4, num)[:] = floats.reshape(num, 4).T
+    host[: 2 * num].view(np.float32).reshape(4, num)[:] = records[:, :2].view(np.float32).T
     host_ints = host[2 * num :].reshape(4, num)
-    host_ints[:3] = ints.reshape(num, 3).T
+    host_ints[:3] = records[:, 2:5].T
     if unseeded:  # rows without a seed get a fresh one per call
-        missing = [i for i, p in enumerate(params) if p.seq_seed is None]
+        missing = np.flatnonzero(records[:, 5] & ROW_UNSEEDED)
         host_ints[1, missing] = rng.random_seeds(len(missing))
     if not isinstance(positions, torch.Tensor):
         host_ints[3] = positions
@@ -87,14 +101,17 @@ def pack_rows(
     unseeded: bool,
     *,
     static_positions: bool = False,
+    records: np.ndarray | None = None,
 ) -> RowTensors:
     """The rows' parameters on ``device`` (host fill, then one non-blocking copy).
 
     positions: a host sequence (packed with the rest) or a ``[B]`` integer tensor on any
     device: used as is, or with ``static_positions`` copied into the buffer's positions field
-    (so a captured graph finds it there).
+    (so a captured graph finds it there). records: :func:`row_records` of ``params`` if the
+    caller has them.
     """
-    host = _fill_host(params, positions, unseeded, pinned=device.type == "cuda")
+    records = row_records(params) if records is None else records
+    host = _fill_host(records, positions, unseeded, pinned=device.type == "cuda")
     if device.type != "cuda":  # synchronous consumers: a fresh buffer per call is free
         rows = _views(host.to(device), len(params))
     else:
@@ -112,12 +129,4 @@ def pack_rows(
 _FIELDS = ("temperature", "top_p", "min_p", "top_k", "seeds", "greedy_flags", "positions")
 
 
-def batch_flags(params: Sequence[SamplingParams]) -> tuple[int, int]:
-    """(OR, AND) of the rows' ``row_flags``, over the few distinct values."""
-    distinct = {p.row_flags for p in params}
-    return functools.reduce(operator.or_, distinct, 0), functools.reduce(
-        operator.and_, distinct, ~0
-    )
-
-
-__all__ = ["RowTensors", "batch_flags", "device_rows", "pack_rows"]
+__all__ = ["RowTensors", "batch_flags", "device_rows", "pack_rows", "row_records"]

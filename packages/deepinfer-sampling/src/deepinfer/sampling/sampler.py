@@ -56,7 +56,7 @@ from deepinfer.sampling.processors import (
     needs_processing,
     prepare_processors,
 )
-from deepinfer.sampling.rows import RowTensors, batch_flags, pack_rows
+from deepinfer.sampling.rows import RowTensors, batch_flags, pack_rows, row_records
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,8 @@ def sample(
     (``rng.STREAM_SAMPLE``; drafting passes ``rng.STREAM_DRAFT``).
     """
     _validate(logits, params, positions, output_token_ids, bitmask)
-    any_flags, all_flags = batch_flags(params)
+    records = row_records(params)
+    any_flags, all_flags = batch_flags(params, records)
     if bitmask is None and all_flags & ROW_PLAIN_GREEDY:
         return SampleResult(token_ids=torch.argmax(logits, dim=-1))  # greedy fast path
     want_logprobs = bool(any_flags & ROW_LOGPROBS)
@@ -149,13 +150,15 @@ def sample(
     some_greedy = bool(any_flags & ROW_GREEDY)
     unseeded = bool(any_flags & ROW_UNSEEDED)
     if not want_logprobs and processed is logits and graphs.graphs_enabled(logits):
-        rows = pack_rows(params, positions, logits.device, unseeded, static_positions=True)
+        rows = pack_rows(
+            params, positions, logits.device, unseeded, static_positions=True, records=records
+        )
         key = graphs.graph_key(logits, rows.buffer, stream, some_greedy)
         token_ids = graphs.run_graphed(
             key, lambda: _draw(logits, rows, stream, some_greedy)[0], logits.device, (rows,)
         )
         return SampleResult(token_ids=token_ids)
-    rows = pack_rows(params, positions, logits.device, unseeded)
+    rows = pack_rows(params, positions, logits.device, unseeded, records=records)
     drawn, cutoff = _draw(processed, rows, stream, some_greedy)
     if not want_logprobs:
         return SampleResult(token_ids=drawn)
