@@ -87,14 +87,18 @@ def key_columns(
 @torch.no_grad()
 def log_count_mask(column: torch.Tensor, ok: torch.Tensor, num_seqs: int, width: int):
     """``[B, S, width]`` fp32: ``log`` of how often each key column is listed in each query
-    row (``-inf`` where never); entries with ``ok`` False count nothing."""
+    row (``-inf`` where never); entries with ``ok`` False count nothing.
+
+    Counted by one ``index_add_`` into ``[T, width + 1]``: what is not counted goes to its own
+    row's spare column (half the entries of a training batch are holes: one shared spare cell
+    would serialise them all on the same atomic)."""
     num_tokens = column.shape[0]
-    rows = torch.arange(num_tokens, device=column.device)[:, None] * width
-    dump = num_tokens * width  # one extra cell collects what is not counted
-    flat = torch.where(ok, rows + column, dump).reshape(-1)
-    counts = torch.zeros(dump + 1, dtype=torch.float32, device=column.device)
+    row_width = width + 1
+    rows = torch.arange(num_tokens, device=column.device)[:, None] * row_width
+    flat = (rows + torch.where(ok, column, width)).reshape(-1)
+    counts = torch.zeros(num_tokens * row_width, dtype=torch.float32, device=column.device)
     counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.float32))
-    return counts[:dump].view(num_seqs, num_tokens // num_seqs, width).log_()
+    return counts.view(num_tokens, row_width)[:, :width].log().view(num_seqs, -1, width)
 
 
 class DenseSinkAttention(torch.autograd.Function):

@@ -34,9 +34,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_BATCH = 96
-DEFAULT_STEPS = 700
-DEFAULT_DSPARK_STEPS = 300
+DEFAULT_BATCH = 128
+DEFAULT_STEPS = 600
+DEFAULT_DSPARK_STEPS = 400
 
 
 def parse_args(argv=None) -> argparse.Namespace:
