@@ -194,8 +194,12 @@ def _knob_variants(s: dict) -> dict[str, Callable[[], object]]:
 def _graph_replay(s: dict) -> Callable[[], object] | None:
     """The captured graph of the default top-k + top-p call, replayed alone."""
     graphs.reset()
-    for _ in range(3):
-        sample(s["logits"], s["topk_topp"], s["positions"])
+    try:
+        for _ in range(3):
+            sample(s["logits"], s["topk_topp"], s["positions"])
+    except Exception as e:  # reported by the table's own sample() rows
+        print(f"graph replay: sample() failed: {type(e).__name__}: {str(e)[:300]}")
+        return None
     captured = list(graphs._policy.captured.values())
     return captured[0].graph.replay if captured else None
 
@@ -251,7 +255,13 @@ def _run_table(variants, runs: int, report: dict, save) -> None:
     for name, fn in variants.items():
         if "knobs" in name:
             graphs.reset()
-        row = _summary(_time_ms(fn, runs), 20.0 if "x20" in name else 1.0)
+        try:
+            row = _summary(_time_ms(fn, runs), 20.0 if "x20" in name else 1.0)
+        except Exception as e:  # one broken variant must not cost the others' numbers
+            report["results"][name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+            print(f"{name:52s} FAILED {type(e).__name__}: {str(e)[:300]}")
+            save()
+            continue
         report["results"][name] = row
         print(f"{name:52s} {row['median_ms']:10.4f} {row['p10_ms']:8.4f} {row['p90_ms']:8.4f}")
         save()
