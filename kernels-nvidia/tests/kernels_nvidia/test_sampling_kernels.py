@@ -16,7 +16,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 if INTERPRETED:
     patch_triton_interpreter()
 
-from deepinfer.kernels_nvidia import sampling, sampling_cutoff  # noqa: E402
+from deepinfer.kernels_nvidia import sampling, sampling_cutoff, sampling_draw  # noqa: E402
 from deepinfer.kernels_nvidia.registry import IMPLEMENTATIONS  # noqa: E402
 
 CUTOFF = "top_k_top_p_min_p_cutoff"
@@ -29,6 +29,7 @@ needs_gpu = pytest.mark.skipif(
 def test_every_sampling_op_has_a_kernel():
     assert sampling.gumbel_sample is IMPLEMENTATIONS["gumbel_sample"]
     assert sampling_cutoff.top_k_top_p_min_p_cutoff is IMPLEMENTATIONS["top_k_top_p_min_p_cutoff"]
+    assert sampling_draw.top_k_top_p_min_p_sample is IMPLEMENTATIONS["top_k_top_p_min_p_sample"]
     assert set(OPS) <= set(IMPLEMENTATIONS)
 
 
