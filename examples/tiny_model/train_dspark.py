@@ -122,8 +122,10 @@ def train(args: argparse.Namespace) -> dict:
     # other shapes and the draft stages' window lists fall back to the gather twin, whose
     # backward scatters with atomics); both MoE stacks route with one host sync per layer.
     blocks = SequenceBlocks(args.seq_len, target.config.sliding_window)
-    with training_ops(blocks, model=target, verify=True), moe_twins(draft):
-        return _train(args, target, draft)
+    with training_ops(blocks, model=target, verify=True) as dense, moe_twins(draft):
+        result = _train(args, target, draft)
+    result["attention_twin_calls"] = {"dense": dense.num_dense, "gather": dense.num_fallback}
+    return result
 
 
 def _train(args: argparse.Namespace, target, draft) -> dict:
@@ -183,6 +185,7 @@ def save(result: dict, args: argparse.Namespace) -> Path:
         "train_seconds": round(result["seconds"], 1),
         "seconds_per_step": round(result["seconds"] / result["steps_done"], 3),
         "device": torch.cuda.get_device_name(0) if "cuda" in args.device else "cpu",
+        "attention_twin_calls": result.get("attention_twin_calls"),
         "history": result["history"],
     }
     out.with_suffix(".json").write_text(json.dumps(facts, indent=1))
