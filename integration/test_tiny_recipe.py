@@ -191,7 +191,7 @@ def test_training_twin_of_sparse_attention_matches_the_reference():
 # -- the dense-masked attention twin and the MoE twin ----------------------------------------
 
 
-def training_layout_call(num_seqs, seq_len, ring, arena, width, g, outside=False):
+def training_layout_call(num_seqs, seq_len, ring, arena, width, g, outside=False, device="cpu"):
     """Random ``sparse_mqa_sink`` inputs laid out as a training batch's: kv = [ring rows |
     step tokens | arena], each query listing rows of its own sequence only: a window part
     (step tokens, unsorted, duplicated, with holes) and a compressed part (arena rows, idem;
@@ -220,12 +220,14 @@ def training_layout_call(num_seqs, seq_len, ring, arena, width, g, outside=False
     indices = torch.cat(parts, dim=1)
     if outside:
         indices[1, 0] = base + ((1 // seq_len + 1) % num_seqs) * seq_len
-    return q, kv, indices, sink
+    moved = (t.detach().to(device).requires_grad_(t.requires_grad) for t in (q, kv, sink))
+    q, kv, sink = moved
+    return q, kv, indices.to(device), sink
 
 
 def twin_values_and_grads(fn, q, kv, indices, sink):
     out = fn(q, kv, indices, sink, 0.25)
-    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(9))
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(9)).to(out.device)
     grads = torch.autograd.grad((out * weight).sum(), (q, kv, sink))
     return out, grads
 
@@ -324,3 +326,31 @@ def test_one_training_step_is_the_same_with_the_dense_and_moe_twins():
     assert torch.linalg.vector_norm(norms_twin) == pytest.approx(
         float(torch.linalg.vector_norm(norms)), rel=1e-5
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_dense_attention_twin_on_cuda_at_the_training_shapes():
+    """The twin's CUDA path at the real layout (512 tokens, ring 128, a ratio-2 arena of 256
+    per sequence), fp32 without TF32, against the gather twin."""
+    from dense_attention import SequenceBlocks
+    from training_ops import sparse_mqa_sink as gather
+    from training_ops import training_ops
+
+    import deepinfer.kernels as K
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        g = torch.Generator().manual_seed(21)
+        args = training_layout_call(4, 512, 128, 256, 128, g, device="cuda")
+        want, want_grads = twin_values_and_grads(gather, *args)
+        with training_ops(SequenceBlocks(512, 128)) as dense:
+            got, got_grads = twin_values_and_grads(K.sparse_mqa_sink, *args)
+        assert (dense.num_dense, dense.num_fallback) == (1, 0)
+        dense.raise_on_violations()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        for a, b in zip(got_grads, want_grads):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
