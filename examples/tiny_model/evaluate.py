@@ -118,6 +118,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--no-completions", action="store_true")
     p.add_argument(
+        "--unquantised-nll",
+        type=float,
+        default=None,
+        help="take the unquantised NLL as given (train.json's val_nll, same windows) instead of "
+        "measuring it: for finishing a run whose backbone.pt is gone",
+    )
+    p.add_argument(
         "--completions-only",
         action="store_true",
         help="add the completions to an existing --out (written by an earlier run)",
@@ -136,12 +143,15 @@ def evaluate(args: argparse.Namespace) -> dict:
     nll: dict[str, float | None] = {"unquantised": None, "quantised": None, "bigram": None}
 
     t0 = time.perf_counter()
-    K.set_accelerator("cpu")  # the unquantised model runs the reference ops, as in training
-    backbone = load_backbone(args.backbone, device)
-    with eval_twins(backbone, args.seq_len):
-        nll["unquantised"] = mean_nll(backbone, windows, args.batch, device)
-    del backbone
-    timings["unquantised_s"] = time.perf_counter() - t0
+    if args.unquantised_nll is not None:  # measured elsewhere (train.json): backbone.pt gone
+        nll["unquantised"] = args.unquantised_nll
+    else:
+        K.set_accelerator("cpu")  # the unquantised model runs the reference ops, as in training
+        backbone = load_backbone(args.backbone, device)
+        with eval_twins(backbone, args.seq_len):
+            nll["unquantised"] = mean_nll(backbone, windows, args.batch, device)
+        del backbone
+        timings["unquantised_s"] = time.perf_counter() - t0
     summarise(args, nll, {}, [], n_targets, timings)
 
     t0 = time.perf_counter()
