@@ -38,7 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--backbone", required=True, help="backbone.pt from train.py")
     p.add_argument("--out", required=True, help="dspark.pt to write")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--steps", type=int, default=900)
     p.add_argument("--batch", type=int, default=32, help="sequences per step")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence")
     p.add_argument("--lr", type=float, default=2e-3)
