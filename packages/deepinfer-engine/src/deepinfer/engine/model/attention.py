@@ -63,10 +63,12 @@ class Attention(nn.Module):
         kv = self.simulate_kv(K.apply_rope(self.kv_norm(self.wkv(x)), cos, sin))
         md = ctx.metadata
         window = ctx.cache[f"{self.layer_id}.window"]
-        sources, indices = [window, kv.to(window.dtype)], [md.window_indices]
+        # the rings of the slots the step can read (all slots unless the metadata is compact)
+        rings = window[: md.window_base]
+        sources, indices = [rings, kv.to(window.dtype)], [md.window_indices]
         if self.ratio:
-            arena, rows = self.compressed_entries(x, qr, ctx)
-            offset = window.shape[0] + kv.shape[0]
+            arena, rows = self.read_compressed(*self.compressed_entries(x, qr, ctx))
+            offset = rings.shape[0] + kv.shape[0]
             sources.append(arena)
             indices.append(torch.where(rows >= 0, rows + offset, rows))
         all_kv, all_idx = torch.cat(sources), torch.cat(indices, dim=1)
@@ -87,10 +89,23 @@ class Attention(nn.Module):
         nope = self.config.nope_head_dim
         return torch.cat([K.fp8_sim(kv[..., :nope], 64), kv[..., nope:]], dim=-1)
 
+    @staticmethod
+    def read_compressed(
+        arena: torch.Tensor, rows: torch.Tensor, plan
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(kv rows attention reads, ``rows`` renumbered into them): with the plan's
+        ``read_rows`` just those arena rows (sorted, so a row's new number is its rank),
+        else the whole arena and ``rows`` as they are."""
+        if plan.read_rows is None:
+            return arena, rows
+        ranks = torch.searchsorted(plan.read_rows, rows.long().clamp(min=0)).to(rows.dtype)
+        return arena.index_select(0, plan.read_rows), torch.where(rows >= 0, ranks, rows)
+
     def compressed_entries(
         self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Update this layer's compressed cache; return (arena ``[M, hd]``, rows ``[T, K]``)."""
+    ) -> tuple[torch.Tensor, torch.Tensor, object]:
+        """Update this layer's compressed cache; return (arena ``[M, hd]``, rows ``[T, K]``,
+        the step's compression plan of this layer's kind)."""
         c = self.config
         plan = ctx.metadata.plans[(self.ratio, overlapped(c, self.layer_id))]
         source = c.kv_source_of(self.layer_id)
@@ -104,13 +119,13 @@ class Attention(nn.Module):
             entries = self.simulate_entries(K.apply_rope(latent, cos_e, sin_e))
             arena.index_copy_(0, plan.emit_rows, entries.to(arena.dtype))
         if self.kind == "csa":
-            return arena, self.indexer(x, qr, ctx, plan)
+            return arena, self.indexer(x, qr, ctx, plan), plan
         if not c.is_v41:
-            return arena, plan.visible
+            return arena, plan.visible, plan
         if c.owns_indexer(self.layer_id):
             keys = ctx.cache[f"{source}.index_keys"]
             ctx.selected[self.ratio] = self.indexer(x, qr, ctx, plan, keys)
-        return arena, ctx.selected[self.ratio]
+        return arena, ctx.selected[self.ratio], plan
 
     def simulate_entries(self, entries: torch.Tensor) -> torch.Tensor:
         """Compressed-entry rounding: V4 as the window KV; V4.1 FP4 with e4m3 scales, block 16."""

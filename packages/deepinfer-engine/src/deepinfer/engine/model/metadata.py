@@ -13,6 +13,7 @@ row indices here, once per step, on the host (plain integers in, tensors out; no
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -53,6 +54,9 @@ class CompressionPlan:
     state_write_dst: torch.Tensor  # [n] state rows they go to
     visible: torch.Tensor  # [T, C] arena rows visible to each query, entry order; -1 pad
     visible_count: torch.Tensor  # [T]
+    # sorted arena rows any query of the step can read (compact metadata: attention gathers
+    # just these rows instead of handing the whole arena to the kernel); None: the whole arena
+    read_rows: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -99,12 +103,24 @@ def _sequences(batch: ForwardBatch) -> tuple[_Rows, torch.Tensor, torch.Tensor]:
 
 
 def build_metadata(
-    batch: ForwardBatch, config: ModelConfig, layout: CacheLayout, ring_size: int
+    batch: ForwardBatch,
+    config: ModelConfig,
+    layout: CacheLayout,
+    ring_size: int,
+    *,
+    compact: bool = False,
 ) -> AttentionMetadata:
+    """Index lists of one step. ``compact=True`` (the engine's steps) makes attention read only
+    what the step can see: the window rings of slots up to the batch's highest (slots are
+    handed out lowest first), so the step tokens follow ``(max slot + 1) * ring_size`` rows
+    instead of every slot's ring, and each compressed kind's ``read_rows``; the kv attention
+    assembles then scales with the batch's context, not with the cache pool. The values read
+    and their order are the same either way, so the outputs are bit-identical."""
     seqs, seq_of_token, positions = _sequences(batch)
     device = batch.input_ids.device
     window = config.sliding_window
-    base = layout.num_slots * ring_size
+    slots_read = int(seqs.slot.max()) + 1 if compact and len(seqs.slot) else layout.num_slots
+    base = slots_read * ring_size
     tokens = seqs.take(seq_of_token)
     q = positions[:, None] - window + 1 + torch.arange(window)
     window_rows = _state_or_step(q, tokens, base, ring_size)
@@ -119,7 +135,7 @@ def build_metadata(
         if config.compress_ratios[i] > 0
     }
     plans = {
-        kind: _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout)
+        kind: _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout, compact)
         for kind, state_rows in sorted(kinds.items())
     }
     return AttentionMetadata(
@@ -156,7 +172,9 @@ def _arena_rows(rows: _Rows, entries: torch.Tensor, ratio: int, block_size: int)
     return torch.where(entries >= 0, ids * per_block + entries % per_block, -1)
 
 
-def _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout) -> CompressionPlan:
+def _plan(
+    seqs, seq_of_token, positions, batch, kind, state_rows, layout, compact=False
+) -> CompressionPlan:
     ratio, overlap = kind
     base = layout.num_slots * state_rows
     width = 2 * ratio if overlap else ratio
@@ -191,6 +209,7 @@ def _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout) -> Com
         state_write_dst=tokens.slot[keep] * state_rows + positions[keep] % state_rows,
         visible=visible,
         visible_count=counts,
+        read_rows=torch.unique(seq_rows[seq_rows >= 0]) if compact else None,
     )
 
 
@@ -200,4 +219,4 @@ def _to(plan: CompressionPlan, device: torch.device) -> CompressionPlan:
         for name in plan.__dataclass_fields__
         if isinstance(getattr(plan, name), torch.Tensor)
     }
-    return CompressionPlan(ratio=plan.ratio, state_rows=plan.state_rows, **moved)
+    return dataclasses.replace(plan, **moved)

@@ -81,7 +81,7 @@ class DeepseekV4Model(nn.Module):
         self.hc_head = HyperHead(c)
 
     def step_context(self, batch: ForwardBatch, cache: ModelCache) -> StepContext:
-        md = build_metadata(batch, self.config, cache.layout, cache.ring_size)
+        md = build_metadata(batch, self.config, cache.layout, cache.ring_size, compact=True)
         angles = {
             compressed: RopeTables.angles(self.rope.table(compressed), batch.positions)
             for compressed in (False, True)

@@ -75,7 +75,9 @@ class DeepseekV41Model(nn.Module):
     ) -> StepContext:
         """``metadata``: index lists built earlier for a batch of the same shape and positions
         (fixed-shape training batches reuse one); None builds them from ``batch``."""
-        md = metadata or build_metadata(batch, self.config, cache.layout, cache.ring_size)
+        md = metadata or build_metadata(
+            batch, self.config, cache.layout, cache.ring_size, compact=True
+        )
         angles = {
             compressed: RopeTables.angles(self.rope.table(compressed), batch.positions)
             for compressed in (False, True)
