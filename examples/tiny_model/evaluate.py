@@ -16,6 +16,8 @@ Every model is scored on the same targets: the first ``--eval-tokens`` (262,144)
 
     python examples/tiny_model/evaluate.py --backbone OUT/backbone.pt --checkpoint OUT/checkpoint
 
+(Without ``backbone.pt``: ``--unquantised-nll X --out FILE`` takes the unquantised NLL as given.)
+
 Writes ``--out`` (default ``results.json`` next to the backbone) and prints a table.
 """
 
@@ -100,7 +102,7 @@ def completions(checkpoint: Path, accelerator: str, dtype: str, max_tokens: int)
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--backbone", type=Path, required=True)
+    p.add_argument("--backbone", type=Path, default=None, help="required without --unquantised-nll")
     p.add_argument("--checkpoint", type=Path, required=True)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -129,7 +131,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="add the completions to an existing --out (written by an earlier run)",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.backbone is None and (args.unquantised_nll is None or args.out is None):
+        p.error("--backbone is required unless both --unquantised-nll and --out are given")
+    return args
 
 
 def evaluate(args: argparse.Namespace) -> dict:

@@ -15,6 +15,7 @@ from deepinfer.engine.model.context import StepContext
 from deepinfer.engine.model.indexer import Indexer
 from deepinfer.engine.model.indexer_v41 import IndexerV41
 from deepinfer.engine.model.layers import LinearFactory, RMSNorm
+from deepinfer.engine.model.metadata import CompressionPlan
 
 
 class Attention(nn.Module):
@@ -91,7 +92,7 @@ class Attention(nn.Module):
 
     @staticmethod
     def read_compressed(
-        arena: torch.Tensor, rows: torch.Tensor, plan
+        arena: torch.Tensor, rows: torch.Tensor, plan: CompressionPlan
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(kv rows attention reads, ``rows`` renumbered into them): with the plan's
         ``read_rows`` just those arena rows (sorted, so a row's new number is its rank),
@@ -103,7 +104,7 @@ class Attention(nn.Module):
 
     def compressed_entries(
         self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext
-    ) -> tuple[torch.Tensor, torch.Tensor, object]:
+    ) -> tuple[torch.Tensor, torch.Tensor, CompressionPlan]:
         """Update this layer's compressed cache; return (arena ``[M, hd]``, rows ``[T, K]``,
         the step's compression plan of this layer's kind)."""
         c = self.config
