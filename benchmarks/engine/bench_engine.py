@@ -8,13 +8,23 @@ H200 with its 160 GB of weights); results are labelled with the layer count. Wei
 decode throughput = batch x (decode tokens - 1) / (time - time of the same batch with
 ``max_tokens=1``).
 
+Each decode row carries its roofline: the bytes one step must read at least (every non-expert
+weight except the embedding, plus the routed experts a batch of that size touches in
+expectation, ``E (1 - (1 - k/E)^B)`` per layer; KV reads of 128-token contexts are negligible)
+over the copy rate measured in the same run. ``--reference-ops-batches`` then repeats decode
+rows with ``DEEPINFER_REFERENCE_OPS=1`` (every op's plain-PyTorch reference on the GPU, the
+engine's reference-op baseline) in the same process and model.
+
     python benchmarks/engine/bench_engine.py --out bench-out/engine.json
+    python benchmarks/engine/bench_engine.py --layers 28 --prefill-prompts 1,8 \
+        --decode-batches 1,8,32,64 --reference-ops-batches 1,32 --out bench-out/engine-28.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -24,13 +34,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "model"))
-from common import environment, print_table, write_json  # noqa: E402
+from common import copy_bandwidth_tbs, environment, print_table, write_json  # noqa: E402
 from dummy_forward import v4_flash_config  # noqa: E402
 
 from deepinfer.engine.llm import LLM  # noqa: E402
 from deepinfer.sampling import SamplingParams  # noqa: E402
 
-RATIOS = [0, 0, 4, 128, 4, 128, 4, 128]
+RATIOS = [0, 0] + [4, 128] * 21  # V4-Flash: two sliding-window layers, then CSA/HCA pairs
 
 
 def _run(llm: LLM, prompts: list[list[int]], max_tokens: int) -> float:
@@ -42,6 +52,44 @@ def _run(llm: LLM, prompts: list[list[int]], max_tokens: int) -> float:
     return time.perf_counter() - start
 
 
+def step_floor_bytes(model, batch: int) -> int:
+    """Least bytes a decode step of ``batch`` tokens reads: non-expert weights (not the
+    embedding, which is gathered) plus the expected routed experts touched in every layer."""
+    config = model.config
+    experts, others, per_expert = 0, 0, {}
+    for name, param in model.named_parameters():
+        size = param.numel() * param.element_size()
+        if ".experts." in name:
+            layer = name.split(".experts.")[0]
+            index = int(name.split(".experts.")[1].split(".")[0])
+            per_expert[(layer, index)] = per_expert.get((layer, index), 0) + size
+            experts += size
+        elif "embed" not in name:
+            others += size
+    n, k = config.n_routed_experts, config.num_experts_per_tok
+    touched = n * (1 - (1 - k / n) ** batch)
+    layers = len({layer for layer, _ in per_expert})
+    mean_expert = experts / max(len(per_expert), 1)
+    return int(others + layers * touched * mean_expert)
+
+
+def _decode_row(llm, model, gen, vocab, batch, tokens, copy_tbs, ops) -> dict:
+    prompts = torch.randint(3, vocab, (batch, 128), generator=gen).tolist()
+    base = _run(llm, prompts, 1)
+    full = _run(llm, prompts, tokens)
+    steps = tokens - 1
+    step_s = (full - base) / steps
+    floor_ms = step_floor_bytes(model, batch) / (copy_tbs * 1e12) * 1e3
+    return {"phase": "decode", "ops": ops, "batch": batch, "tokens": batch * steps,
+            "seconds": full - base, "tok/s": batch / step_s, "tok/s/user": 1 / step_s,
+            "step_ms": step_s * 1e3, "floor_ms": floor_ms,
+            "of_floor": floor_ms / (step_s * 1e3)}  # fmt: skip
+
+
+def _batches(text: str) -> list[int]:
+    return [int(b) for b in text.split(",") if b.strip()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=4)
@@ -49,40 +97,50 @@ def main() -> None:
     parser.add_argument("--prefill-prompts", default="1,4,8")
     parser.add_argument("--decode-batches", default="1,8,32")
     parser.add_argument("--decode-tokens", type=int, default=17)
+    parser.add_argument("--reference-ops-batches", default="",
+                        help="decode batches to repeat with DEEPINFER_REFERENCE_OPS=1")  # fmt: skip
+    parser.add_argument("--reference-ops-tokens", type=int, default=5)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if not 1 <= args.layers <= len(RATIOS):
+        parser.error(f"--layers {args.layers}: expected 1..{len(RATIOS)}")
     directory = Path(tempfile.mkdtemp())
     config = v4_flash_config(RATIOS[: args.layers])
     (directory / "config.json").write_text(json.dumps(config))
     start = time.perf_counter()
     llm = LLM(
         str(directory), load_format="dummy", max_num_seqs=64, max_model_len=4096,
-        max_num_batched_tokens=8192, gpu_memory_utilization=0.85,
+        max_num_batched_tokens=8192, gpu_memory_utilization=args.gpu_memory_utilization,
     )  # fmt: skip
     load_s = time.perf_counter() - start
+    model = llm._core.executor.model
+    copy_tbs = copy_bandwidth_tbs()
     gen = torch.Generator().manual_seed(0)
     vocab = config["vocab_size"]
     rows = []
     _run(llm, [[1] * 64], 2)  # warm-up (Triton compiles)
-    for n in map(int, args.prefill_prompts.split(",")):
+    for n in _batches(args.prefill_prompts):
         prompts = torch.randint(3, vocab, (n, args.prompt_len), generator=gen).tolist()
         seconds = _run(llm, prompts, 1)
-        rows.append({"phase": "prefill", "batch": n, "tokens": n * args.prompt_len,
-                     "seconds": seconds, "tok/s": n * args.prompt_len / seconds})  # fmt: skip
-    for b in map(int, args.decode_batches.split(",")):
-        prompts = torch.randint(3, vocab, (b, 128), generator=gen).tolist()
-        base = _run(llm, prompts, 1)
-        full = _run(llm, prompts, args.decode_tokens)
-        steps = args.decode_tokens - 1
-        step_s = (full - base) / steps
-        rows.append({"phase": "decode", "batch": b, "tokens": b * steps, "seconds": full - base,
-                     "tok/s": b / step_s, "tok/s/user": 1 / step_s, "step_ms": step_s * 1e3})  # fmt: skip
+        rows.append({"phase": "prefill", "ops": "kernels", "batch": n,
+                     "tokens": n * args.prompt_len, "seconds": seconds,
+                     "tok/s": n * args.prompt_len / seconds})  # fmt: skip
+    for b in _batches(args.decode_batches):
+        rows.append(_decode_row(llm, model, gen, vocab, b, args.decode_tokens, copy_tbs, "kernels"))
+    os.environ["DEEPINFER_REFERENCE_OPS"] = "1"
+    for b in _batches(args.reference_ops_batches):
+        tokens = args.reference_ops_tokens
+        rows.append(_decode_row(llm, model, gen, vocab, b, tokens, copy_tbs, "reference"))
+    os.environ.pop("DEEPINFER_REFERENCE_OPS")
     print(f"V4-Flash-shaped dummy model, {args.layers} of 43 layers, load {load_s:.1f} s, "
           f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")  # fmt: skip
-    print_table(rows, ["phase", "batch", "tokens", "seconds", "tok/s", "tok/s/user", "step_ms"])
-    write_json(
-        args.out, {"env": environment(), "layers": args.layers, "load_s": load_s, "rows": rows}
-    )
+    print(f"copy rate {copy_tbs:.2f} TB/s; floor_ms = least bytes per step / copy rate")
+    columns = ["phase", "ops", "batch", "tokens", "seconds", "tok/s", "tok/s/user", "step_ms"]
+    print_table(rows, columns + ["floor_ms", "of_floor"])
+    payload = {"env": environment(), "layers": args.layers, "load_s": load_s,
+               "copy_tbs": copy_tbs, "rows": rows}  # fmt: skip
+    write_json(args.out, payload)
 
 
 if __name__ == "__main__":

@@ -153,6 +153,26 @@ def test_native_op_skipped_for_inputs_on_another_device(monkeypatch):
     )
 
 
+def test_reference_ops_variable_bypasses_the_backend(monkeypatch):
+    calls = []
+
+    def native_rms_norm(x, weight, eps, *, out=None):
+        calls.append(x.shape)
+        return torch.zeros_like(x)  # visibly not the reference
+
+    fake = _fake_backend({"rms_norm": native_rms_norm})
+    monkeypatch.setattr(registry, "_active", kernels.Selection("nvidia", fake, "test"))
+    x, w = torch.randn(2, 8), torch.randn(8)
+    monkeypatch.setenv("DEEPINFER_REFERENCE_OPS", "1")
+    torch.testing.assert_close(
+        kernels.rms_norm(x, w, 1e-6), kernels.OPS["rms_norm"].reference(x, w, 1e-6)
+    )
+    assert calls == []
+    monkeypatch.setenv("DEEPINFER_REFERENCE_OPS", "0")
+    assert torch.count_nonzero(kernels.rms_norm(x, w, 1e-6)) == 0
+    assert calls == [torch.Size([2, 8])]
+
+
 def test_backend_with_other_api_version_is_ignored(monkeypatch, caplog):
     class EP:
         value = "fake:backend"

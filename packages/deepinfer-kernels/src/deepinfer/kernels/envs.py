@@ -92,6 +92,12 @@ REGISTRY: dict[str, EnvVar] = {
         ),
         EnvVar("DEEPINFER_ENFORCE_EAGER", _bool, False, "never capture CUDA graphs"),
         EnvVar(
+            "DEEPINFER_REFERENCE_OPS",
+            _bool,
+            False,
+            "run every op's plain-PyTorch reference on the selected device (debugging, baselines)",
+        ),
+        EnvVar(
             "DEEPINFER_ZERO_OVERHEAD_SCHEDULING",
             _bool,
             False,

@@ -241,14 +241,15 @@ def _device_type(args: tuple[Any, ...]) -> str | None:
 
 
 def resolve(name: str, args: tuple[Any, ...] = ()) -> Callable[..., Any]:
-    """The implementation an op call with ``args`` runs: the active backend's or the reference.
+    """The implementation an op call with ``args`` runs: the active backend's or the reference
+    (always the reference with ``DEEPINFER_REFERENCE_OPS=1``, on whatever device the tensors are).
 
     With ``DEEPINFER_BATCH_INVARIANT=1`` the reference runs row by row where its result could
     otherwise depend on the other rows (:mod:`deepinfer.kernels.invariant`).
     """
     selection = active()
     backend = selection.backend
-    if backend is not REFERENCE:
+    if backend is not REFERENCE and not envs.get("DEEPINFER_REFERENCE_OPS"):
         impl = _resolve_cached(name, backend.name)
         if impl is not None and _device_type(args) in (backend.device_type, None):
             return impl

@@ -1,5 +1,15 @@
 """Mixture of experts: score routing (sqrt-softplus, bias for selection only) or hash routing
-(``tid2eid``), routed experts and one shared expert, each a clamped SwiGLU."""
+(``tid2eid``), routed experts and one shared expert, each a clamped SwiGLU.
+
+The routed experts run one of two ways. The host loop over the experts a step routes to (one
+:class:`Expert` call each) is the reference path, and the only one for dense or FP8 experts.
+FP4 experts on a GPU go through the one grouped op :func:`deepinfer.kernels.fp4_moe_experts`
+instead: on first use the experts' packed weights are moved into stacked ``[E, ...]`` tensors and
+each expert's parameters become views of them, so loading, ``state_dict`` and memory stay as
+they were. The two paths round the same values; they differ only in the fp32 order in which a
+token's experts are summed (slot order in the op, expert order in the loop) and in the op
+keeping the gate/up outputs in fp32 before the SwiGLU.
+"""
 
 from __future__ import annotations
 
@@ -91,13 +101,98 @@ class MoE(nn.Module):
             Expert(dim, inter, limit, factory.expert) for _ in range(n_experts)
         )
         self.shared_experts = Expert(dim, inter * c.n_shared_experts, limit, factory.quantised)
+        self.swiglu_limit = limit
+        # None: the grouped op for FP4 experts on a GPU, the loop elsewhere; True/False force it
+        self.grouped_experts: bool | None = None
+        self._stacked: tuple[torch.Tensor, ...] | None = None
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """x ``[T, D]`` -> ``[T, D]``: routed experts summed in fp32, plus the shared expert."""
         weights, ids = self.gate(x, input_ids)
+        if self.uses_grouped_experts(x.device):
+            routed = self._grouped(x, weights, ids)
+        else:
+            routed = self._looped(x, weights, ids)
+        return (routed + self.shared_experts(x).float()).to(x.dtype)
+
+    def uses_grouped_experts(self, device: torch.device) -> bool:
+        """Whether the routed experts run as one grouped op on ``device`` (FP4 experts only)."""
+        if self.experts[0].w1.fmt != "fp4":
+            if self.grouped_experts:
+                raise ValueError(
+                    f"MoE.grouped_experts=True needs FP4 experts, got {self.experts[0].w1.fmt!r}"
+                )
+            return False
+        if self.grouped_experts is not None:
+            return self.grouped_experts
+        return device.type == "cuda"
+
+    def _looped(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         for expert_id in torch.unique(ids).tolist():  # reference path: host loop over experts
             tokens, slots = (ids == expert_id).nonzero(as_tuple=True)
             routed = self.experts[expert_id](x[tokens], weights[tokens, slots])
             out.index_add_(0, tokens, routed.float())
-        return (out + self.shared_experts(x).float()).to(x.dtype)
+        return out
+
+    def _grouped(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        w13, w13_scale, w2, w2_scale = self.stacked_experts()
+        return K.fp4_moe_experts(
+            x,
+            weights,
+            ids,
+            w13,
+            w13_scale,
+            w2,
+            w2_scale,
+            swiglu_limit=self.swiglu_limit,
+            act_quant_group=self.experts[0].w1.act_quant_group,
+        )
+
+    @torch.no_grad()
+    def stacked_experts(self) -> tuple[torch.Tensor, ...]:
+        """``(w13 [E, 2I, D/2], w13_scale [E, 2I, D/32], w2 [E, D, I/2], w2_scale [E, D, I/32])``.
+
+        Built once: the experts' tensors are copied into the stack and each expert's parameters
+        then point into it (rows ``0..I-1`` of ``w13`` are ``w1``, ``I..2I-1`` are ``w3``), so
+        later in-place loads still reach the stack. Rebuilt when the first expert's parameter no
+        longer points into it (the model was moved or its parameters reassigned).
+        """
+        first = self.experts[0].w1.weight
+        if self._stacked is not None and first.data_ptr() == self._stacked[0].data_ptr():
+            return self._stacked
+        inter = self.experts[0].w1.out_features
+        views = {  # stack name -> per expert: (parameter holder, attribute, row slice)
+            "w13": [(e.w1, "weight", slice(0, inter)) for e in self.experts]
+            + [(e.w3, "weight", slice(inter, None)) for e in self.experts],
+            "w13_scale": [(e.w1, "scale", slice(0, inter)) for e in self.experts]
+            + [(e.w3, "scale", slice(inter, None)) for e in self.experts],
+            "w2": [(e.w2, "weight", slice(None)) for e in self.experts],
+            "w2_scale": [(e.w2, "scale", slice(None)) for e in self.experts],
+        }
+        stacks = {}
+        for name, targets in views.items():
+            linear, attr, _ = targets[0]
+            rows = 2 * inter if name.startswith("w13") else linear.out_features
+            like = getattr(linear, attr)
+            stack = like.new_empty((len(self.experts), rows, like.shape[1]))
+            for index, (linear, attr, rows_slice) in enumerate(targets):
+                view = stack[index % len(self.experts), rows_slice]
+                param = getattr(linear, attr)
+                view.copy_(param)
+                param.data = view  # the expert's own storage is freed here
+            stacks[name] = stack
+        self._stacked = (stacks["w13"], stacks["w13_scale"], stacks["w2"], stacks["w2_scale"])
+        return self._stacked
+
+
+def stack_grouped_experts(model: nn.Module, device: torch.device) -> int:
+    """Stack the experts of every MoE layer that runs the grouped op on ``device``, now (right
+    after loading, before the cache takes the free memory) rather than on first use; returns
+    how many layers were stacked."""
+    stacked = 0
+    for module in model.modules():
+        if isinstance(module, MoE) and module.uses_grouped_experts(device):
+            module.stacked_experts()
+            stacked += 1
+    return stacked

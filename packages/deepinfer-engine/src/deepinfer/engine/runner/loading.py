@@ -32,6 +32,7 @@ from deepinfer.engine.model.cache import CacheLayout, ModelCache, cache_footprin
 from deepinfer.engine.model.config import ModelConfig, load_config
 from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.model.model import build_model
+from deepinfer.engine.model.moe import stack_grouped_experts
 from deepinfer.engine.runner.cost_profile import measure_step_cost_curve
 from deepinfer.engine.runner.drafting import DSparkDraftSource
 from deepinfer.engine.runner.grammar import GrammarManager
@@ -102,6 +103,9 @@ def _build_and_fill(path, model_config, config: EngineConfig, include_mtp: bool,
     model = build_model(model_config, device=device, dtype=dtype, include_mtp=include_mtp)
     load_into(model, path, config=model_config, load_format=config.load_format, seed=config.seed)
     bind_engram_from_tokenizer(model, path)
+    stacked = stack_grouped_experts(model, device)
+    if stacked:
+        logger.info("MoE: %d layers run their FP4 experts as one grouped op", stacked)
     return model.eval()
 
 
