@@ -10,7 +10,7 @@ from deepinfer.kernels import OPS
 from deepinfer.kernels.reference import quant as ref_quant
 from deepinfer.kernels.testing import cases_for, check_case
 from deepinfer.kernels.testing.cases.gemm import random_fp8_weight
-from deepinfer.kernels_nvidia import gemm
+from deepinfer.kernels_nvidia import gemm, gemm_bf16, gemm_stream
 from deepinfer.kernels_nvidia.registry import IMPLEMENTATIONS
 
 HAS_CUDA = torch.cuda.is_available()
@@ -52,40 +52,85 @@ def test_linear_keeps_leading_dims():
     assert torch.equal(got.view(6, 64), flat)
 
 
-@pytest.mark.parametrize("split_k", [2, 4])
-def test_split_k_matches_the_reference(split_k):
-    gen = torch.Generator().manual_seed(split_k)
-    w, s = random_fp8_weight(gen, 96, 1024, (128, 128), torch.device(DEVICE))
-    a, sa = ref_quant.fp8_act_quant(torch.randn(5, 1024, device=DEVICE), 128)
-    tiles = gemm.GemmTiles(32 if not HAS_CUDA else 64, 64, 1, 4, 2, split_k)
-    got = gemm.fp8_gemm_nt_tiles(a, sa, w, s, (128, 128), out_dtype=torch.float32, tiles=tiles)
-    want = OPS["fp8_gemm_nt"].reference(a, sa, w, s, (128, 128), out_dtype=torch.float32)
+def _product(m, n, k, block, seed):
+    gen = torch.Generator().manual_seed(seed)
+    w, s = random_fp8_weight(gen, n, k, block, torch.device(DEVICE))
+    x = torch.randn(m, k, generator=gen).to(DEVICE)
+    a, sa = ref_quant.fp8_act_quant(x, block[1])
+    want = OPS["fp8_gemm_nt"].reference(a, sa, w, s, block, out_dtype=torch.float32)
+    return (a, sa, w, s, block), want
+
+
+TILE_VARIANTS = [
+    gemm.UNIFORM_TILES,
+    gemm.GemmTiles(64, 64, 1, 4, 2, block_k=256),
+    gemm.GemmTiles(32, 64, 4, 4, 2, programs_per_sm=1, a_scale_k_major=True),
+    gemm.GemmTiles(32, 128, 4, 4, 2, use_tma=True),
+    gemm.GemmTiles(32, 64, 4, 4, 2, use_tma=True, programs_per_sm=2, flatten=True),
+]
+
+
+@pytest.mark.parametrize("block", [(128, 128), (32, 32)])
+@pytest.mark.parametrize("tiles", TILE_VARIANTS, ids=str)
+def test_tile_variants_match_the_reference(tiles, block):
+    """Every tile-kernel variant (pointer / TMA, one program per tile / persistent, scalar and
+    per-column weight scales), with ragged M and N edges; on CPU under the interpreter."""
+    args, want = _product(70, 200, 512, block, seed=3)
+    got = gemm.fp8_gemm_nt_tiles(*args, out_dtype=torch.float32, tiles=tiles)
     torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
 
 
 @pytest.mark.parametrize("block", [(128, 128), (32, 32)])
-@pytest.mark.parametrize("tiles", [gemm.UNIFORM_TILES, gemm.GemmTiles(64, 64, 1, 4, 6, 2)], ids=str)
-def test_device_tile_shapes_match_the_reference(tiles, block):
-    """The GPU tile shapes (run here under the interpreter on CPU), with ragged M and N edges."""
-    gen = torch.Generator().manual_seed(3)
-    w, s = random_fp8_weight(gen, 200, 512, block, torch.device(DEVICE))
-    a, sa = ref_quant.fp8_act_quant(torch.randn(70, 512, device=DEVICE), block[1])
-    got = gemm.fp8_gemm_nt_tiles(a, sa, w, s, block, out_dtype=torch.float32, tiles=tiles)
-    want = OPS["fp8_gemm_nt"].reference(a, sa, w, s, block, out_dtype=torch.float32)
+@pytest.mark.parametrize("m", [1, 5, 33])
+@pytest.mark.parametrize("n", [96, 200])
+def test_stream_kernel_matches_the_reference(m, n, block):
+    """The decode kernel at a split-K of 4 (K=512: 4 stages of 128) and ragged N; its fp32
+    partials are summed by the last split of each N slice."""
+    args, want = _product(m, n, 512, block, seed=m + n)
+    tiles = gemm.StreamTiles(block_n=64, target_programs=4 * -(-n // 64))
+    assert gemm_stream.choose_split(n, 512, 128, tiles) == 4
+    got = gemm.fp8_gemm_nt_tiles(*args, out_dtype=torch.float32, tiles=tiles)
     torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+    again = gemm.fp8_gemm_nt_tiles(*args, out_dtype=torch.float32, tiles=tiles)
+    assert torch.equal(got, again)  # tickets were reset; the fixed summation order repeats
 
 
-def test_tile_policy_splits_only_small_m_fine_scales_few_tiles():
-    def choose(m, n, k, sub_k, invariant=False):
-        return gemm.choose_tiles(m, n, k, sub_k, batch_invariant=invariant, on_cpu=False)
+def test_stream_rows_do_not_depend_on_m():
+    """The split comes from (N, K) only: a row's output is the same at every M <= 64."""
+    args, _ = _product(64, 96, 512, (128, 128), seed=9)
+    a, sa, *rest = args
+    tiles = gemm.StreamTiles(block_n=64, target_programs=8)
+    rows = [gemm.fp8_gemm_nt_tiles(a[:m], sa[:m], *rest, out_dtype=torch.float32, tiles=tiles)[0]
+            for m in (1, 7, 64)]  # fmt: skip
+    assert all(torch.equal(r, rows[0]) for r in rows[1:])
 
-    assert choose(4096, 4096, 8192, 128) == gemm.UNIFORM_TILES
-    assert choose(1, 4096, 8192, 128) == gemm.UNIFORM_TILES
-    assert choose(1, 32768, 1280, 32) == gemm.UNIFORM_TILES
-    assert choose(1, 1280, 5120, 32).split_k == 2
-    assert choose(64, 2304, 5120, 32).split_k == 2
-    assert choose(1, 1280, 5120, 32, invariant=True) == gemm.UNIFORM_TILES
-    assert all(choose(m, 1280, 5120, 32) == gemm.UNIFORM_TILES for m in (65, 1000))
+
+def test_bf16_route_matches_the_reference():
+    args, want = _product(40, 96, 256, (32, 32), seed=5)
+    got = gemm.fp8_gemm_nt_tiles(*args, out_dtype=torch.bfloat16, tiles=None)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=1.6e-2)
+
+
+def test_dequantize_to_bf16_is_exact():
+    gen = torch.Generator().manual_seed(4)
+    w, s = random_fp8_weight(gen, 70, 256, (32, 32), torch.device(DEVICE))
+    got = gemm_bf16.dequantize_to_bf16(w, s.view(torch.uint8), (32, 32))
+    want = ref_quant.fp8_block_dequant(w, s, (32, 32), out_dtype=torch.float32)
+    assert torch.equal(got.float(), want)
+
+
+def test_plan_policy():
+    def plan(m, n=4096, k=8192, sub_k=128, invariant=False, out=torch.bfloat16):
+        return gemm.choose_plan(m, n, k, sub_k, out, batch_invariant=invariant, on_cpu=False)
+
+    assert all(plan(m).kind == "stream" for m in (1, 8, 64))
+    assert plan(65).kind == plan(4096).kind == "tiles"
+    assert plan(4096).tiles == gemm.PREFILL_TILES
+    assert plan(4096, sub_k=32).kind == "bf16"
+    assert plan(4096, sub_k=32, out=torch.float32).kind == "tiles"
+    assert all(plan(m, sub_k=sk, invariant=True) == gemm.GemmPlan("tiles", gemm.UNIFORM_TILES)
+               for m in (1, 64, 4096) for sk in (32, 128))  # fmt: skip
 
 
 def test_rejects_scale_of_the_wrong_shape():
