@@ -19,6 +19,7 @@ import torch
 import triton
 
 from deepinfer.kernels import envs
+from deepinfer.kernels_nvidia.moe_fp8 import moe_fp8_down_kernel, moe_fp8_gate_up_kernel
 from deepinfer.kernels_nvidia.moe_gemm import (
     moe_combine_kernel,
     moe_down_kernel,
@@ -30,11 +31,19 @@ from deepinfer.kernels_nvidia.registry import implements
 
 @dataclass(frozen=True)
 class MoeTiles:
+    """Tile shape and kernel family. ``mma="bf16"``: ``moe_gemm``'s kernels (weights upcast to
+    bf16; the only family for ``act_quant_group=None``); ``"fp8"`` / ``"fp16"``: ``moe_fp8``'s
+    (weights expanded to e4m3 / fp16 against the FP8 activations, ``swap_ab`` for decode)."""
+
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
-    pairs: bool = False  # the PAIRS activation layout of moe_gemm (opt-in, unmeasured)
+    pairs: bool = False  # the PAIRS activation layout of moe_gemm (bf16 family only)
+    mma: str = "bf16"
+    swap_ab: bool = False
+    down_block_n: int = 0  # 0: block_n
+    use_asm: bool = True  # moe_fp8's inline-PTX nibble expansion (GPU only)
 
 
 @dataclass(frozen=True)
@@ -173,6 +182,10 @@ def fp4_moe_experts_tiles(
         tiles = choose_tiles(num_slots, experts, batch_invariant=invariant, on_cpu=on_cpu)
     layout = align_by_expert(topk_ids, experts, tiles.block_m)
     num_blocks = layout.block_expert.numel()
+    if tiles.mma != "bf16" and group is not None:
+        y = _fp8_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k, group,
+                        float(swiglu_limit), tiles, on_cpu)  # fmt: skip
+        return _combine(y, out, top_k)
     xq, xs = _quantised_input(x, group, tiles.pairs)
     fp8 = group is not None
     capacity = layout.row_slot.numel()
@@ -202,6 +215,45 @@ def fp4_moe_experts_tiles(
         BLOCK_M=tiles.block_m, BLOCK_N=n2, BLOCK_K=_block_k(inter, group), PAIRS=tiles.pairs,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
+    return _combine(y, out, top_k)
+
+
+def _combine(y: torch.Tensor, out: torch.Tensor, top_k: int) -> torch.Tensor:
+    """``out[t] = sum over slots j (in order) of y[t * k + j]`` in fp32."""
+    tokens, dim = out.shape
     block = min(1024, triton.next_power_of_2(dim))
     moe_combine_kernel[(tokens, triton.cdiv(dim, block))](y, out, dim, TOP_K=top_k, BLOCK=block)
     return out
+
+
+def _fp8_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k, group, limit,
+                tiles, on_cpu):  # fmt: skip
+    """Gate/up then down with ``moe_fp8``'s kernels; returns bf16 ``[T * k, D]`` slot rows."""
+    tokens, dim = x.shape
+    inter = w13.shape[1] // 2
+    num_slots = tokens * top_k
+    _block_k(dim, group), _block_k(inter, group)  # both multiples of the group, or a clear error
+    xq, xs = quantize_rows(x if x.stride(-1) == 1 else x.contiguous(), group)
+    capacity, num_blocks = layout.row_slot.numel(), layout.block_expert.numel()
+    h = torch.empty((capacity, inter), dtype=torch.float8_e4m3fn, device=x.device)
+    hs = torch.empty((capacity, inter // group), dtype=torch.float32, device=x.device)
+    w13s, w2s = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
+    weights = topk_weights.float().contiguous().view(-1)
+    flags = dict(GROUP=group, SWAP_AB=tiles.swap_ab, MMA_FP8=tiles.mma == "fp8",
+                 USE_ASM=tiles.use_asm and not on_cpu, SOFT_ROUND=on_cpu, BLOCK_M=tiles.block_m,
+                 num_warps=tiles.num_warps, num_stages=tiles.num_stages)  # fmt: skip
+    n1 = _block_n(inter, tiles.block_n, group)
+    moe_fp8_gate_up_kernel[(num_blocks, inter // n1)](
+        xq, xs, w13, w13s, h, hs, layout.row_slot, layout.block_expert, weights,
+        num_slots, top_k, dim, inter, limit,
+        xq.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0), w13s.stride(1),
+        h.stride(0), hs.stride(0), BLOCK_N=n1, **flags,
+    )  # fmt: skip
+    y = torch.empty((num_slots, dim), dtype=torch.bfloat16, device=x.device)
+    n2 = _block_n(dim, tiles.down_block_n or tiles.block_n, None)
+    moe_fp8_down_kernel[(num_blocks, dim // n2)](
+        h, hs, w2, w2s, y, layout.row_slot, layout.block_expert, num_slots, inter,
+        h.stride(0), hs.stride(0), w2.stride(0), w2.stride(1), w2s.stride(0), w2s.stride(1),
+        y.stride(0), BLOCK_N=n2, **flags,
+    )  # fmt: skip
+    return y
