@@ -49,6 +49,7 @@ def test_select_topk_picks_the_same_set(width, k):
     want = kernels.OPS["select_topk"].reference(scores, cand, k)
     assert got.shape == want.shape == (rows, k) and got.dtype == torch.int64
     assert torch.equal(got.sort(-1).values, want.sort(-1).values)  # the same winners
+    assert torch.equal(got, want)  # and the reference's order (ties: lowest column first)
     positions = torch.arange(width, device=DEVICE).expand(rows, -1).masked_fill(cand < 0, -1)
     picked = backend.ops["select_topk"](scores, positions, k)
     picked_scores = scores.gather(-1, picked.clamp(min=0)).masked_fill(picked < 0, -float("inf"))

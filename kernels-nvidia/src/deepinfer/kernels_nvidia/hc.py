@@ -293,8 +293,14 @@ def hc_collapse(h, pre):
     return out
 
 
+EXPAND_BLOCK_D = 512  # columns per expand program (x 4 streams)
+EXPAND_WARPS = 4
+
+
 @implements("hc_expand")
-def hc_expand(f, h, post, comb):
+def hc_expand(f, h, post, comb, *, block_d: int | None = None, num_warps: int | None = None):
+    """See :func:`deepinfer.kernels.hc_expand`; ``block_d`` / ``num_warps`` override the
+    launch (benchmark sweeps)."""
     if h.dim() != 3:
         raise ValueError(f"h: expected [T, nc, D], got shape {tuple(h.shape)}")
     t, nc, d = h.shape
@@ -307,9 +313,9 @@ def hc_expand(f, h, post, comb):
     out = torch.empty(t, nc, d, dtype=h.dtype, device=h.device)
     if t == 0:
         return out
-    bd = min(512, _block_d(d))
+    bd = min(block_d or EXPAND_BLOCK_D, _block_d(d))
     _hc_expand_kernel[(t, triton.cdiv(d, bd))](
         f, h, post, comb, out, d, f.stride(0), h.stride(0), h.stride(1), NC=nc, BD=bd,
-        num_warps=4,
+        num_warps=num_warps or EXPAND_WARPS,
     )  # fmt: skip
     return out

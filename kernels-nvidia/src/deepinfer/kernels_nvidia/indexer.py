@@ -1,10 +1,11 @@
 """Lightning-indexer scoring and the Hadamard rotation in Triton (top-k selection and the
 candidate pre-filter live in :mod:`.indexer_topk`).
 
-Scoring: one program per (query row, block of ``BLOCK_C`` candidates) gathers the candidate key
-rows once and multiplies all ``Hi`` indexer heads of the row against them in one matrix product
-(``[Hi, d] x [d, BLOCK_C]``), then applies ReLU and the per-head weights and reduces over heads
-in registers: the ``[T, Hi, C]`` dot products never reach memory. Keys may be stored in the
+Scoring: one program per (query row, run of ``BLOCKS`` blocks of ``BLOCK_C`` candidates) loads
+the row's ``[Hi, d]`` queries once, then for each block gathers the candidate key rows once and
+multiplies all ``Hi`` indexer heads against them in one matrix product (``[Hi, d] x [d,
+BLOCK_C]``), applies ReLU and the per-head weights and reduces over heads in registers: the
+``[T, Hi, C]`` dot products never reach memory, and the queries are not re-read per block. Keys may be stored in the
 queries' dtype, fp32, or ``float8_e4m3fn`` (upcast in registers).
 """
 
@@ -16,7 +17,9 @@ import triton.language as tl
 
 from deepinfer.kernels_nvidia.registry import implements
 
-BLOCK_C = 64
+BLOCK_C = 64  # candidates per matrix product
+BLOCKS_PER_PROGRAM = 4  # blocks one program walks with its queries resident
+SCORE_WARPS = 4
 
 
 @triton.jit
@@ -24,10 +27,10 @@ def _indexer_scores_kernel(
     q_ptr, w_ptr, keys_ptr, cand_ptr, out_ptr,
     num_heads, head_dim, num_cand,
     stride_qt, stride_qh, stride_wt, stride_k, stride_ct, stride_ot,
-    HB: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, IEEE: tl.constexpr,
+    HB: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, BLOCKS: tl.constexpr,
+    IEEE: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     heads = tl.arange(0, HB)
     hmask = heads < num_heads
     dcols = tl.arange(0, BLOCK_D)
@@ -38,20 +41,23 @@ def _indexer_scores_kernel(
         other=0.0,
     )
     w = tl.load(w_ptr + row * stride_wt + heads, mask=hmask, other=0.0).to(tl.float32)
-    cand = tl.load(cand_ptr + row * stride_ct + offs, mask=offs < num_cand, other=-1)
-    valid = cand >= 0
-    keys = tl.load(
-        keys_ptr + cand.to(tl.int64)[:, None] * stride_k + dcols[None, :],
-        mask=valid[:, None] & dmask[None, :],
-        other=0.0,
-    ).to(q.dtype)
-    if IEEE:
-        dots = tl.dot(q, tl.trans(keys), input_precision="ieee")
-    else:
-        dots = tl.dot(q, tl.trans(keys))
-    scores = tl.sum(tl.maximum(dots, 0.0) * w[:, None], axis=0)
-    scores = tl.where(valid, scores, float("-inf"))
-    tl.store(out_ptr + row * stride_ot + offs, scores, mask=offs < num_cand)
+    first = tl.program_id(1) * (BLOCKS * BLOCK_C)
+    for b in range(BLOCKS):
+        offs = first + b * BLOCK_C + tl.arange(0, BLOCK_C)
+        cand = tl.load(cand_ptr + row * stride_ct + offs, mask=offs < num_cand, other=-1)
+        valid = cand >= 0
+        keys = tl.load(
+            keys_ptr + cand.to(tl.int64)[:, None] * stride_k + dcols[None, :],
+            mask=valid[:, None] & dmask[None, :],
+            other=0.0,
+        ).to(q.dtype)
+        if IEEE:
+            dots = tl.dot(q, tl.trans(keys), input_precision="ieee")
+        else:
+            dots = tl.dot(q, tl.trans(keys))
+        scores = tl.sum(tl.maximum(dots, 0.0) * w[:, None], axis=0)
+        scores = tl.where(valid, scores, float("-inf"))
+        tl.store(out_ptr + row * stride_ot + offs, scores, mask=offs < num_cand)
 
 
 def _check(q, weights, keys, candidates):
@@ -71,7 +77,11 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 
 @implements("indexer_scores")
-def indexer_scores(q, weights, keys, candidates):
+def indexer_scores(
+    q, weights, keys, candidates, *, block_c=None, blocks_per_program=None, num_warps=None
+):
+    """See :func:`deepinfer.kernels.indexer_scores`; the keywords override the launch
+    (benchmark sweeps). A score never depends on the launch shape (one dot per candidate)."""
     _check(q, weights, keys, candidates)
     if torch.float32 in (q.dtype, keys.dtype) or q.dtype not in (torch.bfloat16, torch.float16):
         q = q.float()  # compute in fp32 whenever either side is fp32 (as the reference does)
@@ -82,13 +92,16 @@ def indexer_scores(q, weights, keys, candidates):
     out = torch.empty(t, num_cand, dtype=torch.float32, device=q.device)
     if t == 0 or num_cand == 0:
         return out
-    grid = (t, triton.cdiv(num_cand, BLOCK_C))
+    block_c = block_c or BLOCK_C
+    blocks = max(1, min(blocks_per_program or BLOCKS_PER_PROGRAM, triton.cdiv(num_cand, block_c)))
+    grid = (t, triton.cdiv(num_cand, block_c * blocks))
     _indexer_scores_kernel[grid](
         q, weights, keys, candidates, out, h, d, num_cand,
         q.stride(0), q.stride(1), weights.stride(0), keys.stride(0), candidates.stride(0),
         out.stride(0),
         HB=max(16, triton.next_power_of_2(h)), BLOCK_D=max(16, triton.next_power_of_2(d)),
-        BLOCK_C=BLOCK_C, IEEE=q.dtype == torch.float32, num_warps=4,
+        BLOCK_C=block_c, BLOCKS=blocks, IEEE=q.dtype == torch.float32,
+        num_warps=num_warps or SCORE_WARPS,
     )  # fmt: skip
     return out
 

@@ -1,11 +1,13 @@
 """Top-k selection over indexer scores and V4.1's candidate-block pre-filter, in Triton.
 
-Selection: one program per row holds the row's scores in registers, finds the k-th largest by
-a 32-step binary search on the order-preserving integer image of the fp32 bits (a count per
-step), then writes the winners' positions through a prefix sum; only the k winners are then
-sorted (descending, as the contract asks). Ties at the threshold go to the lowest columns and
-the final sort is stable, so the result equals a stable descending sort's first k. Rows wider
-than ``TOPK_MAX_CANDIDATES`` use torch's stable sort.
+Selection (``select_topk``): one program per row holds the row's scores in registers and finds
+the k-th largest by a radix select on the order-preserving integer image of the fp32 bits:
+four 8-bit digit histograms (most significant first), each narrowing the prefix of the
+threshold. The winners (above the threshold, then ties at it in column order) are packed as
+``key << 32 | ~column`` into a per-row scratch, sorted there in registers (descending: score,
+then lowest column first) and written as candidate values, ``-1`` padding. The result equals a
+stable descending sort's first k. Rows wider than ``TOPK_MAX_CANDIDATES`` use torch's stable
+sort. ``candidate_block_mask`` keeps the earlier binary-search kernel (winners in column order).
 """
 
 from __future__ import annotations
@@ -63,6 +65,59 @@ def _topk_kernel(
     tl.store(out_ptr + row * stride_ot + tail, tl.full([BLOCK_K], -1, tl.int32), mask=pad)
 
 
+@triton.jit
+def _radix_digit(key, match, shift, want, NB: tl.constexpr):
+    """One radix step: the digit ``(key >> shift) & 255`` holding the ``want``-th largest key
+    among ``match``, and how many matching keys have a larger digit."""
+    digit = ((key >> shift) & 255).to(tl.int32)
+    hist = tl.histogram(tl.where(match, digit + NB, 0), 2 * NB)  # upper half: the matches
+    hist = tl.sum(tl.where(tl.arange(0, 2)[:, None] == 1, tl.reshape(hist, [2, NB]), 0), axis=0)
+    at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # count(digit >= b)
+    chosen = tl.sum((at_or_above >= want).to(tl.int32), axis=0) - 1
+    above = tl.sum(tl.where(tl.arange(0, NB) > chosen, hist, 0), axis=0)
+    return chosen.to(tl.uint32), above
+
+
+@triton.jit
+def _topk_sorted_kernel(
+    scores_ptr, cand_ptr, out_ptr, scratch_ptr, num_cand, k,
+    stride_st, stride_ct, stride_ot,
+    BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_C)
+    scores = tl.load(scores_ptr + row * stride_st + offs, mask=offs < num_cand, other=-float("inf"))
+    key = _ordered_key(scores)
+    want = tl.minimum(tl.sum((key > 0).to(tl.int32), axis=0), k)
+    prefix = tl.full([], 0, tl.uint32)
+    match = key > 0
+    rest = want
+    for step in tl.static_range(4):
+        shift: tl.constexpr = 24 - 8 * step
+        digit, above = _radix_digit(key, match, shift, rest, 256)
+        rest -= above
+        prefix = prefix | (digit << shift)
+        match = match & (((key >> shift) & 255) == digit)
+    threshold = tl.where(want > 0, prefix, 4294967295)  # nothing valid: nothing wins
+    win = key > threshold
+    num_above = tl.sum(win.to(tl.int32), axis=0)
+    tied = (key == threshold) & (key > 0)
+    packed = ((key ^ 2147483648).to(tl.int32, bitcast=True).to(tl.int64) << 32) + (
+        4294967295 - offs.to(tl.int64))  # fmt: skip
+    scratch = scratch_ptr + row * BLOCK_K
+    tl.store(scratch + tl.cumsum(win.to(tl.int32), axis=0) - 1, packed, mask=win)
+    slot = num_above + tl.cumsum(tied.to(tl.int32), axis=0) - 1
+    tl.store(scratch + slot, packed, mask=tied & (slot < want))
+    tail = tl.arange(0, BLOCK_K)
+    tl.store(scratch + tail, tl.full([BLOCK_K], -9223372036854775808, tl.int64), mask=tail >= want)
+    tl.debug_barrier()
+    ordered = tl.sort(tl.load(scratch + tail), 0, descending=True)
+    column = (4294967295 - (ordered & 4294967295)).to(tl.int32)
+    valid = tail < want
+    picked = tl.load(cand_ptr + row * stride_ct + column, mask=valid, other=-1).to(tl.int64)
+    tl.store(out_ptr + row * stride_ot + tail, tl.where(valid, picked, -1), mask=tail < k)
+
+
 def _winner_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
     """``[T, k]`` int32 columns of each row's k best finite scores, in column order, ``-1``
     pads (scores ``[T, C]`` fp32 with unit column stride, ``C <= TOPK_MAX_CANDIDATES``)."""
@@ -91,8 +146,8 @@ def _topk_torch(scores, candidates, k):
 
 @implements("select_topk")
 def select_topk(scores, candidates, k):
-    """Rows up to ``TOPK_MAX_CANDIDATES`` wide: the Triton selection, then a sort of the k
-    winners by score (the contract wants descending order); wider rows: ``torch.topk``.
+    """Rows up to ``TOPK_MAX_CANDIDATES`` wide: the Triton radix select with the winners
+    sorted in the same kernel; wider rows: torch's stable sort.
     ``+inf`` / NaN scores are not expected (the scores are finite or ``-inf``)."""
     if scores.shape != candidates.shape or scores.dim() != 2:
         raise ValueError(
@@ -106,15 +161,17 @@ def select_topk(scores, candidates, k):
     if width == 0:  # nothing visible yet (a step before the first compressed entry): all holes
         return torch.full((rows, k), -1, dtype=torch.int64, device=scores.device)
     scores = scores if scores.stride(1) == 1 else scores.contiguous()
-    positions = _winner_positions(scores, k)
-    # Only the k winners are sorted (descending score, the contract's order; the kernel wrote
-    # them in column order, so a stable sort breaks ties by column); pads sort last.
-    valid = positions >= 0
-    columns = positions.long().clamp(min=0)
-    won = scores.gather(-1, columns).masked_fill(~valid, float("-inf"))
-    order = won.sort(dim=-1, descending=True, stable=True).indices  # ties: lower column first
-    columns, valid = columns.gather(-1, order), valid.gather(-1, order)
-    return candidates.gather(-1, columns).long().masked_fill(~valid, -1)
+    candidates = candidates if candidates.stride(1) == 1 else candidates.contiguous()
+    block_k = triton.next_power_of_2(k)
+    out = torch.empty(rows, k, dtype=torch.int64, device=scores.device)
+    scratch = torch.empty(rows, block_k, dtype=torch.int64, device=scores.device)
+    block_c = triton.next_power_of_2(max(width, 16))
+    _topk_sorted_kernel[(rows,)](
+        scores, candidates, out, scratch, width, k,
+        scores.stride(0), candidates.stride(0), out.stride(0),
+        BLOCK_C=block_c, BLOCK_K=block_k, num_warps=min(16, max(4, block_c // 1024)),
+    )  # fmt: skip
+    return out
 
 
 @implements("candidate_block_mask")
