@@ -44,12 +44,25 @@ RATIOS = [0, 0] + [4, 128] * 21  # V4-Flash: two sliding-window layers, then CSA
 
 
 def _run(llm: LLM, prompts: list[list[int]], max_tokens: int) -> float:
+    """Seconds to generate ``max_tokens`` for every prompt (the second of two identical runs, so
+    Triton's compilations for this batch shape are not timed); fails unless every request
+    produced all its tokens."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
+    for _ in range(2):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        outputs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    short = [o for o in outputs if len(o.outputs[0].token_ids) != max_tokens]
+    if short:
+        first = short[0].outputs[0]
+        raise RuntimeError(
+            f"{len(short)} of {len(prompts)} requests did not produce {max_tokens} tokens "
+            f"(first: {len(first.token_ids)} tokens, finish_reason {first.finish_reason!r}, "
+            f"error {first.error!r})"
+        )
+    return seconds
 
 
 def step_floor_bytes(model, batch: int) -> int:
@@ -86,6 +99,22 @@ def _decode_row(llm, model, gen, vocab, batch, tokens, copy_tbs, ops) -> dict:
             "of_floor": floor_ms / (step_s * 1e3)}  # fmt: skip
 
 
+def _profile(llm: LLM, gen, vocab: int, batch: int, tokens: int = 6) -> None:
+    """Print where a decode of ``batch`` x ``tokens`` spends device and host time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prompts = torch.randint(3, vocab, (batch, 128), generator=gen).tolist()
+    _run(llm, prompts, tokens)
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with profile(activities=activities) as prof:
+        llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+        torch.cuda.synchronize()
+    table = prof.key_averages()
+    print(f"profile: decode batch {batch} x {tokens} tokens (prefill included)")
+    print(table.table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=48))
+
+
 def _batches(text: str) -> list[int]:
     return [int(b) for b in text.split(",") if b.strip()]
 
@@ -101,6 +130,8 @@ def main() -> None:
                         help="decode batches to repeat with DEEPINFER_REFERENCE_OPS=1")  # fmt: skip
     parser.add_argument("--reference-ops-tokens", type=int, default=5)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    parser.add_argument("--profile-batch", type=int, default=0,
+                        help="profile decode of a batch this size (torch.profiler, top ops)")  # fmt: skip
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if not 1 <= args.layers <= len(RATIOS):
@@ -128,6 +159,8 @@ def main() -> None:
                      "tok/s": n * args.prompt_len / seconds})  # fmt: skip
     for b in _batches(args.decode_batches):
         rows.append(_decode_row(llm, model, gen, vocab, b, args.decode_tokens, copy_tbs, "kernels"))
+    if args.profile_batch:
+        _profile(llm, gen, vocab, args.profile_batch)
     os.environ["DEEPINFER_REFERENCE_OPS"] = "1"
     for b in _batches(args.reference_ops_batches):
         tokens = args.reference_ops_tokens

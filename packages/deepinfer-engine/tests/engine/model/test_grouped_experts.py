@@ -46,8 +46,9 @@ def test_grouped_matches_loop(model):
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(11)
     for moe in _moe_layers(model):
-        x = torch.randn(37, model.config.hidden_size, generator=gen).bfloat16()
-        ids = torch.randint(0, vocab, (37,), generator=gen)
+        device = moe.gate.weight.device
+        x = torch.randn(37, model.config.hidden_size, generator=gen).bfloat16().to(device)
+        ids = torch.randint(0, vocab, (37,), generator=gen).to(device)
         looped, grouped = _both_paths(moe, x, ids)
         assert grouped.dtype == looped.dtype == torch.bfloat16
         scale = looped.float().abs().max()
