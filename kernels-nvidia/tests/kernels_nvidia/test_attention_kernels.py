@@ -45,8 +45,9 @@ def test_conformance_small(case):
         AttentionTiles(head_block=16, block_n=16, split_size=32),  # several splits per row
         AttentionTiles(head_block=16, block_n=16, split_size=48),  # split not a tile multiple
         AttentionTiles(head_block=16, block_n=16, split_rows_max=0),  # whole-list path
+        AttentionTiles(head_block=16, block_n=16, split_rows_max=0, halves=True),
     ],
-    ids=["split32", "split48", "prefill"],
+    ids=["split32", "split48", "prefill", "prefill_halves"],
 )
 def test_launch_paths_match_reference(tiles):
     q, kv, idx, sink, scale = _inputs(1, 4, 32, 64, 16, 80, 400)
@@ -126,3 +127,20 @@ def test_decode_at_model_shape_with_speed(kv_dtype):
             fn(q, kv, idx, sink, scale)
         torch.cuda.synchronize()
         print(f"{name} {kv_dtype}: {(time.perf_counter() - start) / 10 * 1e6:.1f} us")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+@pytest.mark.parametrize(
+    "tiles",
+    [AttentionTiles(block_n=32, num_stages=3, split_rows_max=0, halves=True),
+     AttentionTiles(block_n=64, num_stages=2, num_warps=16, split_rows_max=0, halves=True)],
+    ids=["halves32", "halves64w16"],
+)  # fmt: skip
+def test_prefill_halves_at_model_shape(kv_dtype, tiles):
+    """Prefill rows at the model shape (holes, duplicates, window-only rows from the shared
+    index-list maker) through the two-halves whole-list kernel."""
+    q, kv, idx, sink, scale = _inputs(9, 300, 64, 512, 128, 512, 131072 + 128, kv_dtype=kv_dtype)
+    got = backend.ops[OP](q, kv, idx, sink, scale, tiles=tiles)
+    torch.testing.assert_close(got, reference(q, kv, idx, sink, scale), atol=1.6e-2, rtol=1.6e-2)

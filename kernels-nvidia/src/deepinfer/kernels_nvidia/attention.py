@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.kernels import envs
+from deepinfer.kernels_nvidia.attention_prefill import launch_halves
 from deepinfer.kernels_nvidia.registry import implements
 
 LOG2E = 1.4426950408889634
@@ -43,8 +44,9 @@ SPLIT_ROWS_MAX = 32  # rows up to which the split path runs when batch invarianc
 
 @dataclass(frozen=True)
 class AttentionTiles:
-    """Launch parameters: heads per program, gathered rows per tile, entries per split, and the
-    number of rows up to which the split path runs (``None``: the default policy)."""
+    """Launch parameters: heads per program, gathered rows per tile, entries per split, the
+    number of rows up to which the split path runs (``None``: the default policy), and whether
+    whole-list launches use the two-halves kernel of :mod:`.attention_prefill`."""
 
     head_block: int = 64
     block_n: int = 32
@@ -52,6 +54,7 @@ class AttentionTiles:
     num_warps: int = 8
     num_stages: int = 2
     split_rows_max: int | None = None
+    halves: bool = False
 
 
 SPLIT_TILES = AttentionTiles()
@@ -223,6 +226,12 @@ def sparse_mqa_sink(q, kv, indices, sink, scale, *, tiles: AttentionTiles | None
         part_ml = torch.empty(t, num_splits, h, 2, dtype=torch.float32, device=q.device)
     else:
         part_acc = part_ml = out  # unused
+    if not is_split and tiles.halves and q.dtype != torch.float32 and block_d == d and d >= 32:
+        launch_halves(
+            q, kv, indices, sink, out, float(scale) * LOG2E, head_block=hb,
+            block_n=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        )  # fmt: skip
+        return out.to(out_dtype)
     grid = (t, triton.cdiv(h, hb), num_splits)
     _sparse_mqa_kernel[grid](
         q, kv, indices, sink, out, part_acc, part_ml,
