@@ -40,10 +40,11 @@ DECODE_SWEEP = [
     AttentionTiles(block_n=16, split_rows_max=WHOLE),  # no register spills (sm_90 AOT, bf16)
 ]
 PREFILL_SWEEP = [
+    AttentionTiles(block_n=64, num_stages=2, split_rows_max=WHOLE, halves=True),
+    AttentionTiles(block_n=64, num_stages=2, num_warps=4, split_rows_max=WHOLE, halves=True),
+    AttentionTiles(block_n=64, num_stages=1, split_rows_max=WHOLE, halves=True),
+    AttentionTiles(head_block=32, block_n=64, num_stages=2, split_rows_max=WHOLE, halves=True),
     AttentionTiles(block_n=64, num_stages=3, split_rows_max=WHOLE),
-    AttentionTiles(split_rows_max=WHOLE),
-    AttentionTiles(block_n=64, num_stages=2, split_rows_max=WHOLE),
-    AttentionTiles(block_n=16, split_rows_max=WHOLE),
     AttentionTiles(head_block=32, block_n=64, num_stages=3, split_rows_max=WHOLE),
 ]
 
@@ -131,6 +132,7 @@ def bench_rope(rows: int, ceiling: float) -> dict:
 
 def _tiles_str(t: AttentionTiles) -> str:
     path = f"split{t.split_size}" if t.split_rows_max == SPLIT else "whole"
+    path += "-halves" if t.halves and path == "whole" else ""
     return f"hb{t.head_block}/bn{t.block_n}/{path}/w{t.num_warps}/s{t.num_stages}"
 
 
@@ -138,21 +140,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--prefill-rows", type=int, default=8192)
+    parser.add_argument("--sections", default="decode,prefill,rope")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_attention.py needs an NVIDIA GPU")
     ceiling = copy_bandwidth_tbs()
     print(f"measured copy bandwidth: {ceiling:.2f} TB/s")
-    rows = []
-    for t in (64, 256):
-        rows.append(bench_decode(t, torch.float8_e4m3fn, ceiling))
+    rows, sections = [], args.sections.split(",")
+    if "decode" in sections:
+        for t in (64, 256):
+            rows.append(bench_decode(t, torch.float8_e4m3fn, ceiling))
+            print(rows[-1])
+        rows.append(bench_decode(64, torch.bfloat16, ceiling, DECODE_SWEEP[::3]))
+        rows.append(bench_decode(4, torch.float8_e4m3fn, ceiling, DECODE_SWEEP[::3]))
+    if "prefill" in sections:
+        rows.append(bench_prefill(args.prefill_rows))
         print(rows[-1])
-    rows.append(bench_decode(64, torch.bfloat16, ceiling, DECODE_SWEEP[::3]))
-    rows.append(bench_decode(4, torch.float8_e4m3fn, ceiling, DECODE_SWEEP[::3]))
-    rows.append(bench_prefill(args.prefill_rows))
-    print(rows[-1])
-    for t in (64, 8192):
-        rows.append(bench_rope(t, ceiling))
+    if "rope" in sections:
+        for t in (64, 8192):
+            rows.append(bench_rope(t, ceiling))
     cols = ["case", "triton_us", "triton_TB/s", "triton_TFLOP/s", "%ceiling", "default_us",
             "reference_us", "torch_sdpa_us", "tiles"]  # fmt: skip
     print_table(rows, cols)

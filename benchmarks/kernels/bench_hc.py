@@ -1,7 +1,9 @@
 """mHC on the GPU at V4-Flash (D 4096) and V4.1-Flash (D 5120) widths, 4 streams, bf16:
 Triton kernels vs the reference (plain torch, cuBLAS for the projection).
 
-pre  = hc_mix_coefficients + hc_collapse (the coefficients, Sinkhorn, then the collapse);
+pre  = hc_mix_coefficients + hc_collapse (the coefficients, Sinkhorn, then the collapse: two ops,
+       the streams read twice); "pre fused" = ``kernels_nvidia.hc_pre.hc_pre`` (one launch, the
+       streams read once; not an op yet); the coefficients' projection M is swept (16 / 64);
 post = hc_expand (``post f + C^T h``).
 Bytes counted are the fewest the step must move: pre reads the streams once and writes the
 collapsed row (T x 5 x D x 2 B); post reads f and the streams and writes the new streams
@@ -23,6 +25,7 @@ from common import copy_bandwidth_tbs, environment, print_table, time_cuda, writ
 
 from deepinfer import kernels  # noqa: E402
 from deepinfer.kernels_nvidia import backend  # noqa: E402
+from deepinfer.kernels_nvidia.hc_pre import hc_pre  # noqa: E402
 
 NC = 4
 KW = {"norm_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20}
@@ -68,13 +71,22 @@ def bench_shape(tokens: int, dim: int, ceiling: float) -> list[dict]:
         lambda: ops["hc_mix_coefficients"](h, fn, base, scale, **KW), iters=50
     )
     rows[0]["collapse_us"] = 1e3 * time_cuda(lambda: ops["hc_collapse"](h, pre_c), iters=50)
+    for bt in (64, 32):
+        us = 1e3 * time_cuda(lambda b=bt: ops["hc_mix_coefficients"](
+            h, fn, base, scale, tokens_per_program=b, **KW), iters=50)  # fmt: skip
+        rows[0][f"coefficients_m{bt}_us"] = us
+    fused = {"stage": "pre fused", "dim": dim, "tokens": tokens}
+    ms = time_cuda(lambda: hc_pre(h, fn, base, scale, **KW), iters=20)
+    fused.update({"triton_us": ms * 1e3, "triton_TB/s": tokens * 5 * dim * 2 / ms / 1e9})
+    fused["triton_%ceiling"] = 100 * fused["triton_TB/s"] / ceiling
+    rows.append(fused)
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="write the results as JSON here")
-    parser.add_argument("--tokens", default="64,256,4096,16384")
+    parser.add_argument("--tokens", default="64,4096,16384")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_hc.py needs an NVIDIA GPU")
@@ -85,7 +97,8 @@ def main() -> None:
         for tokens in map(int, args.tokens.split(",")):
             rows += bench_shape(tokens, dim, ceiling)
     cols = ["stage", "dim", "tokens", "triton_us", "triton_TB/s", "triton_%ceiling",
-            "coefficients_us", "collapse_us", "reference_us", "reference_TB/s"]  # fmt: skip
+            "coefficients_us", "coefficients_m64_us", "coefficients_m32_us", "collapse_us",
+            "reference_us", "reference_TB/s"]  # fmt: skip
     print_table(rows, cols)
     write_json(args.out, {"env": environment(), "copy_TB/s": ceiling, "rows": rows})
 

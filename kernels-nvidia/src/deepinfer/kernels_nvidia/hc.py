@@ -164,7 +164,7 @@ def _streams_2d(x: torch.Tensor, name: str) -> torch.Tensor:
     return x
 
 
-def _mix_partials(x, fn, num_out):
+def _mix_partials(x, fn, num_out, tokens_per_program=None):
     """Launch the chunked projection: returns (partials, sums of squares, number of chunks)."""
     t, nc, d = x.shape
     width = nc * d
@@ -175,17 +175,22 @@ def _mix_partials(x, fn, num_out):
     num_chunks = triton.cdiv(width, K_CHUNK)
     part = torch.empty(t, num_chunks, npad, dtype=torch.float32, device=x.device)
     sq = torch.empty(t, num_chunks, dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(t, TOKENS_PER_PROGRAM), num_chunks)
+    bt = tokens_per_program or TOKENS_PER_PROGRAM
+    grid = (triton.cdiv(t, bt), num_chunks)
     _hc_mix_partial_kernel[grid](
         x, fn, part, sq, t, num_out, width, num_chunks, x.stride(0), fn.stride(0),
-        BT=TOKENS_PER_PROGRAM, NPAD=npad, BK=64, K_CHUNK=K_CHUNK,
+        BT=bt, NPAD=npad, BK=64, K_CHUNK=K_CHUNK,
         X_BF16=x.dtype == torch.bfloat16, num_warps=4,
     )  # fmt: skip
     return part, sq, num_chunks, npad
 
 
 @implements("hc_mix_coefficients")
-def hc_mix_coefficients(x, fn, base, scale, *, norm_eps, hc_eps, sinkhorn_iters):
+def hc_mix_coefficients(
+    x, fn, base, scale, *, norm_eps, hc_eps, sinkhorn_iters, tokens_per_program=None
+):
+    """See :func:`deepinfer.kernels.hc_mix_coefficients`; ``tokens_per_program`` overrides the
+    projection's M (benchmark sweeps; a token's sums never depend on it)."""
     x = _streams_2d(x, "x")
     t, nc, d = x.shape
     if nc & (nc - 1):
@@ -199,7 +204,7 @@ def hc_mix_coefficients(x, fn, base, scale, *, norm_eps, hc_eps, sinkhorn_iters)
     comb = torch.empty(t, nc, nc, dtype=torch.float32, device=x.device)
     if t == 0:
         return pre, post, comb
-    part, sq, num_chunks, npad = _mix_partials(x, fn, num_out)
+    part, sq, num_chunks, npad = _mix_partials(x, fn, num_out, tokens_per_program)
     _hc_mix_finish_kernel[(triton.cdiv(t, FINISH_TOKENS),)](
         part, sq, base.float().contiguous(), scale.float().contiguous(), pre, post, comb,
         t, num_chunks, nc * d, norm_eps, hc_eps, sinkhorn_iters,
@@ -250,7 +255,7 @@ def _hc_expand_kernel(
     f_ptr, h_ptr, post_ptr, comb_ptr, out_ptr, dim, stride_ft, stride_ht, stride_hj,
     NC: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
-    """out[t, k, d] = post[t, k] f[t, d] + sum_j comb[t, j, k] h[t, j, d] (fp32)."""
+    """out[t, k, d] = post[t, k] f[t, d] + sum_j comb[t, j, k] h[t, j, d] (fp32), any NC."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     cmask = cols < dim
@@ -264,6 +269,34 @@ def _hc_expand_kernel(
     out = post[:, None] * f[None, :] + mixed
     out_offs = t * NC * dim + j[:, None] * dim + cols[None, :]
     tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=cmask[None, :])
+
+
+@triton.jit
+def _expand_row(out_ptr, k, t, dim, cols, cmask, f, h0, h1, h2, h3, post_ptr, comb_ptr):
+    c = comb_ptr + t * 16 + k
+    out = tl.load(post_ptr + t * 4 + k) * f + tl.load(c) * h0 + tl.load(c + 4) * h1
+    out += tl.load(c + 8) * h2 + tl.load(c + 12) * h3
+    tl.store(out_ptr + (t * 4 + k) * dim + cols, out.to(out_ptr.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def _hc_expand4_kernel(
+    f_ptr, h_ptr, post_ptr, comb_ptr, out_ptr, dim, stride_ft, stride_ht, stride_hj,
+    BD: tl.constexpr,
+):  # fmt: skip
+    """The 4-stream expand with one ``[BD]`` register row per stream (no ``[4, 4, BD]``
+    intermediate): same sums, j in order."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    cmask = cols < dim
+    f = tl.load(f_ptr + t * stride_ft + cols, mask=cmask, other=0.0).to(tl.float32)
+    h_row = h_ptr + t * stride_ht + cols
+    h0 = tl.load(h_row, mask=cmask, other=0.0).to(tl.float32)
+    h1 = tl.load(h_row + stride_hj, mask=cmask, other=0.0).to(tl.float32)
+    h2 = tl.load(h_row + 2 * stride_hj, mask=cmask, other=0.0).to(tl.float32)
+    h3 = tl.load(h_row + 3 * stride_hj, mask=cmask, other=0.0).to(tl.float32)
+    for k in tl.static_range(4):
+        _expand_row(out_ptr, k, t, dim, cols, cmask, f, h0, h1, h2, h3, post_ptr, comb_ptr)
 
 
 def _check_coeffs(name, t, shape_tail, coeff):
@@ -293,7 +326,7 @@ def hc_collapse(h, pre):
     return out
 
 
-EXPAND_BLOCK_D = 512  # columns per expand program (x 4 streams)
+EXPAND_BLOCK_D = 1024  # columns per expand program (x 4 streams)
 EXPAND_WARPS = 4
 
 
@@ -314,8 +347,10 @@ def hc_expand(f, h, post, comb, *, block_d: int | None = None, num_warps: int | 
     if t == 0:
         return out
     bd = min(block_d or EXPAND_BLOCK_D, _block_d(d))
-    _hc_expand_kernel[(t, triton.cdiv(d, bd))](
-        f, h, post, comb, out, d, f.stride(0), h.stride(0), h.stride(1), NC=nc, BD=bd,
-        num_warps=num_warps or EXPAND_WARPS,
-    )  # fmt: skip
+    args = (f, h, post, comb, out, d, f.stride(0), h.stride(0), h.stride(1))
+    grid = (t, triton.cdiv(d, bd))
+    if nc == 4:
+        _hc_expand4_kernel[grid](*args, BD=bd, num_warps=num_warps or EXPAND_WARPS)
+    else:
+        _hc_expand_kernel[grid](*args, NC=nc, BD=bd, num_warps=num_warps or EXPAND_WARPS)
     return out

@@ -114,8 +114,10 @@ def _wait_for_tile(count_ptr, tile, num_chunks):
     tl.debug_barrier()  # every thread's partial stores precede the release
     old = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
     seen = old + 1
-    while seen < num_chunks:
-        seen = tl.atomic_add(count_ptr + tile, 0, sem="acquire")
+    while seen < num_chunks:  # plain L2 reads while waiting: no atomic traffic on the counter
+        seen = tl.load(count_ptr + tile, volatile=True)
+    if old < num_chunks - 1:  # acquire what the other chunks released
+        tl.atomic_add(count_ptr + tile, 0, sem="acquire")
     tl.debug_barrier()
     return old == num_chunks - 1
 

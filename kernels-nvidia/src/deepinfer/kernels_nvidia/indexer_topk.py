@@ -93,11 +93,10 @@ def _topk_sorted_kernel(
     match = key > 0
     rest = want
     for step in tl.static_range(4):
-        shift: tl.constexpr = 24 - 8 * step
-        digit, above = _radix_digit(key, match, shift, rest, 256)
+        digit, above = _radix_digit(key, match, 24 - 8 * step, rest, 256)
         rest -= above
-        prefix = prefix | (digit << shift)
-        match = match & (((key >> shift) & 255) == digit)
+        prefix = prefix | (digit << (24 - 8 * step))
+        match = match & (((key >> (24 - 8 * step)) & 255) == digit)
     threshold = tl.where(want > 0, prefix, 4294967295)  # nothing valid: nothing wins
     win = key > threshold
     num_above = tl.sum(win.to(tl.int32), axis=0)
