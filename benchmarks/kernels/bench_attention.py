@@ -42,10 +42,8 @@ DECODE_SWEEP = [
 PREFILL_SWEEP = [
     AttentionTiles(block_n=64, num_stages=2, split_rows_max=WHOLE, halves=True),
     AttentionTiles(block_n=64, num_stages=2, num_warps=4, split_rows_max=WHOLE, halves=True),
-    AttentionTiles(block_n=64, num_stages=1, split_rows_max=WHOLE, halves=True),
     AttentionTiles(head_block=32, block_n=64, num_stages=2, split_rows_max=WHOLE, halves=True),
     AttentionTiles(block_n=64, num_stages=3, split_rows_max=WHOLE),
-    AttentionTiles(head_block=32, block_n=64, num_stages=3, split_rows_max=WHOLE),
 ]
 
 
