@@ -44,6 +44,7 @@ class MoeTiles:
     swap_ab: bool = False
     down_block_n: int = 0  # 0: block_n
     use_asm: bool = True  # moe_fp8's inline-PTX nibble expansion (GPU only)
+    lut: bool = False  # mma="fp8": e4m3 bytes by table lookup (prmt) instead of through fp16
 
 
 @dataclass(frozen=True)
@@ -56,19 +57,32 @@ class ExpertLayout:
     block_m: int
 
 
+BF16_TILES = {"decode": MoeTiles(16, 64, 4, 4), "middle": MoeTiles(64, 128, 4, 3),
+              "prefill": MoeTiles(128, 128, 8, 2)}  # fmt: skip
+FP8_TILES = {
+    "decode": MoeTiles(16, 128, 8, 4, mma="fp8", swap_ab=True),
+    "middle": MoeTiles(64, 128, 4, 3, mma="fp8"),
+    "prefill": MoeTiles(128, 128, 8, 2, mma="fp8"),
+}
+BATCH_INVARIANT_TILES = {True: MoeTiles(64, 128, 4, 3, mma="fp8"), False: MoeTiles(64, 128, 4, 3)}
+
+
 def choose_tiles(
-    num_slots: int, num_experts: int, *, batch_invariant: bool, on_cpu: bool
-) -> MoeTiles:
+    num_slots: int, num_experts: int, *, batch_invariant: bool, on_cpu: bool,
+    quantised: bool = True,
+) -> MoeTiles:  # fmt: skip
+    """Tiles by rows per expert (decode: a few, prefill: many); ``quantised``: FP8 activations
+    (``act_quant_group`` set), which the ``moe_fp8`` family needs. Batch-invariant mode uses one
+    shape for every batch size."""
     if on_cpu:
-        return MoeTiles(16, 64, 4, 1)
+        return MoeTiles(16, 64, 4, 1, mma="fp8" if quantised else "bf16", swap_ab=quantised)
     if batch_invariant:
-        return MoeTiles(64, 128, 4, 3)
+        return BATCH_INVARIANT_TILES[quantised]
+    table = FP8_TILES if quantised else BF16_TILES
     rows_per_expert = num_slots / num_experts
     if rows_per_expert <= 4:
-        return MoeTiles(16, 64, 4, 4)
-    if rows_per_expert <= 96:
-        return MoeTiles(64, 128, 4, 3)
-    return MoeTiles(128, 128, 8, 2)
+        return table["decode"]
+    return table["middle"] if rows_per_expert <= 96 else table["prefill"]
 
 
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertLayout:
@@ -179,7 +193,8 @@ def fp4_moe_experts_tiles(
     on_cpu = x.device.type == "cpu"
     if tiles is None:
         invariant = envs.batch_invariant()
-        tiles = choose_tiles(num_slots, experts, batch_invariant=invariant, on_cpu=on_cpu)
+        tiles = choose_tiles(num_slots, experts, batch_invariant=invariant, on_cpu=on_cpu,
+                             quantised=group is not None)  # fmt: skip
     layout = align_by_expert(topk_ids, experts, tiles.block_m)
     num_blocks = layout.block_expert.numel()
     if tiles.mma != "bf16" and group is not None:
@@ -239,7 +254,8 @@ def _fp8_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k, gr
     hs = torch.empty((capacity, inter // group), dtype=torch.float32, device=x.device)
     w13s, w2s = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
     weights = topk_weights.float().contiguous().view(-1)
-    flags = dict(GROUP=group, SWAP_AB=tiles.swap_ab, MMA_FP8=tiles.mma == "fp8",
+    fp8 = tiles.mma == "fp8"
+    flags = dict(GROUP=group, SWAP_AB=tiles.swap_ab, MMA_FP8=fp8, LUT=fp8 and tiles.lut,
                  USE_ASM=tiles.use_asm and not on_cpu, SOFT_ROUND=on_cpu, BLOCK_M=tiles.block_m,
                  num_warps=tiles.num_warps, num_stages=tiles.num_stages)  # fmt: skip
     n1 = _block_n(inter, tiles.block_n, group)

@@ -30,8 +30,15 @@ import triton.language as tl
 from deepinfer.kernels_nvidia.moe_gemm import _store_hidden
 from deepinfer.kernels_nvidia.quant import to_bf16
 
-# 4 packed bytes (8 nibbles) -> lo nibbles as 4 fp16, hi nibbles as 4 fp16 (e2m1 * 2^-14 each)
-_NIBBLES_TO_F16 = """
+
+@triton.jit
+def nibbles_to_f16(packed, USE_ASM: tl.constexpr):
+    """uint8 ``[R, C]`` packed e2m1 pairs -> (low nibbles, high nibbles) as fp16 ``[R, C]``
+    holding ``e2m1 * 2^-14`` exactly."""
+    if USE_ASM:
+        # 4 packed bytes -> lo nibbles as 4 fp16, hi nibbles as 4 fp16 (e2m1 * 2^-14 each)
+        lo, hi = tl.inline_asm_elementwise(
+            """
 {
 .reg .b32 z, t0, t1, u, v;
 mov.b32 z, 0;
@@ -46,16 +53,8 @@ or.b32 $2, u, v;
 shl.b32 u, t1, 8; shl.b32 v, t1, 5; and.b32 u, u, 0x80008000; and.b32 v, v, 0x0E000E00;
 or.b32 $3, u, v;
 }
-"""
-
-
-@triton.jit
-def nibbles_to_f16(packed, USE_ASM: tl.constexpr):
-    """uint8 ``[R, C]`` packed e2m1 pairs -> (low nibbles, high nibbles) as fp16 ``[R, C]``
-    holding ``e2m1 * 2^-14`` exactly."""
-    if USE_ASM:
-        lo, hi = tl.inline_asm_elementwise(
-            _NIBBLES_TO_F16, "=r,=r,=r,=r,r", [packed],
+""",
+            "=r,=r,=r,=r,r", [packed],
             dtype=(tl.float16, tl.float16), is_pure=True, pack=4,
         )  # fmt: skip
     else:
@@ -66,64 +65,145 @@ def nibbles_to_f16(packed, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _weight_group(
-    w_ptr, ws_ptr, rows, group, smax, stride_wn, stride_wsn,
-    MMA_FP8: tl.constexpr, USE_ASM: tl.constexpr, BLOCK_N: tl.constexpr,
+def e4m3_tables(d):
+    """int32 ``d`` (octaves below the block's largest scale) -> two int32 words whose bytes are
+    the e4m3 encodings of ``e2m1(c) * 2^(6 - d)`` for magnitude codes ``c = 0..3`` and ``4..7``:
+    exact for ``d <= 14`` (subnormal from 12 on), zero beyond."""
+    lo = 0x6C686000 - d * 0x08080800
+    hi = 0x7C787470 - d * 0x08080808
+    lo = tl.where(d == 12, 0x0C080400, tl.where(d == 13, 0x06040200, lo))
+    hi = tl.where(d == 12, 0x1C181410, tl.where(d == 13, 0x14100C08, hi))
+    lo = tl.where(d == 14, 0x03020100, tl.where(d > 14, 0, lo))
+    hi = tl.where(d == 14, 0x0C080604, tl.where(d > 14, 0, hi))
+    return lo, hi
+
+
+@triton.jit
+def nibbles_to_e4m3(packed, table_lo, table_hi, USE_ASM: tl.constexpr, BLOCK_N: tl.constexpr):
+    """uint8 ``[BLOCK_N, C]`` packed e2m1 pairs + per-byte tables (int32 ``[BLOCK_N, C]``, see
+    :func:`e4m3_tables`) -> e4m3 ``[BLOCK_N, 2C]`` in natural column order.
+
+    GPU: per 4 bytes one ``prmt`` table lookup for each 4 magnitudes (the low 16 bits of the word
+    are the selectors of columns 0..3 in order) and the sign bits moved to bit 7 of each byte;
+    the two result words (columns 0..3 and 4..7 of the 4 bytes) are interleaved back by
+    reshapes. Needs each thread's 4 consecutive bytes to be 4 consecutive columns of one row (the
+    loads' 16-byte vectors)."""
+    C: tl.constexpr = packed.shape[1]
+    if USE_ASM:
+        first, second = tl.inline_asm_elementwise(
+            """
+{
+.reg .b32 z, s, t, m;
+mov.b32 z, 0;
+and.b32 s, $2, 0x7777;
+prmt.b32 m, $3, $7, s;
+prmt.b32 t, $2, z, 0x1100;
+shl.b32 s, t, 4;
+and.b32 s, s, 0x00800080;
+and.b32 t, t, 0x80008000;
+or.b32 m, m, s;
+or.b32 $0, m, t;
+shr.b32 s, $2, 16;
+and.b32 s, s, 0x7777;
+prmt.b32 m, $3, $7, s;
+prmt.b32 t, $2, z, 0x3322;
+shl.b32 s, t, 4;
+and.b32 s, s, 0x00800080;
+and.b32 t, t, 0x80008000;
+or.b32 m, m, s;
+or.b32 $1, m, t;
+}
+""",
+            "=r,=r,r,r,r,r,r,r,r,r,r", [packed, table_lo, table_hi],
+            dtype=(tl.uint8, tl.uint8), is_pure=True, pack=4,
+        )  # fmt: skip
+        # first[4p + r] = column 8p + r, second[4p + r] = column 8p + 4 + r
+        pair = tl.join(tl.reshape(first, (BLOCK_N, C // 4, 4)),
+                       tl.reshape(second, (BLOCK_N, C // 4, 4)))  # fmt: skip
+        w = tl.reshape(tl.permute(pair, (0, 1, 3, 2)), (BLOCK_N, 2 * C))
+    else:
+        p = packed.to(tl.int32)
+        lo = _table_byte(p & 15, table_lo, table_hi)
+        hi = _table_byte(p >> 4, table_lo, table_hi)
+        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 2 * C))
+    return w.to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def _table_byte(code, table_lo, table_hi):
+    """e4m3 byte (uint8) of the e2m1 nibble ``code`` (int32 0..15) from its tables."""
+    word = tl.where((code & 4) != 0, table_hi, table_lo)
+    magnitude = (word >> ((code & 3) * 8)) & 0xFF
+    return (magnitude | ((code & 8) << 4)).to(tl.uint8)
+
+
+@triton.jit
+def _weight_block(
+    w_ptr, ws_ptr, rows, k0, stride_wn, stride_wsn,
+    GROUP: tl.constexpr, MMA_FP8: tl.constexpr, LUT: tl.constexpr, USE_ASM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Columns ``32 * group ..`` of weight rows ``rows`` as ``[BLOCK_N, 32]`` e4m3 / fp16 holding
-    ``e2m1 * 2^(1 - d)`` with ``d = smax - scale`` (see the module docstring)."""
-    packed = tl.load(w_ptr + rows[:, None] * stride_wn + (group * 16 + tl.arange(0, 16))[None, :])
-    lo, hi = nibbles_to_f16(packed.to(tl.uint8, bitcast=True), USE_ASM)
-    d = smax - tl.load(ws_ptr + rows * stride_wsn + group).to(tl.int32)
-    factor_bits = tl.where(d < 30, (30 - d) << 10, 0).to(tl.uint16)
-    factor = factor_bits.to(tl.float16, bitcast=True)[:, None]
-    w = tl.reshape(tl.join(lo * factor, hi * factor), (BLOCK_N, 32))  # natural column order
-    if MMA_FP8:
-        w = w.to(tl.float8e4nv)
-    return w
+    """Columns ``k0 .. k0 + GROUP`` of weight rows ``rows`` as ``[BLOCK_N, GROUP]`` e4m3 / fp16
+    and the fp32 scale per row that promotes them: ``e2m1 * 2^(6 - d)`` times ``2^(smax - 133)``
+    (``LUT``) or ``e2m1 * 2^(1 - d)`` times ``2^(smax - 128)`` (via fp16)."""
+    NG: tl.constexpr = GROUP // 32
+    packed = tl.load(
+        w_ptr + rows[:, None] * stride_wn + (k0 // 2 + tl.arange(0, GROUP // 2))[None, :]
+    )
+    scales = tl.load(ws_ptr + rows[:, None] * stride_wsn + (k0 // 32 + tl.arange(0, NG))[None, :])
+    scales = scales.to(tl.int32)
+    smax = tl.max(scales, axis=1)
+    d = smax[:, None] - scales
+    if LUT:
+        table_lo, table_hi = e4m3_tables(d)
+        table_lo = tl.reshape(tl.broadcast_to(table_lo[:, :, None], (BLOCK_N, NG, 16)),
+                              (BLOCK_N, GROUP // 2))  # fmt: skip
+        table_hi = tl.reshape(tl.broadcast_to(table_hi[:, :, None], (BLOCK_N, NG, 16)),
+                              (BLOCK_N, GROUP // 2))  # fmt: skip
+        w = nibbles_to_e4m3(packed.to(tl.uint8, bitcast=True), table_lo, table_hi, USE_ASM,
+                            BLOCK_N)  # fmt: skip
+        scale_bits = (smax - 6) << 23
+    else:
+        factor = tl.where(d < 30, (30 - d) << 10, 0).to(tl.uint16).to(tl.float16, bitcast=True)
+        lo, hi = nibbles_to_f16(packed.to(tl.uint8, bitcast=True), USE_ASM)
+        lo = tl.reshape(tl.reshape(lo, (BLOCK_N, NG, 16)) * factor[:, :, None],
+                        (BLOCK_N, GROUP // 2))  # fmt: skip
+        hi = tl.reshape(tl.reshape(hi, (BLOCK_N, NG, 16)) * factor[:, :, None],
+                        (BLOCK_N, GROUP // 2))  # fmt: skip
+        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, GROUP))  # natural column order
+        if MMA_FP8:
+            w = w.to(tl.float8e4nv)
+        scale_bits = (smax - 1) << 23
+    return w, scale_bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def fp4_rows_dot(
     a_ptr, as_ptr, a_rows, a_valid, w_ptr, ws_ptr, w_rows, K,
     stride_am, stride_asm, stride_wn, stride_wsn,
-    GROUP: tl.constexpr, SWAP_AB: tl.constexpr, MMA_FP8: tl.constexpr, USE_ASM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, SWAP_AB: tl.constexpr, MMA_FP8: tl.constexpr, LUT: tl.constexpr,
+    USE_ASM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """fp32 ``[BLOCK_M, BLOCK_N]`` (``SWAP_AB``: ``[BLOCK_N, BLOCK_M]``) of
-    ``dequant(a[a_rows]) @ dequant(w[w_rows])^T`` over ``K`` columns; ``a`` is e4m3 with fp32
-    scales per ``GROUP`` columns, ``w`` packed e2m1 with e8m0 scales per 32."""
+    ``dequant(a[a_rows]) @ dequant(w[w_rows])^T`` over ``K`` columns: ``a`` e4m3 with fp32 scales
+    per ``GROUP`` columns, ``w`` packed e2m1 with e8m0 scales per 32; one ``GROUP``-deep MMA per
+    promotion into the fp32 accumulator."""
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    a_base = a_ptr + a_rows[:, None] * stride_am + tl.arange(0, 32)[None, :]
-    ws_base = ws_ptr + w_rows * stride_wsn
+    a_base = a_ptr + a_rows[:, None] * stride_am + tl.arange(0, GROUP)[None, :]
     for k0 in range(0, K, GROUP):
-        g0 = k0 // 32
-        smax = tl.load(ws_base + g0).to(tl.int32)
-        for g in tl.static_range(1, GROUP // 32):
-            smax = tl.maximum(smax, tl.load(ws_base + g0 + g).to(tl.int32))
-        if SWAP_AB:
-            part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        else:
-            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for g in tl.static_range(GROUP // 32):
-            w = _weight_group(w_ptr, ws_ptr, w_rows, g0 + g, smax, stride_wn, stride_wsn,
-                              MMA_FP8, USE_ASM, BLOCK_N)  # fmt: skip
-            a = tl.load(a_base + k0 + 32 * g, mask=a_valid[:, None], other=0.0)
-            if not MMA_FP8:
-                a = a.to(tl.float16)
-            if SWAP_AB:
-                part = tl.dot(w, tl.trans(a), part)
-            else:
-                part = tl.dot(a, tl.trans(w), part)
+        w, w_scale = _weight_block(w_ptr, ws_ptr, w_rows, k0, stride_wn, stride_wsn,
+                                   GROUP, MMA_FP8, LUT, USE_ASM, BLOCK_N)  # fmt: skip
+        a = tl.load(a_base + k0, mask=a_valid[:, None], other=0.0)
+        if not MMA_FP8:
+            a = a.to(tl.float16)
         a_scale = tl.load(as_ptr + a_rows * stride_asm + k0 // GROUP, mask=a_valid, other=0.0)
-        w_scale = ((smax - 1) << 23).to(tl.float32, bitcast=True)  # 2^(smax - 128)
         if SWAP_AB:
-            acc += part * w_scale[:, None] * a_scale[None, :]
+            acc += tl.dot(w, tl.trans(a)) * w_scale[:, None] * a_scale[None, :]
         else:
-            acc += part * a_scale[:, None] * w_scale[None, :]
+            acc += tl.dot(a, tl.trans(w)) * a_scale[:, None] * w_scale[None, :]
     return acc
 
 
@@ -132,8 +212,8 @@ def moe_fp8_gate_up_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, h_ptr, hs_ptr, row_slot_ptr, block_expert_ptr, topk_w_ptr,
     num_slots, top_k, K, inter, limit,
     stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_hm, stride_hsm,
-    GROUP: tl.constexpr, SWAP_AB: tl.constexpr, MMA_FP8: tl.constexpr, USE_ASM: tl.constexpr,
-    SOFT_ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, SWAP_AB: tl.constexpr, MMA_FP8: tl.constexpr, LUT: tl.constexpr,
+    USE_ASM: tl.constexpr, SOFT_ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """``h = q(bf16(silu(min(x w1^T, L)) * clamp(x w3^T, -L, L) * router_w))``: FP8 per
     ``GROUP`` columns, stored at the block's rows."""
@@ -151,10 +231,10 @@ def moe_fp8_gate_up_kernel(
     ws_e = ws_ptr + expert * stride_wse
     gate = fp4_rows_dot(x_ptr, xs_ptr, tokens, valid, w_e, ws_e, gate_rows, K,
                         stride_xm, stride_xsm, stride_wn, stride_wsn,
-                        GROUP, SWAP_AB, MMA_FP8, USE_ASM, BLOCK_M, BLOCK_N)  # fmt: skip
+                        GROUP, SWAP_AB, MMA_FP8, LUT, USE_ASM, BLOCK_M, BLOCK_N)  # fmt: skip
     up = fp4_rows_dot(x_ptr, xs_ptr, tokens, valid, w_e, ws_e, gate_rows + inter, K,
                       stride_xm, stride_xsm, stride_wn, stride_wsn,
-                      GROUP, SWAP_AB, MMA_FP8, USE_ASM, BLOCK_M, BLOCK_N)  # fmt: skip
+                      GROUP, SWAP_AB, MMA_FP8, LUT, USE_ASM, BLOCK_M, BLOCK_N)  # fmt: skip
     if SWAP_AB:
         gate = tl.trans(gate)
         up = tl.trans(up)
@@ -170,8 +250,8 @@ def moe_fp8_gate_up_kernel(
 def moe_fp8_down_kernel(
     h_ptr, hs_ptr, w_ptr, ws_ptr, y_ptr, row_slot_ptr, block_expert_ptr, num_slots, K,
     stride_hm, stride_hsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_ym,
-    GROUP: tl.constexpr, SWAP_AB: tl.constexpr, MMA_FP8: tl.constexpr, USE_ASM: tl.constexpr,
-    SOFT_ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, SWAP_AB: tl.constexpr, MMA_FP8: tl.constexpr, LUT: tl.constexpr,
+    USE_ASM: tl.constexpr, SOFT_ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """``y[slot] = bf16(h w2^T)`` for the block's rows, scattered to their (token, slot) rows."""
     block = tl.program_id(0)
@@ -185,7 +265,7 @@ def moe_fp8_down_kernel(
     acc = fp4_rows_dot(h_ptr, hs_ptr, rows, valid, w_ptr + expert * stride_we,
                        ws_ptr + expert * stride_wse, cols.to(tl.int64), K,
                        stride_hm, stride_hsm, stride_wn, stride_wsn,
-                       GROUP, SWAP_AB, MMA_FP8, USE_ASM, BLOCK_M, BLOCK_N)  # fmt: skip
+                       GROUP, SWAP_AB, MMA_FP8, LUT, USE_ASM, BLOCK_M, BLOCK_N)  # fmt: skip
     if SWAP_AB:
         acc = tl.trans(acc)
     out_rows = tl.where(valid, slots, 0).to(tl.int64)
