@@ -25,10 +25,13 @@ from deepinfer import kernels  # noqa: E402
 from deepinfer.kernels_nvidia import backend  # noqa: E402
 
 DIM, TOPK = 128, 512
-SCORE_SWEEP = [(128, 16, 8), (256, 8, 8), (64, 16, 4)]  # (block_c, blocks per program, warps)
+# (block_c, blocks per program, warps, stages)
+SCORE_SWEEP = [(128, 16, 8, 3), (128, 8, 8, 4), (128, 16, 8, 2), (256, 8, 8, 3), (64, 16, 4, 3)]
 
 
-def bench(rows: int, heads: int, entries: int, key_dtype: torch.dtype, ceiling: float) -> dict:
+def bench(
+    rows: int, heads: int, entries: int, key_dtype: torch.dtype, ceiling: float, sweep=()
+) -> dict:
     q = torch.randn(rows, heads, DIM, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(rows, heads, device="cuda") * (DIM * heads) ** -0.5
     keys = torch.randn(entries, DIM, device="cuda").to(key_dtype)
@@ -84,7 +87,7 @@ def main() -> None:
     ceiling = copy_bandwidth_tbs()
     print(f"measured copy bandwidth: {ceiling:.2f} TB/s")
     rows = [
-        bench(64, 64, 16384, torch.bfloat16, ceiling),
+        bench(64, 64, 16384, torch.bfloat16, ceiling, SCORE_SWEEP),
         bench(64, 64, 16384, torch.float8_e4m3fn, ceiling),
         bench(64, 32, 16384, torch.bfloat16, ceiling),
         bench(64, 64, 32768, torch.bfloat16, ceiling),

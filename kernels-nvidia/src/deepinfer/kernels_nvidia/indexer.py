@@ -78,7 +78,15 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 @implements("indexer_scores")
 def indexer_scores(
-    q, weights, keys, candidates, *, block_c=None, blocks_per_program=None, num_warps=None
+    q,
+    weights,
+    keys,
+    candidates,
+    *,
+    block_c=None,
+    blocks_per_program=None,
+    num_warps=None,
+    num_stages=None,
 ):
     """See :func:`deepinfer.kernels.indexer_scores`; the keywords override the launch
     (benchmark sweeps). A score never depends on the launch shape (one dot per candidate)."""
@@ -101,7 +109,7 @@ def indexer_scores(
         out.stride(0),
         HB=max(16, triton.next_power_of_2(h)), BLOCK_D=max(16, triton.next_power_of_2(d)),
         BLOCK_C=block_c, BLOCKS=blocks, IEEE=q.dtype == torch.float32,
-        num_warps=num_warps or SCORE_WARPS,
+        num_warps=num_warps or SCORE_WARPS, num_stages=num_stages or 3,
     )  # fmt: skip
     return out
 
