@@ -74,8 +74,9 @@ def environment() -> dict[str, Any]:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "python": platform.python_version(),
-        # The GPU machine gets a copy of the tree without .git: pass BENCH_COMMIT there.
-        "commit": commit or os.environ.get("BENCH_COMMIT", "unknown"),
+        # The GPU machine's copy of the tree may lack .git or carry a stale one: BENCH_COMMIT,
+        # when given, names the commit that was measured.
+        "commit": os.environ.get("BENCH_COMMIT") or commit or "unknown",
     }
 
 
