@@ -1,14 +1,20 @@
 """Routed experts (FP4 weights) on the GPU at V4-Flash (256 experts, top-6, hidden 4096, inter
-2048, act group 128) and V4.1-Flash (384 experts, hidden 5120, inter 2304, group 32) shapes, for
-a decode batch (64 tokens) and a prefill batch (8,192 tokens): the Triton path (default tiles,
-batch-invariant tiles, a small tile sweep) vs the best torch built-in composition (dequantise the
-used experts to bf16, ``torch._grouped_mm``, index_add combine) vs the same with weights
-dequantised ahead of time (not possible for the whole model: 277 B parameters) vs the reference.
-The sweep includes the opt-in ``pairs`` activation layout of ``moe_gemm``.
-Also times routing (``route_topk``) against its torch reference.
+2048, act group 128) and V4.1-Flash (384 experts, hidden 5120, inter 2304, group 32) shapes, for a
+decode batch (64 tokens) and a prefill batch (8,192 tokens), in one run:
+
+- ours: the default tiles (``choose_tiles``), the batch-invariant tiles and a sweep of variants
+  of the FP8 / fp16 tensor-core family (``moe_fp8``) and the bf16-upcast family (``moe_gemm``);
+  decode also replayed from a CUDA graph (device events around the replay: the kernels' rate
+  without the host's launch cost);
+- the best torch built-in compositions: ``torch_fp4`` dequantises the experts the batch uses to
+  bf16 and runs ``torch._grouped_mm``; ``torch_bf16`` does the same on experts dequantised ahead
+  of time (not possible for the whole model: 277 B parameters; an upper bound for torch);
+- the reference (decode only; prefill once, for the error).
 
 Effective TFLOP/s counts ``6 * T * k * D * I``; TB/s counts the FP4 expert bytes touched (packed
-weights + scales of every expert used at least once).
+weights + scales of every expert used at least once). Errors: max and mean of |ours - reference|
+over the output's standard deviation. Every variant is compiled first in parallel subprocesses
+(``--warm-only`` does only that), then timed one after the other.
 
     python benchmarks/kernels/bench_moe.py --out bench-out/moe.json
 """
@@ -16,6 +22,7 @@ weights + scales of every expert used at least once).
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -28,26 +35,66 @@ from deepinfer.kernels import OPS  # noqa: E402
 from deepinfer.kernels.reference import moe as ref_moe  # noqa: E402
 from deepinfer.kernels.reference import quant as ref_quant  # noqa: E402
 from deepinfer.kernels.testing.cases.moe_kernels import random_fp4_weight  # noqa: E402
-from deepinfer.kernels_nvidia import moe_experts, moe_route  # noqa: E402
-
-DEVICE = "cuda"  # the benchmarks time CUDA kernels; a CPU smoke run may override it
-
+from deepinfer.kernels_nvidia import moe_experts  # noqa: E402
+from deepinfer.kernels_nvidia.moe_experts import MoeTiles  # noqa: E402
 
 MODELS = {"V4-Flash": (256, 4096, 2048, 128), "V4.1-Flash": (384, 5120, 2304, 32)}
+TOP_K, LIMIT = 6, 10.0
 SWEEP = {
-    "decode": [moe_experts.MoeTiles(16, 64, 4, 4, pairs=True),
-               moe_experts.MoeTiles(32, 128, 4, 4)],
-    "prefill": [moe_experts.MoeTiles(128, 128, 8, 2, pairs=True),
-                moe_experts.MoeTiles(64, 128, 4, 3, pairs=True),
-                moe_experts.MoeTiles(64, 128, 8, 3)],
+    "decode": {
+        "fp8-lut-swap-w8s4": MoeTiles(16, 128, 8, 4, mma="fp8", swap_ab=True, lut=True),
+        "fp8-half-swap-w8s4": MoeTiles(16, 128, 8, 4, mma="fp8", swap_ab=True),
+        "fp16-swap-w8s4": MoeTiles(16, 128, 8, 4, mma="fp16", swap_ab=True),
+        "fp8-lut-swap-w4s4": MoeTiles(16, 128, 4, 4, mma="fp8", swap_ab=True, lut=True),
+        "fp8-lut-swap-w8s6-dn64": MoeTiles(16, 128, 8, 6, mma="fp8", swap_ab=True, lut=True,
+                                           down_block_n=64),
+        "bf16-16x64": MoeTiles(16, 64, 4, 4),
+    },
+    "prefill": {
+        "fp8-lut-128-w8s2": MoeTiles(128, 128, 8, 2, mma="fp8", lut=True),
+        "fp8-half-128-w8s2": MoeTiles(128, 128, 8, 2, mma="fp8"),
+        "fp16-128-w8s2": MoeTiles(128, 128, 8, 2, mma="fp16"),
+        "fp8-lut-64-w4s3": MoeTiles(64, 128, 4, 3, mma="fp8", lut=True),
+        "fp8-lut-128-w8s3": MoeTiles(128, 128, 8, 3, mma="fp8", lut=True),
+        "fp8-lut-swap-128-w8s2": MoeTiles(128, 128, 8, 2, mma="fp8", swap_ab=True, lut=True),
+        "bf16-128x128": MoeTiles(128, 128, 8, 2),
+    },
 }  # fmt: skip
+SWEEP_MODELS = ("V4-Flash",)  # V4.1-Flash: default and batch-invariant tiles only
 
 
-def _weights(experts, dim, inter):
-    g = torch.Generator(device=DEVICE).manual_seed(experts)
-    w13, s13 = random_fp4_weight(g, (experts, 2 * inter, dim), DEVICE)
-    w2, s2 = random_fp4_weight(g, (experts, dim, inter), DEVICE)
+def weights_for(model):
+    experts, dim, inter, _ = MODELS[model]
+    g = torch.Generator(device="cuda").manual_seed(experts)
+    w13, s13 = random_fp4_weight(g, (experts, 2 * inter, dim), "cuda")
+    w2, s2 = random_fp4_weight(g, (experts, dim, inter), "cuda")
     return w13, s13, w2, s2
+
+
+def inputs_for(model, tokens, weights):
+    experts, dim, _, _ = MODELS[model]
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    x = torch.randn(tokens, dim, generator=g, device="cuda").bfloat16()
+    ids = torch.rand(tokens, experts, generator=g, device="cuda").topk(TOP_K, dim=-1).indices
+    topk_weights = torch.rand(tokens, TOP_K, generator=g, device="cuda") + 0.25
+    return (x, topk_weights, ids, *weights)
+
+
+def variants(model, tokens):
+    """name -> tiles (None: choose_tiles's default) for this model and batch."""
+    experts = MODELS[model][0]
+    phase = "decode" if tokens <= 256 else "prefill"
+    bi = moe_experts.choose_tiles(tokens * TOP_K, experts, batch_invariant=True, on_cpu=False)
+    out = {"default": None, "batch_invariant": bi}
+    if model in SWEEP_MODELS:
+        out.update(SWEEP[phase])
+    return out
+
+
+def run_ours(args, group, tiles):
+    return moe_experts.fp4_moe_experts_tiles(
+        *args, swiglu_limit=LIMIT, act_quant_group=group, tiles=tiles
+    )
 
 
 def _dequant_bf16(packed, scale, chunk=32):
@@ -58,7 +105,7 @@ def _dequant_bf16(packed, scale, chunk=32):
 
 def _grouped_matmul(rows, weight, offs):
     """``rows[offs[g-1]:offs[g]] @ weight[g]^T`` per group: ``torch._grouped_mm`` where this
-    torch has it for these operands, else a loop of ``torch.mm``."""
+    torch has it for these operands, else a loop of ``torch.mm`` (host sync)."""
     try:
         return torch._grouped_mm(rows, weight.transpose(1, 2), offs=offs)
     except (AttributeError, RuntimeError):
@@ -70,110 +117,155 @@ def _grouped_matmul(rows, weight, offs):
         return out
 
 
-def torch_moe(x, weights, ids, w13_bf16, w2_bf16, limit):
-    """bf16 grouped GEMMs over pre-dequantised experts (``[E', 2I, D]``, ``[E', D, I]``)."""
-    top_k, inter = ids.shape[1], w13_bf16.shape[1] // 2
+def torch_moe(x, weights, ids, w13_bf16, w2_bf16):
+    """bf16 ``torch._grouped_mm`` over dequantised experts (``[E', 2I, D]``, ``[E', D, I]``)."""
+    inter = w13_bf16.shape[1] // 2
     flat = ids.reshape(-1)
     order = torch.argsort(flat)
-    counts = torch.bincount(flat, minlength=w13_bf16.shape[0])
+    counts = torch.zeros(w13_bf16.shape[0], dtype=torch.int64, device=x.device)
+    counts.index_add_(0, flat, torch.ones_like(flat))
     offs = torch.cumsum(counts, 0).to(torch.int32)
-    rows = x[order // top_k]
+    rows = x.bfloat16()[order // TOP_K]
     gate_up = _grouped_matmul(rows, w13_bf16, offs)
-    hidden = ref_moe.swiglu_clamped(gate_up[:, :inter], gate_up[:, inter:], limit)
+    hidden = ref_moe.swiglu_clamped(gate_up[:, :inter], gate_up[:, inter:], LIMIT)
     hidden = (hidden * weights.reshape(-1)[order, None]).bfloat16()
     down = _grouped_matmul(hidden, w2_bf16, offs)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    return out.index_add_(0, order // top_k, down.float())
+    return out.index_add_(0, order // TOP_K, down.float())
 
 
-def torch_moe_from_fp4(x, weights, ids, w13, s13, w2, s2, limit):
+def torch_moe_from_fp4(x, weights, ids, w13, s13, w2, s2):
     used, local = torch.unique(ids, return_inverse=True)
-    w13_bf16 = _dequant_bf16(w13[used], s13[used])
-    w2_bf16 = _dequant_bf16(w2[used], s2[used])
-    return torch_moe(x, weights, local, w13_bf16, w2_bf16, limit)
+    w13_bf16, w2_bf16 = _dequant_bf16(w13[used], s13[used]), _dequant_bf16(w2[used], s2[used])
+    return torch_moe(x, weights, local, w13_bf16, w2_bf16)
 
 
-def _time(row, name, fn, flops, nbytes, iters=30, graph=False):
+def _time(row, name, fn, flops, nbytes, *, iters=20, graph=False):
     try:
         ms = time_graph(fn, iters=iters) if graph else time_cuda(fn, warmup=2, iters=iters)
     except Exception as e:  # one failing variant must not hide the others
         row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
         return
     row[f"{name}_us"] = ms * 1e3
-    row[f"{name}_TFLOP/s"] = flops / (ms * 1e-3) / 1e12
-    row[f"{name}_TB/s"] = nbytes / (ms * 1e-3) / 1e12
+    row[f"{name}_TFLOP/s"] = flops / ms / 1e9
+    row[f"{name}_TB/s"] = nbytes / ms / 1e9
 
 
-def bench(model, tokens, weights_fp4, phase, with_reference):
+def _errors(row, name, got, want):
+    spread = want.std()
+    row[f"{name}_max_err"] = ((got - want).abs().max() / spread).item()
+    row[f"{name}_mean_err"] = ((got - want).abs().mean() / spread).item()
+
+
+def bench(model, tokens, weights, torch_bf16_weights):
     experts, dim, inter, group = MODELS[model]
-    w13, s13, w2, s2 = weights_fp4
-    g = torch.Generator(device=DEVICE).manual_seed(tokens)
-    x = torch.randn(tokens, dim, generator=g, device=DEVICE).bfloat16()
-    logits = torch.randn(tokens, experts, generator=g, device=DEVICE)
-    bias = torch.randn(experts, generator=g, device=DEVICE) * 0.1
-    rkw = dict(scoring_func="sqrtsoftplus", route_scale=1.5, norm_eps=0.0, renormalize=True)
-    weights, ids = moe_route.route_topk(logits, bias, 6, **rkw)
-    used = torch.unique(ids).numel()
-    per_expert = (w13.numel() + s13.numel() + w2.numel() + s2.numel()) // experts
-    flops, nbytes = 6 * tokens * 6 * dim * inter, used * per_expert
-    row = {"model": model, "tokens": tokens, "experts_used": used}
-    kw = dict(swiglu_limit=10.0, act_quant_group=group)
-    args = (x, weights, ids, w13, s13, w2, s2)
-    _time(row, "triton", lambda: moe_experts.fp4_moe_experts_tiles(*args, **kw), flops, nbytes)
-    if phase == "decode":  # the op never syncs with the host, so it replays in a CUDA graph
-        _time(row, "triton_graph", lambda: moe_experts.fp4_moe_experts_tiles(*args, **kw),
-              flops, nbytes, graph=True)  # fmt: skip
-    bi = moe_experts.choose_tiles(tokens * 6, experts, batch_invariant=True, on_cpu=False)
-    _time(row, "triton_bi", lambda: moe_experts.fp4_moe_experts_tiles(*args, **kw, tiles=bi),
-          flops, nbytes)  # fmt: skip
-    for i, tiles in enumerate(SWEEP[phase]):
-        _time(row, f"sweep{i}", lambda t=tiles: moe_experts.fp4_moe_experts_tiles(*args, **kw, tiles=t),
-              flops, nbytes)  # fmt: skip
-    _time(row, "torch_fp4", lambda: torch_moe_from_fp4(*args, 10.0), flops, nbytes, iters=5)
-    try:
-        w13_bf16, w2_bf16 = _dequant_bf16(w13, s13), _dequant_bf16(w2, s2)
-    except Exception as e:
-        row["torch_bf16_error"] = f"{type(e).__name__}: {e}"[:300]
-    else:
-        pre = lambda: torch_moe(x, weights, ids, w13_bf16, w2_bf16, 10.0)  # noqa: E731
+    args = inputs_for(model, tokens, weights)
+    used = torch.unique(args[2]).numel()
+    per_expert = sum(t.numel() for t in weights) // experts
+    flops, nbytes = 6 * tokens * TOP_K * dim * inter, used * per_expert
+    row = {"model": model, "tokens": tokens, "experts_used": used, "GB_touched": nbytes / 1e9}
+    reference = OPS["fp4_moe_experts"].reference
+    want = reference(*args, swiglu_limit=LIMIT, act_quant_group=group)
+    for name, tiles in variants(model, tokens).items():
+        try:
+            _errors(row, name, run_ours(args, group, tiles), want)
+        except Exception as e:
+            row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+            continue
+        fn = lambda t=tiles: run_ours(args, group, t)  # noqa: E731
+        _time(row, name, fn, flops, nbytes)
+        if tokens <= 256:
+            _time(row, f"{name}_graph", fn, flops, nbytes, iters=50, graph=True)
+    _time(row, "torch_fp4", lambda: torch_moe_from_fp4(*args), flops, nbytes, iters=5)
+    if torch_bf16_weights is not None:
+        pre = lambda: torch_moe(*args[:3], *torch_bf16_weights)  # noqa: E731
         _time(row, "torch_bf16", pre, flops, nbytes)
-    if with_reference:
-        ref = OPS["fp4_moe_experts"].reference
-        _time(row, "reference", lambda: ref(*args, **kw), flops, nbytes, iters=2)
-    route_ref = OPS["route_topk"].reference
-    _time(row, "route_triton", lambda: moe_route.route_topk(logits, bias, 6, **rkw), 0, 0)
-    _time(row, "route_torch", lambda: route_ref(logits, bias, 6, **rkw), 0, 0)
-    if "triton_us" in row and "torch_fp4_us" in row:
-        row["speedup_vs_torch_fp4"] = row["torch_fp4_us"] / row["triton_us"]
+    if tokens <= 256:
+        kw = dict(swiglu_limit=LIMIT, act_quant_group=group)
+        _time(row, "reference", lambda: reference(*args, **kw), flops, nbytes, iters=3)
+    _speedups(row, tokens)
     return row
+
+
+def _speedups(row, tokens):
+    mine = [k for k in row if k.endswith("_us") and not k.startswith(("torch", "reference"))]
+    mine = [k for k in mine if "graph" not in k] if tokens > 256 else mine
+    if not mine:
+        return
+    best = min(mine, key=row.get)
+    row["best"], row["best_us"] = best.removesuffix("_us"), row[best]
+    for base in ("torch_fp4", "torch_bf16"):
+        if f"{base}_us" in row and "default_us" in row:
+            row[f"default_speedup_vs_{base}"] = row[f"{base}_us"] / row["default_us"]
+            row[f"best_speedup_vs_{base}"] = row[f"{base}_us"] / row["best_us"]
+
+
+def warm(model, tokens, name):
+    """Compile one variant (run in a subprocess; the Triton cache is shared)."""
+    weights = weights_for(model)
+    run_ours(inputs_for(model, tokens, weights), MODELS[model][3], variants(model, tokens)[name])
+    torch.cuda.synchronize()
+
+
+def warm_all(token_counts, parallel=12):
+    jobs = [[sys.executable, __file__, "--warm", f"{m}:{t}:{n}"]
+            for m in MODELS for t in token_counts for n in variants(m, t)]  # fmt: skip
+    failed = []
+    for start in range(0, len(jobs), parallel):
+        procs = [subprocess.Popen(cmd) for cmd in jobs[start : start + parallel]]
+        failed += [cmd[-1] for cmd, p in zip(jobs[start:], procs) if p.wait() != 0]
+    print(f"compiled {len(jobs)} variants, failed: {failed}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--tokens", default="64,8192")
-    args = parser.parse_args()
+    parser.add_argument("--warm", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--warm-only", action="store_true", help="compile every variant, exit")
+    parser.add_argument("--no-warm", action="store_true", help="skip the parallel compile")
+    opts = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_moe.py needs an NVIDIA GPU")
+    if opts.warm:
+        model, tokens, name = opts.warm.split(":")
+        return warm(model, int(tokens), name)
+    token_counts = [int(t) for t in opts.tokens.split(",")]
+    if not opts.no_warm:
+        warm_all(token_counts)
+    if opts.warm_only:
+        return
     ceiling = copy_bandwidth_tbs()
-    print(f"measured copy bandwidth: {ceiling:.2f} TB/s")
+    print(f"measured copy bandwidth: {ceiling:.2f} TB/s", flush=True)
     rows = []
-    for model, (experts, dim, inter, _) in MODELS.items():
-        weights_fp4 = _weights(experts, dim, inter)
-        for tokens in map(int, args.tokens.split(",")):
-            phase = "decode" if tokens <= 256 else "prefill"
-            rows.append(bench(model, tokens, weights_fp4, phase, with_reference=tokens <= 256))
-            write_json(args.out, {"env": environment(), "copy_TB/s": ceiling, "rows": rows})
-            print(
-                {key: (round(v, 3) if isinstance(v, float) else v) for key, v in rows[-1].items()}
-            )
-        del weights_fp4
+    for model in MODELS:
+        weights = weights_for(model)
+        w13, s13, w2, s2 = weights
+        pre = (_dequant_bf16(w13, s13), _dequant_bf16(w2, s2))
+        for tokens in token_counts:
+            rows.append(bench(model, tokens, weights, pre))
+            write_json(opts.out, {"env": environment(), "copy_TB/s": ceiling, "rows": rows})
+            _print_row(rows[-1])
+        del weights, pre
         torch.cuda.empty_cache()
-    cols = ["model", "tokens", "triton_us", "triton_TFLOP/s", "triton_TB/s", "triton_graph_TB/s",
-            "triton_bi_us",
-            "torch_fp4_us", "torch_bf16_us", "speedup_vs_torch_fp4", "route_triton_us",
-            "route_torch_us"]  # fmt: skip
+    cols = ["model", "tokens", "default_us", "default_TFLOP/s", "default_TB/s", "default_graph_us",
+            "default_graph_TB/s", "batch_invariant_us", "best", "best_us", "torch_fp4_us",
+            "torch_bf16_us", "default_speedup_vs_torch_fp4", "default_speedup_vs_torch_bf16",
+            "default_max_err", "default_mean_err"]  # fmt: skip
     print_table(rows, cols)
+    print("ceilings: copy", f"{ceiling:.2f} TB/s; FP8 _scaled_mm 1,449 TFLOP/s; bf16 786 TFLOP/s")
+
+
+def _print_row(row):
+    print(f"--- {row['model']} T={row['tokens']} experts used {row['experts_used']}", flush=True)
+    for key in sorted(k for k in row if k.endswith("_us") and k != "best_us"):
+        name = key.removesuffix("_us")
+        err = row.get(f"{name}_max_err")
+        err_text = f"  err max {err:.4f} mean {row[f'{name}_mean_err']:.5f}" if err else ""
+        print(f"  {name:32s} {row[key]:10.1f} us  {row.get(name + '_TFLOP/s', 0):7.1f} TFLOP/s"
+              f"  {row.get(name + '_TB/s', 0):5.2f} TB/s{err_text}", flush=True)  # fmt: skip
+    for key in sorted(k for k in row if k.endswith("_error")):
+        print(f"  {key}: {row[key]}", flush=True)
 
 
 if __name__ == "__main__":
