@@ -65,7 +65,7 @@ def bench_shape(tokens: int, dim: int, ceiling: float) -> list[dict]:
             row[f"{name}_TB/s"] = nbytes / ms / 1e9
         row["triton_%ceiling"] = 100 * row["triton_TB/s"] / ceiling
         rows.append(row)
-    pre_c = impls["reference"][0](h, fn, base, scale)[0]
+    pre_c = kernels.OPS["hc_mix_coefficients"].reference(h, fn, base, scale, **KW)[0]
     ops = backend.ops
     rows[0]["coefficients_us"] = 1e3 * time_cuda(
         lambda: ops["hc_mix_coefficients"](h, fn, base, scale, **KW), iters=50
