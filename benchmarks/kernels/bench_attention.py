@@ -41,7 +41,6 @@ DECODE_SWEEP = [
 ]
 PREFILL_SWEEP = [
     AttentionTiles(block_n=64, num_stages=2, split_rows_max=WHOLE, halves=True),
-    AttentionTiles(block_n=64, num_stages=2, split_rows_max=WHOLE, halves=True, lazy_rescale=True),
     AttentionTiles(head_block=32, block_n=64, num_stages=2, split_rows_max=WHOLE, halves=True),
     AttentionTiles(block_n=64, num_stages=3, split_rows_max=WHOLE),
 ]
@@ -131,7 +130,6 @@ def bench_rope(rows: int, ceiling: float) -> dict:
 def _tiles_str(t: AttentionTiles) -> str:
     path = f"split{t.split_size}" if t.split_rows_max == SPLIT else "whole"
     path += "-halves" if t.halves and path == "whole" else ""
-    path += "-lazy" if t.lazy_rescale and path == "whole-halves" else ""
     return f"hb{t.head_block}/bn{t.block_n}/{path}/w{t.num_warps}/s{t.num_stages}"
 
 

@@ -46,9 +46,8 @@ def test_conformance_small(case):
         AttentionTiles(head_block=16, block_n=16, split_size=48),  # split not a tile multiple
         AttentionTiles(head_block=16, block_n=16, split_rows_max=0),  # whole-list path
         AttentionTiles(head_block=16, block_n=16, split_rows_max=0, halves=True),
-        AttentionTiles(head_block=16, block_n=16, split_rows_max=0, halves=True, lazy_rescale=True),
     ],
-    ids=["split32", "split48", "prefill", "prefill_halves", "prefill_halves_lazy"],
+    ids=["split32", "split48", "prefill", "prefill_halves"],
 )
 def test_launch_paths_match_reference(tiles):
     q, kv, idx, sink, scale = _inputs(1, 4, 32, 64, 16, 80, 400)
@@ -136,8 +135,8 @@ def test_decode_at_model_shape_with_speed(kv_dtype):
 @pytest.mark.parametrize(
     "tiles",
     [AttentionTiles(block_n=32, num_stages=3, split_rows_max=0, halves=True),
-     AttentionTiles(block_n=64, num_stages=2, split_rows_max=0, halves=True, lazy_rescale=True)],
-    ids=["halves32", "halves64lazy"],
+     AttentionTiles(block_n=64, num_stages=2, split_rows_max=0, halves=True)],
+    ids=["halves32", "halves64"],
 )  # fmt: skip
 def test_prefill_halves_at_model_shape(kv_dtype, tiles):
     """Prefill rows at the model shape (holes, duplicates, window-only rows from the shared

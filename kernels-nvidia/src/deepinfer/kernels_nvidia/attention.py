@@ -55,7 +55,6 @@ class AttentionTiles:
     num_stages: int = 2
     split_rows_max: int | None = None
     halves: bool = False
-    lazy_rescale: bool = False
 
 
 SPLIT_TILES = AttentionTiles()
@@ -233,7 +232,6 @@ def sparse_mqa_sink(q, kv, indices, sink, scale, *, tiles: AttentionTiles | None
         launch_halves(
             q, kv, indices, sink, out, float(scale) * LOG2E, head_block=hb,
             block_n=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-            lazy_rescale=tiles.lazy_rescale,
         )  # fmt: skip
         return out.to(out_dtype)
     grid = (t, triton.cdiv(h, hb), num_splits)

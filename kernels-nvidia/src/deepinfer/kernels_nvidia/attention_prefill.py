@@ -6,10 +6,9 @@ gathered tile and the output accumulator as two ``D/2``-wide halves: ``q kv^T`` 
 two half products and ``p kv`` updates two ``[heads, D/2]`` accumulators. Smaller operands per
 product and accumulator give the compiler room to pipeline the gathers (``num_stages``), and the
 next tile's indices are loaded before the current tile's products, off the critical path.
-Online softmax in the exp2 domain, fp32 accumulators, the sink added at the end. With
-``lazy_rescale`` the accumulators are rescaled only when some head's running max grew by more
-than 8 (log2 units) since the last rescale: the probabilities stay below 2^8, the result is the
-same softmax with a different reference point, and most tiles skip the ``[heads, D]`` multiply.
+Online softmax in the exp2 domain, fp32 accumulators, the sink added at the end.
+(Rescaling the accumulators only when a head's max grew by more than 2^8 measured slower on
+the H200: 3.28 vs 2.94 ms at 8,192 rows.)
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ def _sparse_mqa_halves_kernel(
     q_ptr, kv_ptr, idx_ptr, sink_ptr, out_ptr,
     num_heads, num_idx, stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh,
     scale_log2,
-    HB: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, LAZY: tl.constexpr,
+    HB: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
@@ -50,29 +49,14 @@ def _sparse_mqa_halves_kernel(
         s = tl.dot(q_hi, tl.trans(kv_hi), s)
         s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        if LAZY:  # keep the old reference max while no head grew by more than 2^8
-            grew = tl.where(m_i == m_new, 0.0, m_new - m_i)  # no NaN from -inf - -inf
-            if tl.max(grew, axis=0) > 8.0:
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp2(m_i - m_safe)
-                l_i *= alpha
-                acc_lo *= alpha[:, None]
-                acc_hi *= alpha[:, None]
-                m_i = m_new
-            p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-            l_i += tl.sum(p, axis=1)
-            p = p.to(kv_lo.dtype)
-            acc_lo = tl.dot(p, kv_lo, acc_lo)
-            acc_hi = tl.dot(p, kv_hi, acc_hi)
-        else:
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            p = p.to(kv_lo.dtype)
-            acc_lo = tl.dot(p, kv_lo, acc_lo * alpha[:, None])
-            acc_hi = tl.dot(p, kv_hi, acc_hi * alpha[:, None])
-            m_i = m_new
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p = p.to(kv_lo.dtype)
+        acc_lo = tl.dot(p, kv_lo, acc_lo * alpha[:, None])
+        acc_hi = tl.dot(p, kv_hi, acc_hi * alpha[:, None])
+        m_i = m_new
 
     sink = tl.load(sink_ptr + heads, mask=head_mask, other=0.0).to(tl.float32) * 1.4426950408889634
     m_fin = tl.maximum(m_i, sink)
@@ -85,7 +69,7 @@ def _sparse_mqa_halves_kernel(
 
 
 def launch_halves(q, kv, indices, sink, out, scale_log2, *, head_block, block_n, num_warps,
-                  num_stages, lazy_rescale=False):  # fmt: skip
+                  num_stages):  # fmt: skip
     """Launch over ``[T, H, D]`` bf16/fp16 ``q`` (``D`` a power of two >= 32), unit-stride
     last dims; ``out`` like ``q``."""
     t, h, d = q.shape
@@ -93,6 +77,6 @@ def launch_halves(q, kv, indices, sink, out, scale_log2, *, head_block, block_n,
     _sparse_mqa_halves_kernel[grid](
         q, kv, indices, sink, out, h, indices.shape[1],
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1),
-        scale_log2, HB=head_block, HALF=d // 2, BLOCK_N=block_n, LAZY=lazy_rescale,
+        scale_log2, HB=head_block, HALF=d // 2, BLOCK_N=block_n,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

@@ -18,10 +18,10 @@ program there (``DC`` covers ``D``).
 
 Chunking depends only on ``D`` (never on ``T``), so results are batch invariant.
 
-Status (H200, 2026-11-30): exact against the two ops, but SLOW: 76 ms at T 16,384, D 4096
-(the two ops: 1.0 ms) with the counter polled by atomics; the plain-read polling here is not
-measured yet. Not an op and not used by the engine; kept for that measurement
-(``benchmarks/kernels/bench_hc.py`` times it as "pre fused").
+Status (H200, 2026-11-30, this exact code): exact against the two ops (max difference 0 at
+T 16,384, D 4096) but SLOW: 76 ms there (the two ops: 1.0 ms), as if the tiles' programs ran
+one after another; the cause is not found yet. Not an op and not used by the engine; kept so
+the measurement can be repeated (``benchmarks/kernels/bench_hc.py`` times it as "pre fused").
 """
 
 from __future__ import annotations
@@ -119,10 +119,8 @@ def _wait_for_tile(count_ptr, tile, num_chunks):
     tl.debug_barrier()  # every thread's partial stores precede the release
     old = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
     seen = old + 1
-    while seen < num_chunks:  # plain L2 reads while waiting: no atomic traffic on the counter
-        seen = tl.load(count_ptr + tile, volatile=True)
-    if old < num_chunks - 1:  # acquire what the other chunks released
-        tl.atomic_add(count_ptr + tile, 0, sem="acquire")
+    while seen < num_chunks:
+        seen = tl.atomic_add(count_ptr + tile, 0, sem="acquire")
     tl.debug_barrier()
     return old == num_chunks - 1
 
