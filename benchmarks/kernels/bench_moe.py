@@ -43,20 +43,20 @@ TOP_K, LIMIT = 6, 10.0
 SWEEP = {
     "decode": {
         "fp8-lut-swap-w8s4": MoeTiles(16, 128, 8, 4, mma="fp8", swap_ab=True, lut=True),
-        "fp8-half-swap-w8s4": MoeTiles(16, 128, 8, 4, mma="fp8", swap_ab=True),
-        "fp16-swap-w8s4": MoeTiles(16, 128, 8, 4, mma="fp16", swap_ab=True),
-        "fp8-lut-swap-w4s4": MoeTiles(16, 128, 4, 4, mma="fp8", swap_ab=True, lut=True),
+        "fp8-lut-swap-n256-w8s4": MoeTiles(16, 256, 8, 4, mma="fp8", swap_ab=True, lut=True),
         "fp8-lut-swap-w8s6-dn64": MoeTiles(16, 128, 8, 6, mma="fp8", swap_ab=True, lut=True,
                                            down_block_n=64),
+        "fp8-half-swap-w8s4": MoeTiles(16, 128, 8, 4, mma="fp8", swap_ab=True),
+        "fp16-swap-w8s4": MoeTiles(16, 128, 8, 4, mma="fp16", swap_ab=True),
         "bf16-16x64": MoeTiles(16, 64, 4, 4),
     },
     "prefill": {
         "fp8-lut-128-w8s2": MoeTiles(128, 128, 8, 2, mma="fp8", lut=True),
-        "fp8-half-128-w8s2": MoeTiles(128, 128, 8, 2, mma="fp8"),
-        "fp16-128-w8s2": MoeTiles(128, 128, 8, 2, mma="fp16"),
-        "fp8-lut-64-w4s3": MoeTiles(64, 128, 4, 3, mma="fp8", lut=True),
         "fp8-lut-128-w8s3": MoeTiles(128, 128, 8, 3, mma="fp8", lut=True),
-        "fp8-lut-swap-128-w8s2": MoeTiles(128, 128, 8, 2, mma="fp8", swap_ab=True, lut=True),
+        "fp8-lut-64-w8s3": MoeTiles(64, 128, 8, 3, mma="fp8", lut=True),
+        "fp8-lut-64-w8s4": MoeTiles(64, 128, 8, 4, mma="fp8", lut=True),
+        "fp8-half-128-w8s2": MoeTiles(128, 128, 8, 2, mma="fp8"),
+        "fp16-64-w8s3": MoeTiles(64, 128, 8, 3, mma="fp16"),
         "bf16-128x128": MoeTiles(128, 128, 8, 2),
     },
 }  # fmt: skip

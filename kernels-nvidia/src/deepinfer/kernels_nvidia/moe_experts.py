@@ -60,11 +60,14 @@ class ExpertLayout:
 BF16_TILES = {"decode": MoeTiles(16, 64, 4, 4), "middle": MoeTiles(64, 128, 4, 3),
               "prefill": MoeTiles(128, 128, 8, 2)}  # fmt: skip
 FP8_TILES = {
-    "decode": MoeTiles(16, 128, 8, 4, mma="fp8", swap_ab=True),
-    "middle": MoeTiles(64, 128, 4, 3, mma="fp8"),
-    "prefill": MoeTiles(128, 128, 8, 2, mma="fp8"),
+    "decode": MoeTiles(16, 128, 8, 4, mma="fp8", swap_ab=True, lut=True),
+    "middle": MoeTiles(64, 128, 8, 3, mma="fp8", lut=True),
+    "prefill": MoeTiles(128, 128, 8, 2, mma="fp8", lut=True),
 }
-BATCH_INVARIANT_TILES = {True: MoeTiles(64, 128, 4, 3, mma="fp8"), False: MoeTiles(64, 128, 4, 3)}
+BATCH_INVARIANT_TILES = {
+    True: MoeTiles(64, 128, 8, 3, mma="fp8", lut=True),
+    False: MoeTiles(64, 128, 4, 3),
+}
 
 
 def choose_tiles(
@@ -75,7 +78,9 @@ def choose_tiles(
     (``act_quant_group`` set), which the ``moe_fp8`` family needs. Batch-invariant mode uses one
     shape for every batch size."""
     if on_cpu:
-        return MoeTiles(16, 64, 4, 1, mma="fp8" if quantised else "bf16", swap_ab=quantised)
+        if not quantised:
+            return MoeTiles(16, 64, 4, 1)
+        return MoeTiles(16, 64, 4, 1, mma="fp8", swap_ab=True, lut=True)
     if batch_invariant:
         return BATCH_INVARIANT_TILES[quantised]
     table = FP8_TILES if quantised else BF16_TILES

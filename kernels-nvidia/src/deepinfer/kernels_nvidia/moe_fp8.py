@@ -83,8 +83,8 @@ def nibbles_to_e4m3(packed, table_lo, table_hi, USE_ASM: tl.constexpr, BLOCK_N: 
     """uint8 ``[BLOCK_N, C]`` packed e2m1 pairs + per-byte tables (int32 ``[BLOCK_N, C]``, see
     :func:`e4m3_tables`) -> e4m3 ``[BLOCK_N, 2C]`` in natural column order.
 
-    GPU: per 4 bytes one ``prmt`` table lookup for each 4 magnitudes (the low 16 bits of the word
-    are the selectors of columns 0..3 in order) and the sign bits moved to bit 7 of each byte;
+    GPU: per 4 bytes, for each 4 columns one ``prmt`` table lookup of the magnitudes (the word's
+    nibbles are the selectors, in column order) and one ``prmt`` of the signs (0x00 or 0x80);
     the two result words (columns 0..3 and 4..7 of the 4 bytes) are interleaved back by
     reshapes. Needs each thread's 4 consecutive bytes to be 4 consecutive columns of one row (the
     loads' 16-byte vectors)."""
@@ -93,25 +93,22 @@ def nibbles_to_e4m3(packed, table_lo, table_hi, USE_ASM: tl.constexpr, BLOCK_N: 
         first, second = tl.inline_asm_elementwise(
             """
 {
-.reg .b32 z, s, t, m;
+.reg .b32 s, m, g, k, z;
+mov.b32 k, 0x8000;
 mov.b32 z, 0;
 and.b32 s, $2, 0x7777;
 prmt.b32 m, $3, $7, s;
-prmt.b32 t, $2, z, 0x1100;
-shl.b32 s, t, 4;
-and.b32 s, s, 0x00800080;
-and.b32 t, t, 0x80008000;
-or.b32 m, m, s;
-or.b32 $0, m, t;
+shr.b32 g, $2, 3;
+and.b32 g, g, 0x1111;
+prmt.b32 g, k, z, g;
+or.b32 $0, m, g;
 shr.b32 s, $2, 16;
 and.b32 s, s, 0x7777;
 prmt.b32 m, $3, $7, s;
-prmt.b32 t, $2, z, 0x3322;
-shl.b32 s, t, 4;
-and.b32 s, s, 0x00800080;
-and.b32 t, t, 0x80008000;
-or.b32 m, m, s;
-or.b32 $1, m, t;
+shr.b32 g, $2, 19;
+and.b32 g, g, 0x1111;
+prmt.b32 g, k, z, g;
+or.b32 $1, m, g;
 }
 """,
             "=r,=r,r,r,r,r,r,r,r,r,r", [packed, table_lo, table_hi],
@@ -138,39 +135,39 @@ def _table_byte(code, table_lo, table_hi):
 
 
 @triton.jit
+def _byte_scales(ws_ptr, rows, k0, K, stride_wsn, GROUP: tl.constexpr):
+    """int32 ``[BLOCK_N, GROUP / 2]``: the e8m0 scale of each packed byte's group in columns
+    ``k0 .. k0 + GROUP`` (0 past ``K``). One value per 16 bytes: the load is a broadcast."""
+    groups = k0 // 32 + tl.arange(0, GROUP // 2) // 16
+    ptrs = ws_ptr + rows[:, None] * stride_wsn + groups[None, :]
+    mask = (groups[None, :] < K // 32) & (rows[:, None] >= 0)
+    return tl.load(ptrs, mask=mask, other=0).to(tl.int32)
+
+
+@triton.jit
 def _weight_block(
-    w_ptr, ws_ptr, rows, k0, stride_wn, stride_wsn,
+    w_ptr, rows, k0, scales, stride_wn,
     GROUP: tl.constexpr, MMA_FP8: tl.constexpr, LUT: tl.constexpr, USE_ASM: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """Columns ``k0 .. k0 + GROUP`` of weight rows ``rows`` as ``[BLOCK_N, GROUP]`` e4m3 / fp16
     and the fp32 scale per row that promotes them: ``e2m1 * 2^(6 - d)`` times ``2^(smax - 133)``
-    (``LUT``) or ``e2m1 * 2^(1 - d)`` times ``2^(smax - 128)`` (via fp16)."""
-    NG: tl.constexpr = GROUP // 32
+    (``LUT``) or ``e2m1 * 2^(1 - d)`` times ``2^(smax - 128)`` (via fp16); ``scales`` from
+    :func:`_byte_scales`."""
     packed = tl.load(
         w_ptr + rows[:, None] * stride_wn + (k0 // 2 + tl.arange(0, GROUP // 2))[None, :]
     )
-    scales = tl.load(ws_ptr + rows[:, None] * stride_wsn + (k0 // 32 + tl.arange(0, NG))[None, :])
-    scales = scales.to(tl.int32)
     smax = tl.max(scales, axis=1)
     d = smax[:, None] - scales
     if LUT:
         table_lo, table_hi = e4m3_tables(d)
-        table_lo = tl.reshape(tl.broadcast_to(table_lo[:, :, None], (BLOCK_N, NG, 16)),
-                              (BLOCK_N, GROUP // 2))  # fmt: skip
-        table_hi = tl.reshape(tl.broadcast_to(table_hi[:, :, None], (BLOCK_N, NG, 16)),
-                              (BLOCK_N, GROUP // 2))  # fmt: skip
         w = nibbles_to_e4m3(packed.to(tl.uint8, bitcast=True), table_lo, table_hi, USE_ASM,
                             BLOCK_N)  # fmt: skip
         scale_bits = (smax - 6) << 23
     else:
         factor = tl.where(d < 30, (30 - d) << 10, 0).to(tl.uint16).to(tl.float16, bitcast=True)
         lo, hi = nibbles_to_f16(packed.to(tl.uint8, bitcast=True), USE_ASM)
-        lo = tl.reshape(tl.reshape(lo, (BLOCK_N, NG, 16)) * factor[:, :, None],
-                        (BLOCK_N, GROUP // 2))  # fmt: skip
-        hi = tl.reshape(tl.reshape(hi, (BLOCK_N, NG, 16)) * factor[:, :, None],
-                        (BLOCK_N, GROUP // 2))  # fmt: skip
-        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, GROUP))  # natural column order
+        w = tl.reshape(tl.join(lo * factor, hi * factor), (BLOCK_N, GROUP))  # natural order
         if MMA_FP8:
             w = w.to(tl.float8e4nv)
         scale_bits = (smax - 1) << 23
@@ -187,23 +184,31 @@ def fp4_rows_dot(
     """fp32 ``[BLOCK_M, BLOCK_N]`` (``SWAP_AB``: ``[BLOCK_N, BLOCK_M]``) of
     ``dequant(a[a_rows]) @ dequant(w[w_rows])^T`` over ``K`` columns: ``a`` e4m3 with fp32 scales
     per ``GROUP`` columns, ``w`` packed e2m1 with e8m0 scales per 32; one ``GROUP``-deep MMA per
-    promotion into the fp32 accumulator."""
+    promotion into the fp32 accumulator. The scales are loaded one block ahead (their loads are
+    not pipelined otherwise)."""
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     a_base = a_ptr + a_rows[:, None] * stride_am + tl.arange(0, GROUP)[None, :]
+    as_base = as_ptr + a_rows * stride_asm
+    scales = _byte_scales(ws_ptr, w_rows, 0, K, stride_wsn, GROUP)
+    a_scale = tl.load(as_base, mask=a_valid, other=0.0)
     for k0 in range(0, K, GROUP):
-        w, w_scale = _weight_block(w_ptr, ws_ptr, w_rows, k0, stride_wn, stride_wsn,
+        next_scales = _byte_scales(ws_ptr, w_rows, k0 + GROUP, K, stride_wsn, GROUP)
+        next_valid = a_valid & ((a_rows * 0 + k0 + GROUP) < K)
+        next_a_scale = tl.load(as_base + (k0 + GROUP) // GROUP, mask=next_valid, other=0.0)
+        w, w_scale = _weight_block(w_ptr, w_rows, k0, scales, stride_wn,
                                    GROUP, MMA_FP8, LUT, USE_ASM, BLOCK_N)  # fmt: skip
         a = tl.load(a_base + k0, mask=a_valid[:, None], other=0.0)
         if not MMA_FP8:
             a = a.to(tl.float16)
-        a_scale = tl.load(as_ptr + a_rows * stride_asm + k0 // GROUP, mask=a_valid, other=0.0)
         if SWAP_AB:
             acc += tl.dot(w, tl.trans(a)) * w_scale[:, None] * a_scale[None, :]
         else:
             acc += tl.dot(a, tl.trans(w)) * a_scale[:, None] * w_scale[None, :]
+        scales = next_scales
+        a_scale = next_a_scale
     return acc
 
 
