@@ -25,8 +25,9 @@ from deepinfer import kernels  # noqa: E402
 from deepinfer.kernels_nvidia import backend  # noqa: E402
 
 DIM, TOPK = 128, 512
-# (block_c, blocks per program, warps, stages)
-SCORE_SWEEP = [(128, 16, 8, 3), (128, 8, 8, 4), (128, 16, 8, 2), (256, 8, 8, 3), (64, 16, 4, 3)]
+# (block_c, blocks per program, warps, stages, keys as the product's M side)
+SCORE_SWEEP = [(128, 16, 8, 3, False), (128, 8, 8, 4, False), (256, 8, 8, 3, False),
+               (128, 8, 8, 3, True), (128, 16, 8, 3, True), (64, 16, 4, 3, True)]  # fmt: skip
 
 
 def bench(
@@ -45,9 +46,10 @@ def bench(
     ref = {n: kernels.OPS[n].reference for n in ("indexer_scores", "select_topk")}
     ms = time_cuda(run(backend.ops), iters=50)
     best = "default"
-    for bc, nb, nw, ns in sweep:
-        kw = {"block_c": bc, "blocks_per_program": nb, "num_warps": nw, "num_stages": ns}
-        name = f"bc{bc}/nb{nb}/w{nw}/s{ns}"
+    for bc, nb, nw, ns, keys_m in sweep:
+        kw = {"block_c": bc, "blocks_per_program": nb, "num_warps": nw, "num_stages": ns,
+              "keys_as_m": keys_m}  # fmt: skip
+        name = f"bc{bc}/nb{nb}/w{nw}/s{ns}" + ("/keys-as-M" if keys_m else "")
         try:
             alt = time_cuda(run(backend.ops, **kw), iters=50)
         except Exception as e:  # a launch shape that does not compile is skipped

@@ -132,3 +132,19 @@ def test_candidate_blocks_tie_rule_and_newest_block():
         want = torch.zeros(maxima.shape[0], dtype=torch.bool)
         want[kept] = True
         assert torch.equal(got[r], want.repeat_interleave(block)[:width]), r
+
+
+@pytest.mark.parametrize("keys_as_m", [False, True], ids=["heads_as_m", "keys_as_m"])
+def test_scores_launch_variants_match_reference(keys_as_m):
+    """Several blocks per program, a ragged last block, holes: both product orientations."""
+    g = torch.Generator().manual_seed(21)
+    rows, heads, dim, width = 3, 16, 32, 150
+    q = torch.randn(rows, heads, dim, generator=g).bfloat16().to(DEVICE)
+    w = torch.randn(rows, heads, generator=g).to(DEVICE)
+    keys = torch.randn(400, dim, generator=g).bfloat16().to(DEVICE)
+    cand = make_candidates(g, rows=rows, width=width, num_keys=400).to(DEVICE)
+    got = backend.ops["indexer_scores"](
+        q, w, keys, cand, block_c=32, blocks_per_program=2, num_warps=4, keys_as_m=keys_as_m
+    )
+    want = kernels.OPS["indexer_scores"].reference(q, w, keys, cand)
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)

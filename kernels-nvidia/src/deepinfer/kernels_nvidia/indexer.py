@@ -28,7 +28,7 @@ def _indexer_scores_kernel(
     num_heads, head_dim, num_cand,
     stride_qt, stride_qh, stride_wt, stride_k, stride_ct, stride_ot,
     HB: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, BLOCKS: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, KEYS_AS_M: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     heads = tl.arange(0, HB)
@@ -51,11 +51,18 @@ def _indexer_scores_kernel(
             mask=valid[:, None] & dmask[None, :],
             other=0.0,
         ).to(q.dtype)
-        if IEEE:
-            dots = tl.dot(q, tl.trans(keys), input_precision="ieee")
-        else:
-            dots = tl.dot(q, tl.trans(keys))
-        scores = tl.sum(tl.maximum(dots, 0.0) * w[:, None], axis=0)
+        if KEYS_AS_M:  # [BLOCK_C, HB]: the head sum runs along N, inside each warp
+            if IEEE:
+                dots = tl.dot(keys, tl.trans(q), input_precision="ieee")
+            else:
+                dots = tl.dot(keys, tl.trans(q))
+            scores = tl.sum(tl.maximum(dots, 0.0) * w[None, :], axis=1)
+        else:  # [HB, BLOCK_C]
+            if IEEE:
+                dots = tl.dot(q, tl.trans(keys), input_precision="ieee")
+            else:
+                dots = tl.dot(q, tl.trans(keys))
+            scores = tl.sum(tl.maximum(dots, 0.0) * w[:, None], axis=0)
         scores = tl.where(valid, scores, float("-inf"))
         tl.store(out_ptr + row * stride_ot + offs, scores, mask=offs < num_cand)
 
@@ -87,9 +94,12 @@ def indexer_scores(
     blocks_per_program=None,
     num_warps=None,
     num_stages=None,
+    keys_as_m=False,
 ):
     """See :func:`deepinfer.kernels.indexer_scores`; the keywords override the launch
-    (benchmark sweeps). A score never depends on the launch shape (one dot per candidate)."""
+    (benchmark sweeps). A score never depends on the number of rows or the candidate tiling
+    (one dot per candidate); ``keys_as_m`` (keys as the product's M side, unmeasured) may
+    change the last bits."""
     _check(q, weights, keys, candidates)
     if torch.float32 in (q.dtype, keys.dtype) or q.dtype not in (torch.bfloat16, torch.float16):
         q = q.float()  # compute in fp32 whenever either side is fp32 (as the reference does)
@@ -108,7 +118,7 @@ def indexer_scores(
         q.stride(0), q.stride(1), weights.stride(0), keys.stride(0), candidates.stride(0),
         out.stride(0),
         HB=max(16, triton.next_power_of_2(h)), BLOCK_D=max(16, triton.next_power_of_2(d)),
-        BLOCK_C=block_c, BLOCKS=blocks, IEEE=q.dtype == torch.float32,
+        BLOCK_C=block_c, BLOCKS=blocks, IEEE=q.dtype == torch.float32, KEYS_AS_M=keys_as_m,
         num_warps=num_warps or SCORE_WARPS, num_stages=num_stages or 3,
     )  # fmt: skip
     return out
