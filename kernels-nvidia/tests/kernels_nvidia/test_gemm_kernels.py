@@ -126,7 +126,9 @@ def test_plan_policy():
 
     assert all(plan(m).kind == "stream" for m in (1, 8, 64))
     assert plan(65).kind == plan(4096).kind == "tiles"
-    assert plan(4096).tiles == gemm.PREFILL_TILES
+    assert plan(4096, k=4096).tiles == gemm.PREFILL_TILES
+    assert plan(4096, k=8192).tiles == gemm.PREFILL_TMA_TILES
+    assert plan(1000).tiles == gemm.UNIFORM_TILES
     assert plan(4096, sub_k=32).kind == "bf16"
     assert plan(4096, sub_k=32, out=torch.float32).kind == "tiles"
     assert all(plan(m, sub_k=sk, invariant=True) == gemm.GemmPlan("tiles", gemm.UNIFORM_TILES)

@@ -44,10 +44,16 @@ __all__ = [
     "linear",
 ]
 
-# Measured on the H200 (benchmarks/kernels/bench_gemm.py, commit aa2fb25): 64 x 128 tiles, 4 warps,
-# 4 stages: the fastest single configuration over every M. The batch-invariant configuration.
+# Measured on the H200 (benchmarks/kernels/sweep_gemm.py, commit 51ae27f, M=4096, V4 shapes):
+# 64 x 128 tiles, 4 warps, 4 stages (two programs per SM, whose promotions overlap each other's
+# tensor-core work) with one weight scale per K step: 692-839 TFLOP/s, the best pointer-load
+# configuration at every shape (128 x 128 / 8 warps 511-780, 5 stages 474-660); TMA descriptor
+# loads won only at K = 8192 (905 vs 808) and lost at K <= 4096. Batch-invariant mode uses the
+# pointer configuration for every M.
 UNIFORM_TILES = GemmTiles(64, 128, 8, 4, 4)
-PREFILL_TILES = GemmTiles(64, 128, 8, 4, 4)
+PREFILL_TILES = UNIFORM_TILES
+PREFILL_TMA_TILES = GemmTiles(64, 128, 8, 4, 4, use_tma=True)
+PREFILL_TMA_MIN_K = 8192
 PREFILL_MIN_M = 1024
 BF16_MIN_M = 1024
 CPU_TILES = GemmTiles(32, 64, 8, 4, 1)  # the interpreter: few big programs
@@ -69,7 +75,8 @@ def choose_plan(
 
     Batch-invariant mode (and the CPU interpreter) always takes one ``tiles`` configuration;
     otherwise M picks the kernel: ``stream`` up to 64 rows, ``bf16`` for 32-column scales from
-    ``BF16_MIN_M`` rows (bf16 output only), prefill tiles from ``PREFILL_MIN_M`` rows.
+    ``BF16_MIN_M`` rows (bf16 output only), prefill tiles from ``PREFILL_MIN_M`` rows (TMA
+    loads from ``K = PREFILL_TMA_MIN_K``).
     """
     if on_cpu:
         return GemmPlan("tiles", CPU_TILES)
@@ -77,9 +84,11 @@ def choose_plan(
         return GemmPlan("tiles", UNIFORM_TILES)
     if m <= STREAM_MAX_M:
         return GemmPlan("stream", StreamTiles())
-    if sub_k < 128 and m >= BF16_MIN_M and out_dtype == torch.bfloat16:
+    if sub_k < 128 and m >= BF16_MIN_M and out_dtype == torch.bfloat16 and k % 128 == 0:
         return GemmPlan("bf16")
-    return GemmPlan("tiles", PREFILL_TILES if m >= PREFILL_MIN_M else UNIFORM_TILES)
+    if m < PREFILL_MIN_M:
+        return GemmPlan("tiles", UNIFORM_TILES)
+    return GemmPlan("tiles", PREFILL_TMA_TILES if k >= PREFILL_TMA_MIN_K else PREFILL_TILES)
 
 
 def _check_operands(a, a_scale, b, b_scale, block_size):

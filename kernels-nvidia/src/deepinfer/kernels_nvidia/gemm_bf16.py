@@ -25,22 +25,24 @@ def _dequant_bf16_kernel(
     ROW_BLOCK: tl.constexpr, COL_BLOCK: tl.constexpr, SCALE_E8M0: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
+    """One ``[BLOCK_R, BLOCK_C]`` tile; its ``BLOCK_C / COL_BLOCK`` scales per row are loaded once
+    and broadcast over their column groups (``BLOCK_C`` a multiple of ``COL_BLOCK``, K of both)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = (rows < R)[:, None] & (cols < K)[None, :]
-    rows64 = rows.to(tl.int64)
-    q = tl.load(q_ptr + rows64[:, None] * stride_q + cols[None, :], mask=mask, other=0.0)
-    s_ptrs = (
-        s_ptr
-        + (rows64 // ROW_BLOCK)[:, None] * stride_sr
-        + (cols // COL_BLOCK)[None, :] * stride_sk
-    )
+    col0 = tl.program_id(1) * BLOCK_C
+    cols = col0 + tl.arange(0, BLOCK_C)
+    groups = col0 // COL_BLOCK + tl.arange(0, BLOCK_C // COL_BLOCK)
+    row_mask = rows < R
+    rows64 = tl.where(row_mask, rows, 0).to(tl.int64)
+    q = tl.load(q_ptr + rows64[:, None] * stride_q + cols[None, :])
+    s_ptrs = s_ptr + (rows64 // ROW_BLOCK)[:, None] * stride_sr + groups[None, :] * stride_sk
     if SCALE_E8M0:
-        s = e8m0_to_fp32(tl.load(s_ptrs, mask=mask, other=127))
+        s = e8m0_to_fp32(tl.load(s_ptrs))
     else:
-        s = tl.load(s_ptrs, mask=mask, other=1.0)
-    v = q.to(tl.float32) * s
-    tl.store(out_ptr + rows64[:, None] * K + cols[None, :], v.to(tl.bfloat16), mask=mask)
+        s = tl.load(s_ptrs)
+    v = tl.reshape(q.to(tl.float32), (BLOCK_R, BLOCK_C // COL_BLOCK, COL_BLOCK))
+    v = tl.reshape(v * s[:, :, None], (BLOCK_R, BLOCK_C))
+    out_ptrs = out_ptr + rows64[:, None] * K + cols[None, :]
+    tl.store(out_ptrs, v.to(tl.bfloat16), mask=row_mask[:, None])
 
 
 def dequantize_to_bf16(
@@ -51,8 +53,10 @@ def dequantize_to_bf16(
     ``scale``: ``[ceil(R / block[0]), K / block[1]]`` fp32, or uint8 ue8m0 bytes.
     """
     r, k = q.shape
+    block_r, block_c = 32, max(128, block[1])
+    if k % block_c:
+        raise ValueError(f"K={k}: expected a multiple of {block_c} (128 and the scale block)")
     out = torch.empty((r, k), dtype=torch.bfloat16, device=q.device)
-    block_r, block_c = 32, 128
     grid = (triton.cdiv(r, block_r), triton.cdiv(k, block_c))
     _dequant_bf16_kernel[grid](
         q, scale, out, r, k, q.stride(0), scale.stride(0), scale.stride(1),

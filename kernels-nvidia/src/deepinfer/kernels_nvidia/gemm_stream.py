@@ -1,11 +1,11 @@
 """The streaming FP8 block-scaled GEMM for decode-sized M (<= 64): split-N, plus split-K when N is small.
 
 Decode is a read of the weight: ``N x K`` FP8 bytes (plus 1/``bn*bk`` of scale bytes) against a
-few activation rows. Each program streams a ``BLOCK_N x (K / SPLIT_K)`` slice of the weight in
+few activation rows. Each program streams a ``BLOCK_N x (K / split_k)`` slice of the weight in
 ``BLOCK_K``-column stages and computes ``c^T = b a^T`` with the weight rows as the tensor core's
 M side (so 64 or 128 weight rows fill a tile whatever M is; the M side only pads to 16/32/64).
 
-With ``SPLIT_K > 1`` the programs of one N slice write fp32 partials ``[SPLIT_K, M, N]``; the
+With ``split_k > 1`` the programs of one N slice write fp32 partials ``[split_k, M, N]``; the
 last of them to finish (an acq_rel ticket counter per N slice) sums the partials in split order
 0, 1, ... and writes the output, then resets the counter for the next call. The sum's order is
 fixed, so results are deterministic; the split depends on ``(N, K)`` only (:func:`choose_split`),
@@ -29,7 +29,7 @@ def _stream_partial(
     stride_am, stride_asm, stride_bn, stride_bsn,
     A_GROUP: tl.constexpr, B_BLOCK_N: tl.constexpr, B_BLOCK_K: tl.constexpr,
     SUB_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    split_k,
 ):  # fmt: skip
     """``[BLOCK_N, BLOCK_M]`` fp32: this program's K slice of ``c^T``."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -45,10 +45,12 @@ def _stream_partial(
     else:
         bs_base = bs_ptr + (rows_b // B_BLOCK_N) * stride_bsn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    k_len = K // SPLIT_K
-    for k0 in range(split * k_len, (split + 1) * k_len, BLOCK_K):
+    steps = K // BLOCK_K // split_k
+    # K offsets as step * BLOCK_K, so the compiler sees 16-byte aligned rows and loads them
+    # wide (a split-dependent start of unknown divisibility degrades them to byte loads).
+    for step in range(split * steps, (split + 1) * steps):
         for kk in tl.static_range(BLOCK_K // SUB_K):
-            k = k0 + kk * SUB_K
+            k = tl.multiple_of(step * BLOCK_K + kk * SUB_K, SUB_K)
             b = tl.load(b_base + k)
             a = tl.load(a_base + k, mask=m_mask[:, None], other=0.0)
             sa = tl.load(as_base + k // A_GROUP, mask=m_mask, other=0.0)
@@ -67,29 +69,29 @@ def fp8_gemm_stream_kernel(
     stride_am, stride_asm, stride_bn, stride_bsn, stride_cm,
     A_GROUP: tl.constexpr, B_BLOCK_N: tl.constexpr, B_BLOCK_K: tl.constexpr,
     SUB_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    split_k,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     acc = _stream_partial(
         a_ptr, as_ptr, b_ptr, bs_ptr, pid_n, split, M, N, K,
         stride_am, stride_asm, stride_bn, stride_bsn,
-        A_GROUP, B_BLOCK_N, B_BLOCK_K, SUB_K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
+        A_GROUP, B_BLOCK_N, B_BLOCK_K, SUB_K, BLOCK_M, BLOCK_N, BLOCK_K, split_k,
     )  # fmt: skip
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
     out_offs = offs_m.to(tl.int64)[None, :] * stride_cm + offs_n[:, None]
-    if SPLIT_K == 1:
+    if split_k == 1:
         tl.store(c_ptr + out_offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
     else:
         part_offs = offs_m.to(tl.int64)[None, :] * N + offs_n[:, None]
         tl.store(part_ptr + split.to(tl.int64) * M * N + part_offs, acc, mask=mask)
         tl.debug_barrier()  # every thread's partial is written before the ticket is taken
         ticket = tl.atomic_add(ticket_ptr + pid_n, 1, sem="acq_rel")
-        if ticket == SPLIT_K - 1:  # the last split of this N slice sums all, in split order
+        if ticket == split_k - 1:  # the last split of this N slice sums all, in split order
             total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for s in range(SPLIT_K):
+            for s in range(split_k):
                 part = part_ptr + s * M * N + part_offs
                 total += tl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
             tl.store(c_ptr + out_offs, total.to(c_ptr.dtype.element_ty), mask=mask)
@@ -156,7 +158,7 @@ def fp8_gemm_stream(a, a_scale, b, b_scale, block_size, a_group, sub_k, out_dtyp
         a, a_scale, b, b_scale, c, part, tickets, m, n, k,
         a.stride(0), a_scale.stride(0), b.stride(0), b_scale.stride(0), n,
         A_GROUP=a_group, B_BLOCK_N=block_size[0], B_BLOCK_K=block_size[1], SUB_K=sub_k,
-        BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k, SPLIT_K=split,
+        BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k, split_k=split,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return c
