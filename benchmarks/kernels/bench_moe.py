@@ -51,12 +51,13 @@ SWEEP = {
         "bf16-16x64": MoeTiles(16, 64, 4, 4),
     },
     "prefill": {
+        "fp8-lut-128-n64-w8s2": MoeTiles(128, 64, 8, 2, mma="fp8", lut=True, down_block_n=128),
+        "fp8-lut-128-n64-w8s3": MoeTiles(128, 64, 8, 3, mma="fp8", lut=True, down_block_n=128),
         "fp8-lut-128-w8s2": MoeTiles(128, 128, 8, 2, mma="fp8", lut=True),
-        "fp8-lut-128-w8s3": MoeTiles(128, 128, 8, 3, mma="fp8", lut=True),
         "fp8-lut-64-w8s3": MoeTiles(64, 128, 8, 3, mma="fp8", lut=True),
-        "fp8-lut-64-w8s4": MoeTiles(64, 128, 8, 4, mma="fp8", lut=True),
-        "fp8-half-128-w8s2": MoeTiles(128, 128, 8, 2, mma="fp8"),
-        "fp16-64-w8s3": MoeTiles(64, 128, 8, 3, mma="fp16"),
+        "fp8-lut-64-n64-w4s3": MoeTiles(64, 64, 4, 3, mma="fp8", lut=True, down_block_n=128),
+        "fp8-half-128-n64-w8s2": MoeTiles(128, 64, 8, 2, mma="fp8", down_block_n=128),
+        "fp16-128-n64-w8s2": MoeTiles(128, 64, 8, 2, mma="fp16", down_block_n=128),
         "bf16-128x128": MoeTiles(128, 128, 8, 2),
     },
 }  # fmt: skip

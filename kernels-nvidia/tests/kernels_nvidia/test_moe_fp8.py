@@ -88,10 +88,11 @@ FAMILY_REAL = {
     "fp8-lut-decode-n256": MoeTiles(16, 256, 8, 4, mma="fp8", swap_ab=True, lut=True),
     "fp8-half-decode": MoeTiles(16, 128, 8, 4, mma="fp8", swap_ab=True),
     "fp16-decode": MoeTiles(16, 128, 8, 4, mma="fp16", swap_ab=True),
+    "fp8-lut-prefill-n64": MoeTiles(128, 64, 8, 2, mma="fp8", lut=True, down_block_n=128),
     "fp8-lut-prefill": MoeTiles(128, 128, 8, 2, mma="fp8", lut=True),
     "fp8-lut-64": MoeTiles(64, 128, 8, 3, mma="fp8", lut=True),
-    "fp8-half-prefill": MoeTiles(128, 128, 8, 2, mma="fp8"),
-    "fp16-64": MoeTiles(64, 128, 8, 3, mma="fp16"),
+    "fp8-half-prefill-n64": MoeTiles(128, 64, 8, 2, mma="fp8", down_block_n=128),
+    "fp16-prefill-n64": MoeTiles(128, 64, 8, 2, mma="fp16", down_block_n=128),
 }
 
 

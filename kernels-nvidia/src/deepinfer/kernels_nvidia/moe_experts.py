@@ -59,10 +59,10 @@ class ExpertLayout:
 
 BF16_TILES = {"decode": MoeTiles(16, 64, 4, 4), "middle": MoeTiles(64, 128, 4, 3),
               "prefill": MoeTiles(128, 128, 8, 2)}  # fmt: skip
-FP8_TILES = {
+FP8_TILES = {  # measured on the H200: benchmarks/kernels/bench_moe.py
     "decode": MoeTiles(16, 128, 8, 4, mma="fp8", swap_ab=True, lut=True),
     "middle": MoeTiles(64, 128, 8, 3, mma="fp8", lut=True),
-    "prefill": MoeTiles(128, 128, 8, 2, mma="fp8", lut=True),
+    "prefill": MoeTiles(128, 64, 8, 2, mma="fp8", lut=True, down_block_n=128),
 }
 BATCH_INVARIANT_TILES = {
     True: MoeTiles(64, 128, 8, 3, mma="fp8", lut=True),
@@ -255,7 +255,10 @@ def _fp8_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k, gr
     _block_k(dim, group), _block_k(inter, group)  # both multiples of the group, or a clear error
     xq, xs = quantize_rows(x if x.stride(-1) == 1 else x.contiguous(), group)
     capacity, num_blocks = layout.row_slot.numel(), layout.block_expert.numel()
-    h = torch.empty((capacity, inter), dtype=torch.float8_e4m3fn, device=x.device)
+    n1 = _block_n(inter, tiles.block_n, None)
+    fused_quant = n1 % group == 0  # else gate/up stores bf16 and quantize_rows follows
+    h = torch.empty((capacity, inter), dtype=torch.float8_e4m3fn if fused_quant else torch.bfloat16,
+                    device=x.device)  # fmt: skip
     hs = torch.empty((capacity, inter // group), dtype=torch.float32, device=x.device)
     w13s, w2s = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
     weights = topk_weights.float().contiguous().view(-1)
@@ -263,13 +266,14 @@ def _fp8_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k, gr
     flags = dict(GROUP=group, SWAP_AB=tiles.swap_ab, MMA_FP8=fp8, LUT=fp8 and tiles.lut,
                  USE_ASM=tiles.use_asm and not on_cpu, SOFT_ROUND=on_cpu, BLOCK_M=tiles.block_m,
                  num_warps=tiles.num_warps, num_stages=tiles.num_stages)  # fmt: skip
-    n1 = _block_n(inter, tiles.block_n, group)
     moe_fp8_gate_up_kernel[(num_blocks, inter // n1)](
         xq, xs, w13, w13s, h, hs, layout.row_slot, layout.block_expert, weights,
         num_slots, top_k, dim, inter, limit,
         xq.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0), w13s.stride(1),
-        h.stride(0), hs.stride(0), BLOCK_N=n1, **flags,
+        h.stride(0), hs.stride(0), BLOCK_N=n1, OUT_GROUP=group if fused_quant else 0, **flags,
     )  # fmt: skip
+    if not fused_quant:
+        h, hs = quantize_rows(h, group)
     y = torch.empty((num_slots, dim), dtype=torch.bfloat16, device=x.device)
     n2 = _block_n(dim, tiles.down_block_n or tiles.block_n, None)
     moe_fp8_down_kernel[(num_blocks, dim // n2)](

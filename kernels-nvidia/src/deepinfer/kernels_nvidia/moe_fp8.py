@@ -218,10 +218,10 @@ def moe_fp8_gate_up_kernel(
     num_slots, top_k, K, inter, limit,
     stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_hm, stride_hsm,
     GROUP: tl.constexpr, SWAP_AB: tl.constexpr, MMA_FP8: tl.constexpr, LUT: tl.constexpr,
-    USE_ASM: tl.constexpr, SOFT_ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    USE_ASM: tl.constexpr, OUT_GROUP: tl.constexpr, SOFT_ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """``h = q(bf16(silu(min(x w1^T, L)) * clamp(x w3^T, -L, L) * router_w))``: FP8 per
-    ``GROUP`` columns, stored at the block's rows."""
+    ``OUT_GROUP`` columns (0: bf16, quantised by the caller), stored at the block's rows."""
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
     if expert < 0:
@@ -248,7 +248,7 @@ def moe_fp8_gate_up_kernel(
     router_w = tl.load(topk_w_ptr + slots, mask=valid, other=0.0)
     hidden = gate / (1.0 + tl.exp(-gate)) * up * router_w[:, None]
     _store_hidden(h_ptr, hs_ptr, hidden, rows, col0, stride_hm, stride_hsm,
-                  GROUP, SOFT_ROUND, BLOCK_M, BLOCK_N, False)  # fmt: skip
+                  OUT_GROUP, SOFT_ROUND, BLOCK_M, BLOCK_N, False)  # fmt: skip
 
 
 @triton.jit
