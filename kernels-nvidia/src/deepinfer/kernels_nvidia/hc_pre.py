@@ -119,8 +119,9 @@ def _wait_for_tile(count_ptr, tile, num_chunks):
     tl.debug_barrier()  # every thread's partial stores precede the release
     old = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
     seen = old + 1
-    while seen < num_chunks:
-        seen = tl.atomic_add(count_ptr + tile, 0, sem="acquire")
+    while seen < num_chunks:  # poll with plain volatile loads: atomics on one address serialise
+        seen = tl.load(count_ptr + tile, volatile=True)
+    tl.atomic_add(count_ptr + tile, 0, sem="acquire")  # then acquire the other chunks' partials
     tl.debug_barrier()
     return old == num_chunks - 1
 
