@@ -100,7 +100,11 @@ def _decode_row(llm, model, gen, vocab, batch, tokens, copy_tbs, ops) -> dict:
 
 
 def _profile(llm: LLM, gen, vocab: int, batch: int, tokens: int = 6) -> None:
-    """Print where a decode of ``batch`` x ``tokens`` spends device and host time."""
+    """Print where a decode of ``batch`` x ``tokens`` spends device time (torch.profiler) and
+    host time (cProfile: the Python functions with the most own time)."""
+    import cProfile
+    import pstats
+
     from torch.profiler import ProfilerActivity, profile
 
     prompts = torch.randint(3, vocab, (batch, 128), generator=gen).tolist()
@@ -110,9 +114,18 @@ def _profile(llm: LLM, gen, vocab: int, batch: int, tokens: int = 6) -> None:
     with profile(activities=activities) as prof:
         llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
         torch.cuda.synchronize()
-    table = prof.key_averages()
     print(f"profile: decode batch {batch} x {tokens} tokens (prefill included)")
-    print(table.table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=48))
+    table = prof.key_averages().table(
+        sort_by="cuda_time_total", row_limit=14, max_name_column_width=48
+    )
+    print(table)
+    host = cProfile.Profile()
+    host.runcall(llm.generate, prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    stats = pstats.Stats(host)
+    print(f"host: {stats.total_tt:.3f} s in Python for the same decode; most own time:")
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:18]
+    for (file, line, name), (_, calls, own, cum, _) in rows:
+        print(f"  {own:7.3f} s own {cum:7.3f} s cum {calls:7d}  {Path(file).name}:{line}({name})")
 
 
 def _batches(text: str) -> list[int]:
