@@ -208,7 +208,7 @@ def warm(model, tokens, name):
     torch.cuda.synchronize()
 
 
-def warm_all(token_counts, parallel=12):
+def warm_all(token_counts, parallel=10):
     jobs = [[sys.executable, __file__, "--warm", f"{m}:{t}:{n}"]
             for m in MODELS for t in token_counts for n in variants(m, t)]  # fmt: skip
     failed = []

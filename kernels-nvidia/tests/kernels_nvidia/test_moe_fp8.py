@@ -112,7 +112,9 @@ def test_family_small(case, name):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("name", list(FAMILY_REAL))
-@pytest.mark.parametrize("case", cases_for(["fp4_moe_experts"], "real")[::2], ids=str)
+@pytest.mark.parametrize(
+    "case", [cases_for(["fp4_moe_experts"], "real")[i] for i in (0, 3, 6)], ids=str
+)
 def test_family_real(case, name):
     check_case(_with_tiles(FAMILY_REAL[name]), case, DEVICE)
 

@@ -45,6 +45,7 @@ class MoeTiles:
     down_block_n: int = 0  # 0: block_n
     use_asm: bool = True  # moe_fp8's inline-PTX nibble expansion (GPU only)
     lut: bool = False  # mma="fp8": e4m3 bytes by table lookup (prmt) instead of through fp16
+    group_m: int = 4  # moe_fp8: row blocks that sweep the column tiles together (L2 reuse)
 
 
 @dataclass(frozen=True)
@@ -265,10 +266,11 @@ def _fp8_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k, gr
     fp8 = tiles.mma == "fp8"
     flags = dict(GROUP=group, SWAP_AB=tiles.swap_ab, MMA_FP8=fp8, LUT=fp8 and tiles.lut,
                  USE_ASM=tiles.use_asm and not on_cpu, SOFT_ROUND=on_cpu, BLOCK_M=tiles.block_m,
+                 GROUP_M=tiles.group_m,
                  num_warps=tiles.num_warps, num_stages=tiles.num_stages)  # fmt: skip
-    moe_fp8_gate_up_kernel[(num_blocks, inter // n1)](
+    moe_fp8_gate_up_kernel[(num_blocks * (inter // n1),)](
         xq, xs, w13, w13s, h, hs, layout.row_slot, layout.block_expert, weights,
-        num_slots, top_k, dim, inter, limit,
+        num_slots, top_k, dim, inter, limit, num_blocks,
         xq.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0), w13s.stride(1),
         h.stride(0), hs.stride(0), BLOCK_N=n1, OUT_GROUP=group if fused_quant else 0, **flags,
     )  # fmt: skip
@@ -276,8 +278,8 @@ def _fp8_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k, gr
         h, hs = quantize_rows(h, group)
     y = torch.empty((num_slots, dim), dtype=torch.bfloat16, device=x.device)
     n2 = _block_n(dim, tiles.down_block_n or tiles.block_n, None)
-    moe_fp8_down_kernel[(num_blocks, dim // n2)](
-        h, hs, w2, w2s, y, layout.row_slot, layout.block_expert, num_slots, inter,
+    moe_fp8_down_kernel[(num_blocks * (dim // n2),)](
+        h, hs, w2, w2s, y, layout.row_slot, layout.block_expert, num_slots, inter, dim, num_blocks,
         h.stride(0), hs.stride(0), w2.stride(0), w2.stride(1), w2s.stride(0), w2s.stride(1),
         y.stride(0), BLOCK_N=n2, **flags,
     )  # fmt: skip

@@ -213,16 +213,29 @@ def fp4_rows_dot(
 
 
 @triton.jit
+def block_and_tile(num_blocks, num_tiles, GROUP_M: tl.constexpr):
+    """This program's (row block, column tile): ``GROUP_M`` consecutive row blocks (one expert's,
+    mostly) sweep every column tile together, so their activation rows stay in L2 while each
+    weight tile is streamed once for all of them."""
+    pid = tl.program_id(0)
+    per_group = GROUP_M * num_tiles
+    first = (pid // per_group) * GROUP_M
+    rows_in_group = tl.minimum(num_blocks - first, GROUP_M)
+    return first + (pid % per_group) % rows_in_group, (pid % per_group) // rows_in_group
+
+
+@triton.jit
 def moe_fp8_gate_up_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, h_ptr, hs_ptr, row_slot_ptr, block_expert_ptr, topk_w_ptr,
-    num_slots, top_k, K, inter, limit,
+    num_slots, top_k, K, inter, limit, num_blocks,
     stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_hm, stride_hsm,
     GROUP: tl.constexpr, SWAP_AB: tl.constexpr, MMA_FP8: tl.constexpr, LUT: tl.constexpr,
-    USE_ASM: tl.constexpr, OUT_GROUP: tl.constexpr, SOFT_ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    USE_ASM: tl.constexpr, OUT_GROUP: tl.constexpr, SOFT_ROUND: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """``h = q(bf16(silu(min(x w1^T, L)) * clamp(x w3^T, -L, L) * router_w))``: FP8 per
     ``OUT_GROUP`` columns (0: bf16, quantised by the caller), stored at the block's rows."""
-    block = tl.program_id(0)
+    block, tile = block_and_tile(num_blocks, inter // BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
     if expert < 0:
         return
@@ -230,7 +243,7 @@ def moe_fp8_gate_up_kernel(
     slots = tl.load(row_slot_ptr + rows)
     valid = slots < num_slots
     tokens = tl.where(valid, slots // top_k, 0).to(tl.int64)
-    col0 = tl.program_id(1) * BLOCK_N
+    col0 = tile * BLOCK_N
     gate_rows = (col0 + tl.arange(0, BLOCK_N)).to(tl.int64)
     w_e = w_ptr + expert * stride_we
     ws_e = ws_ptr + expert * stride_wse
@@ -253,20 +266,22 @@ def moe_fp8_gate_up_kernel(
 
 @triton.jit
 def moe_fp8_down_kernel(
-    h_ptr, hs_ptr, w_ptr, ws_ptr, y_ptr, row_slot_ptr, block_expert_ptr, num_slots, K,
+    h_ptr, hs_ptr, w_ptr, ws_ptr, y_ptr, row_slot_ptr, block_expert_ptr, num_slots, K, N,
+    num_blocks,
     stride_hm, stride_hsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_ym,
     GROUP: tl.constexpr, SWAP_AB: tl.constexpr, MMA_FP8: tl.constexpr, LUT: tl.constexpr,
     USE_ASM: tl.constexpr, SOFT_ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """``y[slot] = bf16(h w2^T)`` for the block's rows, scattered to their (token, slot) rows."""
-    block = tl.program_id(0)
+    block, tile = block_and_tile(num_blocks, N // BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
     if expert < 0:
         return
     rows = block.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     slots = tl.load(row_slot_ptr + rows)
     valid = slots < num_slots
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = fp4_rows_dot(h_ptr, hs_ptr, rows, valid, w_ptr + expert * stride_we,
                        ws_ptr + expert * stride_wse, cols.to(tl.int64), K,
                        stride_hm, stride_hsm, stride_wn, stride_wsn,
