@@ -2,8 +2,9 @@
 2048, act group 128) and V4.1-Flash (384 experts, hidden 5120, inter 2304, group 32) shapes, for a
 decode batch (64 tokens) and a prefill batch (8,192 tokens), in one run:
 
-- ours: the default tiles (``choose_tiles``), the batch-invariant tiles and a sweep of variants
-  of the FP8 / fp16 tensor-core family (``moe_fp8``) and the bf16-upcast family (``moe_gemm``);
+- ours: the default tiles (``choose_tiles``: the bf16-upcast family, ``moe_gemm``), the
+  batch-invariant tiles and a sweep of variants of both families (``moe_fp8``: FP8 / fp16
+  tensor cores);
   decode also replayed from a CUDA graph (device events around the replay: the kernels' rate
   without the host's launch cost);
 - the best torch built-in compositions: ``torch_fp4`` dequantises the experts the batch uses to
@@ -42,23 +43,18 @@ MODELS = {"V4-Flash": (256, 4096, 2048, 128), "V4.1-Flash": (384, 5120, 2304, 32
 TOP_K, LIMIT = 6, 10.0
 SWEEP = {
     "decode": {
-        "fp8-lut-swap-w8s4": MoeTiles(16, 128, 8, 4, mma="fp8", swap_ab=True, lut=True),
-        "fp8-lut-swap-n256-w8s4": MoeTiles(16, 256, 8, 4, mma="fp8", swap_ab=True, lut=True),
-        "fp8-lut-swap-w8s6-dn64": MoeTiles(16, 128, 8, 6, mma="fp8", swap_ab=True, lut=True,
-                                           down_block_n=64),
-        "fp8-half-swap-w8s4": MoeTiles(16, 128, 8, 4, mma="fp8", swap_ab=True),
         "fp16-swap-w8s4": MoeTiles(16, 128, 8, 4, mma="fp16", swap_ab=True),
-        "bf16-16x64": MoeTiles(16, 64, 4, 4),
+        "fp16-swap-n256-w8s4": MoeTiles(16, 256, 8, 4, mma="fp16", swap_ab=True),
+        "fp8-swap-w8s4": MoeTiles(16, 128, 8, 4, mma="fp8", swap_ab=True),
+        "fp8-swap-n256-w8s4": MoeTiles(16, 256, 8, 4, mma="fp8", swap_ab=True),
+        "bf16-16x128-w4s4": MoeTiles(16, 128, 4, 4),
     },
     "prefill": {
-        "fp8-lut-128-n64-w8s2": MoeTiles(128, 64, 8, 2, mma="fp8", lut=True, down_block_n=128),
-        "fp8-lut-128-n64-w8s3": MoeTiles(128, 64, 8, 3, mma="fp8", lut=True, down_block_n=128),
-        "fp8-lut-128-w8s2": MoeTiles(128, 128, 8, 2, mma="fp8", lut=True),
-        "fp8-lut-64-w8s3": MoeTiles(64, 128, 8, 3, mma="fp8", lut=True),
-        "fp8-lut-64-n64-w4s3": MoeTiles(64, 64, 4, 3, mma="fp8", lut=True, down_block_n=128),
-        "fp8-half-128-n64-w8s2": MoeTiles(128, 64, 8, 2, mma="fp8", down_block_n=128),
+        "fp8-128-n64-w8s2": MoeTiles(128, 64, 8, 2, mma="fp8", down_block_n=128),
+        "fp8-128-n64-w8s3": MoeTiles(128, 64, 8, 3, mma="fp8", down_block_n=128),
+        "fp8-64-w8s3": MoeTiles(64, 128, 8, 3, mma="fp8"),
         "fp16-128-n64-w8s2": MoeTiles(128, 64, 8, 2, mma="fp16", down_block_n=128),
-        "bf16-128x128": MoeTiles(128, 128, 8, 2),
+        "bf16-64x128-w4s3": MoeTiles(64, 128, 4, 3),
     },
 }  # fmt: skip
 SWEEP_MODELS = ("V4-Flash",)  # V4.1-Flash: default and batch-invariant tiles only

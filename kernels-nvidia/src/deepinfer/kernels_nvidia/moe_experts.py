@@ -5,6 +5,8 @@
    (token, slot) pairs sorted by expert, each expert's rows padded to whole ``BLOCK_M`` blocks.
 3. ``moe_gate_up_kernel`` then ``moe_down_kernel`` (``moe_gemm``): grouped GEMMs over the FP4
    weights, SwiGLU, router weight and FP8 re-quantisation fused in the first one's epilogue.
+   Opt-in (``MoeTiles.mma="fp8"/"fp16"``, FP8 activations only): ``moe_fp8``'s kernels, which
+   expand the weights to e4m3 / fp16 for the FP8 / fp16 tensor cores (slower on the H200).
 4. ``moe_combine_kernel``: each token's ``k`` expert outputs summed in slot order (fp32).
 
 A row's result depends only on its own token, its expert and the tile shape, never on which
@@ -44,7 +46,6 @@ class MoeTiles:
     swap_ab: bool = False
     down_block_n: int = 0  # 0: block_n
     use_asm: bool = True  # moe_fp8's inline-PTX nibble expansion (GPU only)
-    lut: bool = False  # mma="fp8": e4m3 bytes by table lookup (prmt) instead of through fp16
     group_m: int = 4  # moe_fp8: row blocks that sweep the column tiles together (L2 reuse)
 
 
@@ -60,35 +61,29 @@ class ExpertLayout:
 
 BF16_TILES = {"decode": MoeTiles(16, 64, 4, 4), "middle": MoeTiles(64, 128, 4, 3),
               "prefill": MoeTiles(128, 128, 8, 2)}  # fmt: skip
-FP8_TILES = {  # measured on the H200: benchmarks/kernels/bench_moe.py
-    "decode": MoeTiles(16, 128, 8, 4, mma="fp8", swap_ab=True, lut=True),
-    "middle": MoeTiles(64, 128, 8, 3, mma="fp8", lut=True),
-    "prefill": MoeTiles(128, 64, 8, 2, mma="fp8", lut=True, down_block_n=128),
+# Opt-in (pass ``tiles=``): correct on the H200 but slower than the bf16 family there
+# (benchmarks/results/2026-11-30-h200-moe-v2.json), so not chosen by default.
+FP8_FAMILY_TILES = {
+    "decode": MoeTiles(16, 128, 8, 4, mma="fp16", swap_ab=True),
+    "prefill": MoeTiles(128, 64, 8, 2, mma="fp8", down_block_n=128),
 }
-BATCH_INVARIANT_TILES = {
-    True: MoeTiles(64, 128, 8, 3, mma="fp8", lut=True),
-    False: MoeTiles(64, 128, 4, 3),
-}
+BATCH_INVARIANT_TILES = MoeTiles(64, 128, 4, 3)
 
 
 def choose_tiles(
-    num_slots: int, num_experts: int, *, batch_invariant: bool, on_cpu: bool,
-    quantised: bool = True,
-) -> MoeTiles:  # fmt: skip
-    """Tiles by rows per expert (decode: a few, prefill: many); ``quantised``: FP8 activations
-    (``act_quant_group`` set), which the ``moe_fp8`` family needs. Batch-invariant mode uses one
-    shape for every batch size."""
+    num_slots: int, num_experts: int, *, batch_invariant: bool, on_cpu: bool
+) -> MoeTiles:
+    """Tiles by rows per expert (decode: a few, prefill: many); batch-invariant mode uses one
+    shape for every batch size. The bf16 family (``moe_gemm``) everywhere: it measured fastest
+    on the H200 (bench_moe.py, 2026-11-30)."""
     if on_cpu:
-        if not quantised:
-            return MoeTiles(16, 64, 4, 1)
-        return MoeTiles(16, 64, 4, 1, mma="fp8", swap_ab=True, lut=True)
+        return MoeTiles(16, 64, 4, 1)
     if batch_invariant:
-        return BATCH_INVARIANT_TILES[quantised]
-    table = FP8_TILES if quantised else BF16_TILES
+        return BATCH_INVARIANT_TILES
     rows_per_expert = num_slots / num_experts
     if rows_per_expert <= 4:
-        return table["decode"]
-    return table["middle"] if rows_per_expert <= 96 else table["prefill"]
+        return BF16_TILES["decode"]
+    return BF16_TILES["middle"] if rows_per_expert <= 96 else BF16_TILES["prefill"]
 
 
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertLayout:
@@ -199,8 +194,7 @@ def fp4_moe_experts_tiles(
     on_cpu = x.device.type == "cpu"
     if tiles is None:
         invariant = envs.batch_invariant()
-        tiles = choose_tiles(num_slots, experts, batch_invariant=invariant, on_cpu=on_cpu,
-                             quantised=group is not None)  # fmt: skip
+        tiles = choose_tiles(num_slots, experts, batch_invariant=invariant, on_cpu=on_cpu)
     layout = align_by_expert(topk_ids, experts, tiles.block_m)
     num_blocks = layout.block_expert.numel()
     if tiles.mma != "bf16" and group is not None:
@@ -264,7 +258,7 @@ def _fp8_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k, gr
     w13s, w2s = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
     weights = topk_weights.float().contiguous().view(-1)
     fp8 = tiles.mma == "fp8"
-    flags = dict(GROUP=group, SWAP_AB=tiles.swap_ab, MMA_FP8=fp8, LUT=fp8 and tiles.lut,
+    flags = dict(GROUP=group, SWAP_AB=tiles.swap_ab, MMA_FP8=fp8,
                  USE_ASM=tiles.use_asm and not on_cpu, SOFT_ROUND=on_cpu, BLOCK_M=tiles.block_m,
                  GROUP_M=tiles.group_m,
                  num_warps=tiles.num_warps, num_stages=tiles.num_stages)  # fmt: skip

@@ -13,6 +13,14 @@ product exact, so only the accumulation order differs from the reference:
   subnormals; ``d >= 30`` drops to zero). Real checkpoints and the test weights have ``d <= 3``;
 - per ``GROUP`` columns the MMA partial sum is promoted to the fp32 accumulator times the
   activation scale (per row) and ``2^(smax - 128)`` (per weight row): DeepGEMM's 1x128 scheme.
+  The products are exact, but Hopper's FP8 MMA adds them with a short accumulator: measured on
+  the H200, mean |error| ~0.2% of the output's spread (fp16: ~0), which exceeds the op's
+  conformance tolerance at some shapes (the fp16 variant does not).
+
+Status (H200, 2026-11-30, benchmarks/results/2026-11-30-h200-moe-v2.json): correct, but slower
+than ``moe_gemm``'s bf16-upcast kernels (prefill 8,192 tokens 37 ms vs 22 ms; decode 64 tokens
+5.8 ms vs 5.2 ms from a CUDA graph), so opt-in only. The MMA is waited on right after each
+block (the promotion needs its result), so the expansion and the tensor cores never overlap.
 
 ``SWAP_AB`` computes ``W x^T`` instead of ``x W^T``: the weight rows fill the MMA's 64-row side
 and the few tokens of a decode step its narrow side (16), so nothing is padded to 64 rows.
@@ -65,76 +73,6 @@ or.b32 $3, u, v;
 
 
 @triton.jit
-def e4m3_tables(d):
-    """int32 ``d`` (octaves below the block's largest scale) -> two int32 words whose bytes are
-    the e4m3 encodings of ``e2m1(c) * 2^(6 - d)`` for magnitude codes ``c = 0..3`` and ``4..7``:
-    exact for ``d <= 14`` (subnormal from 12 on), zero beyond."""
-    lo = 0x6C686000 - d * 0x08080800
-    hi = 0x7C787470 - d * 0x08080808
-    lo = tl.where(d == 12, 0x0C080400, tl.where(d == 13, 0x06040200, lo))
-    hi = tl.where(d == 12, 0x1C181410, tl.where(d == 13, 0x14100C08, hi))
-    lo = tl.where(d == 14, 0x03020100, tl.where(d > 14, 0, lo))
-    hi = tl.where(d == 14, 0x0C080604, tl.where(d > 14, 0, hi))
-    return lo, hi
-
-
-@triton.jit
-def nibbles_to_e4m3(packed, table_lo, table_hi, USE_ASM: tl.constexpr, BLOCK_N: tl.constexpr):
-    """uint8 ``[BLOCK_N, C]`` packed e2m1 pairs + per-byte tables (int32 ``[BLOCK_N, C]``, see
-    :func:`e4m3_tables`) -> e4m3 ``[BLOCK_N, 2C]`` in natural column order.
-
-    GPU: per 4 bytes, for each 4 columns one ``prmt`` table lookup of the magnitudes (the word's
-    nibbles are the selectors, in column order) and one ``prmt`` of the signs (0x00 or 0x80);
-    the two result words (columns 0..3 and 4..7 of the 4 bytes) are interleaved back by
-    reshapes. Needs each thread's 4 consecutive bytes to be 4 consecutive columns of one row (the
-    loads' 16-byte vectors)."""
-    C: tl.constexpr = packed.shape[1]
-    if USE_ASM:
-        first, second = tl.inline_asm_elementwise(
-            """
-{
-.reg .b32 s, m, g, k, z;
-mov.b32 k, 0x8000;
-mov.b32 z, 0;
-and.b32 s, $2, 0x7777;
-prmt.b32 m, $3, $7, s;
-shr.b32 g, $2, 3;
-and.b32 g, g, 0x1111;
-prmt.b32 g, k, z, g;
-or.b32 $0, m, g;
-shr.b32 s, $2, 16;
-and.b32 s, s, 0x7777;
-prmt.b32 m, $3, $7, s;
-shr.b32 g, $2, 19;
-and.b32 g, g, 0x1111;
-prmt.b32 g, k, z, g;
-or.b32 $1, m, g;
-}
-""",
-            "=r,=r,r,r,r,r,r,r,r,r,r", [packed, table_lo, table_hi],
-            dtype=(tl.uint8, tl.uint8), is_pure=True, pack=4,
-        )  # fmt: skip
-        # first[4p + r] = column 8p + r, second[4p + r] = column 8p + 4 + r
-        pair = tl.join(tl.reshape(first, (BLOCK_N, C // 4, 4)),
-                       tl.reshape(second, (BLOCK_N, C // 4, 4)))  # fmt: skip
-        w = tl.reshape(tl.permute(pair, (0, 1, 3, 2)), (BLOCK_N, 2 * C))
-    else:
-        p = packed.to(tl.int32)
-        lo = _table_byte(p & 15, table_lo, table_hi)
-        hi = _table_byte(p >> 4, table_lo, table_hi)
-        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 2 * C))
-    return w.to(tl.float8e4nv, bitcast=True)
-
-
-@triton.jit
-def _table_byte(code, table_lo, table_hi):
-    """e4m3 byte (uint8) of the e2m1 nibble ``code`` (int32 0..15) from its tables."""
-    word = tl.where((code & 4) != 0, table_hi, table_lo)
-    magnitude = (word >> ((code & 3) * 8)) & 0xFF
-    return (magnitude | ((code & 8) << 4)).to(tl.uint8)
-
-
-@triton.jit
 def _byte_scales(ws_ptr, rows, k0, K, stride_wsn, GROUP: tl.constexpr):
     """int32 ``[BLOCK_N, GROUP / 2]``: the e8m0 scale of each packed byte's group in columns
     ``k0 .. k0 + GROUP`` (0 past ``K``). One value per 16 bytes: the load is a broadcast."""
@@ -147,30 +85,22 @@ def _byte_scales(ws_ptr, rows, k0, K, stride_wsn, GROUP: tl.constexpr):
 @triton.jit
 def _weight_block(
     w_ptr, rows, k0, scales, stride_wn,
-    GROUP: tl.constexpr, MMA_FP8: tl.constexpr, LUT: tl.constexpr, USE_ASM: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, MMA_FP8: tl.constexpr, USE_ASM: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """Columns ``k0 .. k0 + GROUP`` of weight rows ``rows`` as ``[BLOCK_N, GROUP]`` e4m3 / fp16
-    and the fp32 scale per row that promotes them: ``e2m1 * 2^(6 - d)`` times ``2^(smax - 133)``
-    (``LUT``) or ``e2m1 * 2^(1 - d)`` times ``2^(smax - 128)`` (via fp16); ``scales`` from
-    :func:`_byte_scales`."""
+    holding ``e2m1 * 2^(1 - d)``, and the fp32 scale ``2^(smax - 128)`` per row that promotes
+    them; ``scales`` from :func:`_byte_scales`."""
     packed = tl.load(
         w_ptr + rows[:, None] * stride_wn + (k0 // 2 + tl.arange(0, GROUP // 2))[None, :]
     )
     smax = tl.max(scales, axis=1)
     d = smax[:, None] - scales
-    if LUT:
-        table_lo, table_hi = e4m3_tables(d)
-        w = nibbles_to_e4m3(packed.to(tl.uint8, bitcast=True), table_lo, table_hi, USE_ASM,
-                            BLOCK_N)  # fmt: skip
-        scale_bits = (smax - 6) << 23
-    else:
-        factor = tl.where(d < 30, (30 - d) << 10, 0).to(tl.uint16).to(tl.float16, bitcast=True)
-        lo, hi = nibbles_to_f16(packed.to(tl.uint8, bitcast=True), USE_ASM)
-        w = tl.reshape(tl.join(lo * factor, hi * factor), (BLOCK_N, GROUP))  # natural order
-        if MMA_FP8:
-            w = w.to(tl.float8e4nv)
-        scale_bits = (smax - 1) << 23
+    factor = tl.where(d < 30, (30 - d) << 10, 0).to(tl.uint16).to(tl.float16, bitcast=True)
+    lo, hi = nibbles_to_f16(packed.to(tl.uint8, bitcast=True), USE_ASM)
+    w = tl.reshape(tl.join(lo * factor, hi * factor), (BLOCK_N, GROUP))  # natural order
+    if MMA_FP8:
+        w = w.to(tl.float8e4nv)
+    scale_bits = (smax - 1) << 23
     return w, scale_bits.to(tl.float32, bitcast=True)
 
 
@@ -178,7 +108,7 @@ def _weight_block(
 def fp4_rows_dot(
     a_ptr, as_ptr, a_rows, a_valid, w_ptr, ws_ptr, w_rows, K,
     stride_am, stride_asm, stride_wn, stride_wsn,
-    GROUP: tl.constexpr, SWAP_AB: tl.constexpr, MMA_FP8: tl.constexpr, LUT: tl.constexpr,
+    GROUP: tl.constexpr, SWAP_AB: tl.constexpr, MMA_FP8: tl.constexpr,
     USE_ASM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """fp32 ``[BLOCK_M, BLOCK_N]`` (``SWAP_AB``: ``[BLOCK_N, BLOCK_M]``) of
@@ -199,7 +129,7 @@ def fp4_rows_dot(
         next_valid = a_valid & ((a_rows * 0 + k0 + GROUP) < K)
         next_a_scale = tl.load(as_base + (k0 + GROUP) // GROUP, mask=next_valid, other=0.0)
         w, w_scale = _weight_block(w_ptr, w_rows, k0, scales, stride_wn,
-                                   GROUP, MMA_FP8, LUT, USE_ASM, BLOCK_N)  # fmt: skip
+                                   GROUP, MMA_FP8, USE_ASM, BLOCK_N)  # fmt: skip
         a = tl.load(a_base + k0, mask=a_valid[:, None], other=0.0)
         if not MMA_FP8:
             a = a.to(tl.float16)
@@ -229,7 +159,7 @@ def moe_fp8_gate_up_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, h_ptr, hs_ptr, row_slot_ptr, block_expert_ptr, topk_w_ptr,
     num_slots, top_k, K, inter, limit, num_blocks,
     stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_hm, stride_hsm,
-    GROUP: tl.constexpr, SWAP_AB: tl.constexpr, MMA_FP8: tl.constexpr, LUT: tl.constexpr,
+    GROUP: tl.constexpr, SWAP_AB: tl.constexpr, MMA_FP8: tl.constexpr,
     USE_ASM: tl.constexpr, OUT_GROUP: tl.constexpr, SOFT_ROUND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -249,10 +179,10 @@ def moe_fp8_gate_up_kernel(
     ws_e = ws_ptr + expert * stride_wse
     gate = fp4_rows_dot(x_ptr, xs_ptr, tokens, valid, w_e, ws_e, gate_rows, K,
                         stride_xm, stride_xsm, stride_wn, stride_wsn,
-                        GROUP, SWAP_AB, MMA_FP8, LUT, USE_ASM, BLOCK_M, BLOCK_N)  # fmt: skip
+                        GROUP, SWAP_AB, MMA_FP8, USE_ASM, BLOCK_M, BLOCK_N)  # fmt: skip
     up = fp4_rows_dot(x_ptr, xs_ptr, tokens, valid, w_e, ws_e, gate_rows + inter, K,
                       stride_xm, stride_xsm, stride_wn, stride_wsn,
-                      GROUP, SWAP_AB, MMA_FP8, LUT, USE_ASM, BLOCK_M, BLOCK_N)  # fmt: skip
+                      GROUP, SWAP_AB, MMA_FP8, USE_ASM, BLOCK_M, BLOCK_N)  # fmt: skip
     if SWAP_AB:
         gate = tl.trans(gate)
         up = tl.trans(up)
@@ -269,7 +199,7 @@ def moe_fp8_down_kernel(
     h_ptr, hs_ptr, w_ptr, ws_ptr, y_ptr, row_slot_ptr, block_expert_ptr, num_slots, K, N,
     num_blocks,
     stride_hm, stride_hsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_ym,
-    GROUP: tl.constexpr, SWAP_AB: tl.constexpr, MMA_FP8: tl.constexpr, LUT: tl.constexpr,
+    GROUP: tl.constexpr, SWAP_AB: tl.constexpr, MMA_FP8: tl.constexpr,
     USE_ASM: tl.constexpr, SOFT_ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -285,7 +215,7 @@ def moe_fp8_down_kernel(
     acc = fp4_rows_dot(h_ptr, hs_ptr, rows, valid, w_ptr + expert * stride_we,
                        ws_ptr + expert * stride_wse, cols.to(tl.int64), K,
                        stride_hm, stride_hsm, stride_wn, stride_wsn,
-                       GROUP, SWAP_AB, MMA_FP8, LUT, USE_ASM, BLOCK_M, BLOCK_N)  # fmt: skip
+                       GROUP, SWAP_AB, MMA_FP8, USE_ASM, BLOCK_M, BLOCK_N)  # fmt: skip
     if SWAP_AB:
         acc = tl.trans(acc)
     out_rows = tl.where(valid, slots, 0).to(tl.int64)
