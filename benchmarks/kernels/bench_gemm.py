@@ -5,8 +5,9 @@ torch's blockwise-scaled built-in (``torch.nn.functional.scaled_mm`` with ``Bloc
 ``torch._scaled_mm`` with per-tensor scales (less work: no block scales; the FP8 ceiling) vs the
 reference (dequantise + fp32 matmul).
 
-Prefill (M >= 4096) reports TFLOP/s, plus a few alternative tile configurations and, for V4.1,
-the parts of the bf16 route. Decode (M <= 64) reports weight+scale bytes streamed in TB/s next
+Prefill (M >= 4096) reports TFLOP/s eager and from a one-call CUDA graph (device time: eager
+timing of the shorter products includes the host's launch cost), plus a few alternative tile
+configurations and, for V4.1, the parts of the bf16 route. Decode (M <= 64) reports weight+scale bytes streamed in TB/s next
 to the measured copy rate, eager and from a CUDA graph replaying one call on each of many
 copies of the weight (distinct buffers, more bytes than L2): the kernel's streaming rate with
 the launch cost taken out.
@@ -137,11 +138,15 @@ def bench_prefill(model, n, k, block, m):
     call = functools.partial(gemm.fp8_gemm_nt_tiles, a, sa, w, ws, block, out_dtype=torch.bfloat16)
     row["plan"] = str(gemm.choose_plan(m, n, k, min(block), torch.bfloat16, batch_invariant=False,
                                        on_cpu=False))  # fmt: skip
-    _time(row, "triton", functools.partial(gemm.fp8_gemm_nt, a, sa, w, ws, block), flops, nbytes,
-          want=want)  # fmt: skip
-    _time(row, "triton_bi", functools.partial(call, tiles=gemm.UNIFORM_TILES), flops, nbytes)
+    triton = functools.partial(gemm.fp8_gemm_nt, a, sa, w, ws, block)
+    _time(row, "triton", triton, flops, nbytes, want=want)
+    _time_graph(row, "triton", [triton], flops, nbytes)
+    bi = functools.partial(call, tiles=gemm.UNIFORM_TILES)
+    _time(row, "triton_bi", bi, flops, nbytes)
+    _time_graph(row, "triton_bi", [bi], flops, nbytes)
     if block == (128, 128):
         _time(row, "torch_blockwise", torch_blockwise(a, sa, w, ws), flops, nbytes, want=want)
+        _time_graph(row, "torch_blockwise", [torch_blockwise(a, sa, w, ws)], flops, nbytes)
         sweep = SWEEP_V4
     else:
         sweep = SWEEP_V41
@@ -156,7 +161,9 @@ def bench_prefill(model, n, k, block, m):
     ref = functools.partial(OPS["fp8_gemm_nt"].reference, a, sa, w, ws, block)
     _time(row, "reference", ref, flops, nbytes, iters=3)
     for name, tiles in sweep.items():
-        _time(row, f"sweep_{name}", functools.partial(call, tiles=tiles), flops, nbytes, want=want)
+        fn = functools.partial(call, tiles=tiles)
+        _time(row, f"sweep_{name}", fn, flops, nbytes, want=want)
+        _time_graph(row, f"sweep_{name}", [fn], flops, nbytes)
     return row
 
 
@@ -223,11 +230,12 @@ def main() -> None:
     print_table(payload["decode"], ["model", "M", "N", "K", "triton_us", "triton_graph_us",
                 "triton_graph_TB/s", "triton_bi_graph_TB/s", "torch_blockwise_graph_TB/s",
                 "scaled_mm_graph_TB/s", "triton_rel_err"])  # fmt: skip
-    print_table(payload["prefill"], ["model", "M", "N", "K", "triton_TFLOP/s", "triton_bi_TFLOP/s",
-                "torch_blockwise_TFLOP/s", "scaled_mm_TFLOP/s", "bf16_mm_only_TFLOP/s",
+    print_table(payload["prefill"], ["model", "M", "N", "K", "triton_TFLOP/s",
+                "triton_graph_TFLOP/s", "triton_bi_graph_TFLOP/s", "torch_blockwise_TFLOP/s",
+                "torch_blockwise_graph_TFLOP/s", "scaled_mm_TFLOP/s", "bf16_mm_only_TFLOP/s",
                 "triton_rel_err", "reference_us"])  # fmt: skip
-    sweep = sorted({key for r in payload["prefill"] for key in r if key.endswith("TFLOP/s")
-                    and key.startswith("sweep_")})  # fmt: skip
+    sweep = sorted({key for r in payload["prefill"] for key in r
+                    if key.endswith("graph_TFLOP/s") and key.startswith("sweep_")})  # fmt: skip
     print_table(payload["prefill"], ["model", "N", "K", *sweep])
 
 

@@ -124,8 +124,10 @@ def test_plan_policy():
     def plan(m, n=4096, k=8192, sub_k=128, invariant=False, out=torch.bfloat16):
         return gemm.choose_plan(m, n, k, sub_k, out, batch_invariant=invariant, on_cpu=False)
 
-    assert all(plan(m).kind == "stream" for m in (1, 8, 64))
-    assert plan(65).kind == plan(4096).kind == "tiles"
+    assert all(plan(m).kind == "stream" for m in (1, 8, 32))
+    assert all(plan(m, sub_k=32).kind == "stream" for m in (1, 33, 64))
+    assert plan(33).kind == plan(65, sub_k=32).kind == plan(4096).kind == "tiles"
+    assert plan(64).tiles == gemm.UNIFORM_TILES
     assert plan(4096, k=4096).tiles == gemm.PREFILL_TILES
     assert plan(4096, k=8192).tiles == gemm.PREFILL_TMA_TILES
     assert plan(1000).tiles == gemm.UNIFORM_TILES

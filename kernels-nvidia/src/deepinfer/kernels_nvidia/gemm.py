@@ -55,6 +55,10 @@ PREFILL_TILES = UNIFORM_TILES
 PREFILL_TMA_TILES = GemmTiles(64, 128, 8, 4, 4, use_tma=True)
 PREFILL_TMA_MIN_K = 8192
 PREFILL_MIN_M = 1024
+# Decode (CUDA-graph replay, commit a8be7b3): the stream kernel wins at M <= 16 everywhere and at
+# M = 64 for 32-column scales (3 of 4 shapes); with 128-column scales at M = 64 the 64 x 128 tiles
+# win at 5 of 6 shapes (the stream kernel re-reads a 64-row activation tile per 64 weight rows).
+STREAM_MAX_M_COARSE = 32
 BF16_MIN_M = 1024
 CPU_TILES = GemmTiles(32, 64, 8, 4, 1)  # the interpreter: few big programs
 
@@ -74,7 +78,7 @@ def choose_plan(
     """The kernel for an ``m x n x k`` product whose scales change every ``sub_k`` columns.
 
     Batch-invariant mode (and the CPU interpreter) always takes one ``tiles`` configuration;
-    otherwise M picks the kernel: ``stream`` up to 64 rows, ``bf16`` for 32-column scales from
+    otherwise M picks the kernel: ``stream`` up to 64 rows (32 with 128-column scales), ``bf16`` for 32-column scales from
     ``BF16_MIN_M`` rows (bf16 output only), prefill tiles from ``PREFILL_MIN_M`` rows (TMA
     loads from ``K = PREFILL_TMA_MIN_K``).
     """
@@ -82,7 +86,7 @@ def choose_plan(
         return GemmPlan("tiles", CPU_TILES)
     if batch_invariant:
         return GemmPlan("tiles", UNIFORM_TILES)
-    if m <= STREAM_MAX_M:
+    if m <= (STREAM_MAX_M if sub_k < 128 else STREAM_MAX_M_COARSE):
         return GemmPlan("stream", StreamTiles())
     if sub_k < 128 and m >= BF16_MIN_M and out_dtype == torch.bfloat16 and k % 128 == 0:
         return GemmPlan("bf16")
