@@ -48,8 +48,8 @@ __all__ = [
 # 64 x 128 tiles, 4 warps, 4 stages (two programs per SM, whose promotions overlap each other's
 # tensor-core work) with one weight scale per K step: 692-839 TFLOP/s, the best pointer-load
 # configuration at every shape (128 x 128 / 8 warps 511-780, 5 stages 474-660); TMA descriptor
-# loads won only at K = 8192 (905 vs 808) and lost at K <= 4096. Batch-invariant mode uses the
-# pointer configuration for every M.
+# loads won only at K = 8192 (905 vs 808; 780 vs 769 in the a8be7b3 bench) and lost at K <= 4096.
+# Batch-invariant mode uses the pointer configuration for every M.
 UNIFORM_TILES = GemmTiles(64, 128, 8, 4, 4)
 PREFILL_TILES = UNIFORM_TILES
 PREFILL_TMA_TILES = GemmTiles(64, 128, 8, 4, 4, use_tma=True)
@@ -78,9 +78,9 @@ def choose_plan(
     """The kernel for an ``m x n x k`` product whose scales change every ``sub_k`` columns.
 
     Batch-invariant mode (and the CPU interpreter) always takes one ``tiles`` configuration;
-    otherwise M picks the kernel: ``stream`` up to 64 rows (32 with 128-column scales), ``bf16`` for 32-column scales from
-    ``BF16_MIN_M`` rows (bf16 output only), prefill tiles from ``PREFILL_MIN_M`` rows (TMA
-    loads from ``K = PREFILL_TMA_MIN_K``).
+    otherwise M picks the kernel: ``stream`` up to 64 rows (32 with 128-column scales), ``bf16``
+    for 32-column scales from ``BF16_MIN_M`` rows (bf16 output only), prefill tiles from
+    ``PREFILL_MIN_M`` rows (TMA loads from ``K = PREFILL_TMA_MIN_K``).
     """
     if on_cpu:
         return GemmPlan("tiles", CPU_TILES)
