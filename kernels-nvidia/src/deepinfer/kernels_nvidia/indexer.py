@@ -17,9 +17,12 @@ import triton.language as tl
 
 from deepinfer.kernels_nvidia.registry import implements
 
-BLOCK_C = 128  # candidates per matrix product
-BLOCKS_PER_PROGRAM = 8  # blocks one program walks with its queries resident
-SCORE_WARPS = 8  # H200, 64 rows x 16,384 entries: 103.5 us (was 157 us at 64 / 1 / 4)
+# H200, 64 rows x 16,384 bf16 entries, scoring + top-k (bench_indexer, bf9d811): keys as the
+# product's M side with 64-candidate blocks, 16 per program, 4 warps: 190 us, against 250-285 us
+# for the heads-as-M launches (scoring alone was 103.5 us at 128 / 8 / 8 warps, heads as M).
+BLOCK_C = 64  # candidates per matrix product
+BLOCKS_PER_PROGRAM = 16  # blocks one program walks with its queries resident
+SCORE_WARPS = 4
 
 
 @triton.jit
@@ -94,17 +97,20 @@ def indexer_scores(
     blocks_per_program=None,
     num_warps=None,
     num_stages=None,
-    keys_as_m=False,
+    keys_as_m=None,
 ):
     """See :func:`deepinfer.kernels.indexer_scores`; the keywords override the launch
     (benchmark sweeps). A score never depends on the number of rows or the candidate tiling
-    (one dot per candidate); ``keys_as_m`` (keys as the product's M side, unmeasured) may
-    change the last bits."""
+    (one dot per candidate). ``keys_as_m`` puts the keys on the product's M side (the head sum
+    then runs inside each warp; the default for 16-bit queries, the fastest launch measured);
+    it may change the last bits against the heads-as-M orientation, never with the batch."""
     _check(q, weights, keys, candidates)
     if torch.float32 in (q.dtype, keys.dtype) or q.dtype not in (torch.bfloat16, torch.float16):
         q = q.float()  # compute in fp32 whenever either side is fp32 (as the reference does)
     q, keys, candidates = _unit_last(q), _unit_last(keys), _unit_last(candidates)
     weights = _unit_last(weights)
+    if keys_as_m is None:
+        keys_as_m = q.dtype != torch.float32
     t, h, d = q.shape
     num_cand = candidates.shape[1]
     out = torch.empty(t, num_cand, dtype=torch.float32, device=q.device)
