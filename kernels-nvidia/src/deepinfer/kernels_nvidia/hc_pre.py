@@ -20,7 +20,8 @@ Chunking depends only on ``D`` (never on ``T``), so results are batch invariant.
 
 Status (H200, 2026-11-30, this exact code): exact against the two ops (max difference 0 at
 T 16,384, D 4096) but SLOW: 76 ms there (the two ops: 1.0 ms), as if the tiles' programs ran
-one after another; the cause is not found yet. Not an op and not used by the engine; kept so
+one after another; the cause is not found yet (polling the counter with volatile loads instead
+of atomics did not change it: 77 ms at 8987457). Not an op and not used by the engine; kept so
 the measurement can be repeated (``benchmarks/kernels/bench_hc.py`` times it as "pre fused").
 """
 
