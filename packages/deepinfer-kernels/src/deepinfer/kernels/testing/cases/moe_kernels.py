@@ -1,13 +1,15 @@
 """Cases for the MoE ops: routing (route_topk, route_hash), swiglu_clamped and fp4_moe_experts.
 
-Routing is fp32 elementwise math plus a selection: weights within fp32 rounding, ids exact. Random
-logits are not enough for that: near 1 a sigmoid's fp32 spacing merges logits ~1e-5 apart, so
-among thousands of tokens some top-k scores tie (or differ by one rounding between
+Routing is fp32 elementwise math plus a selection: weights within fp32 rounding, ids exact.
+Random logits are not enough for that: near 1 a sigmoid's fp32 spacing merges logits ~1e-5
+apart, so among thousands of tokens some top-k scores tie (or differ by one rounding between
 implementations) and the order of the tied ids is arbitrary. Each token's logits are therefore a
-random permutation of evenly spaced values in [-4, 4], jittered by a quarter of the spacing. fp4_moe_experts: FP4 weights dequantise exactly and every product is
-exact in fp32, so kernels differ from the reference by summation order, by which side of an FP8 /
-bf16 rounding boundary the hidden activation lands (one e4m3 step moves one term of the down
-projection by 1/16), and -- under the Triton interpreter -- by its wrong fp32 -> e4m3 rounding.
+random permutation of evenly spaced values in [-4, 4], jittered by a quarter of the spacing.
+
+fp4_moe_experts: FP4 weights dequantise exactly and every product is exact in fp32, so kernels
+differ from the reference by summation order, by which side of an FP8 / bf16 rounding boundary
+the hidden activation lands (one e4m3 step moves one term of the down projection by 1/16), and
+-- under the Triton interpreter -- by its wrong fp32 -> e4m3 rounding.
 Inputs are scaled so the output has unit spread; the tolerance is a few percent of that.
 """
 
@@ -29,7 +31,7 @@ def _route_inputs(gen, device, *, tokens, experts, top_k, scoring_func, norm_eps
     levels = torch.linspace(-4.0, 4.0, experts, device=device)
     order = torch.rand(tokens, experts, generator=g, device=device).argsort(dim=-1)
     jitter = (torch.rand(tokens, experts, generator=g, device=device) - 0.5) * (spacing / 2)
-    logits = levels[order] + jitter  # no two scores of a token closer than spacing / 2
+    logits = levels[order] + jitter  # no two logits of a token closer than spacing / 2
     bias = torch.randn(experts, generator=g, device=device) * 0.1 if with_bias else None
     kwargs = dict(ROUTING, scoring_func=scoring_func, norm_eps=norm_eps)
     return (logits, bias, top_k), kwargs
