@@ -57,8 +57,8 @@ class Compressor(nn.Module):
         state_kv, state_score = ctx.cache[f"{state}_kv"], ctx.cache[f"{state}_score"]
         src = plan.emit_src.clamp(min=0)
         missing = (plan.emit_src < 0).unsqueeze(-1)
-        kv_rows = torch.cat([state_kv, kv])[src]
-        score_rows = torch.cat([state_score, score])[src].masked_fill(missing, float("-inf"))
+        kv_rows = _gather_two(state_kv, kv, src)
+        score_rows = _gather_two(state_score, score, src).masked_fill(missing, float("-inf"))
         if self.overlap:
             kv_rows, score_rows = self._overlap(kv_rows), self._overlap(score_rows)
         pooled = K.compress_pool(kv_rows, score_rows)
@@ -70,3 +70,15 @@ class Compressor(nn.Module):
         """``[E, 2r, 2d]`` -> ``[E, 2r, d]``: previous window's first half, this one's second."""
         r, d = self.ratio, self.dim
         return torch.cat([rows[:, :r, :d], rows[:, r:, d:]], dim=1)
+
+
+def _gather_two(first: torch.Tensor, second: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``torch.cat([first, second])[rows]`` without copying ``first`` (the whole state pool):
+    rows below ``len(first)`` come from it, the rest from ``second``."""
+    split = first.shape[0]
+    in_first = (rows < split).view(*rows.shape, *([1] * (first.dim() - 1)))
+    from_first = first[rows.clamp(max=max(split - 1, 0))] if split else None
+    from_second = second[(rows - split).clamp(min=0, max=max(second.shape[0] - 1, 0))]
+    if from_first is None:
+        return from_second
+    return torch.where(in_first, from_first, from_second)
