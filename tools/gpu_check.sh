@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# On the GPU machine: install the workspace offline (tools/gpu_setup.sh) and run every GPU test
+# (`pytest -m gpu`) of the kernels, the NVIDIA backend, the engine and the integration suite, over
+# 8 workers when pytest-xdist is installed (Triton compiles dominate; they run in parallel).
+# Usage, from the repository root:
+#     bash tools/gpu_check.sh [WHEEL_DIR] [extra pytest arguments, e.g. -k moe]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+wheels="${1:-.whl}"
+shift || true
+bash tools/gpu_setup.sh "$wheels" >/dev/null
+parallel=()
+if python3 -c "import xdist" 2>/dev/null; then
+    parallel=(-n 8)
+fi
+python3 -m pytest -m gpu -q -p no:cacheprovider "${parallel[@]}" \
+    packages/deepinfer-kernels/tests kernels-nvidia/tests packages/deepinfer-sampling/tests \
+    packages/deepinfer-spec/tests packages/deepinfer-engine/tests integration "$@"
