@@ -19,6 +19,9 @@ import triton.language as tl
 from deepinfer.kernels_nvidia.registry import implements
 
 TOPK_MAX_CANDIDATES = 16384  # widest row the register-resident top-k kernel takes
+SELECT_DIGIT = 5  # radix digit bits per pass (histograms of 2**SELECT_DIGIT bins)
+SELECT_RANK_SORT = False  # order the winners by counting ranks instead of a bitonic sort
+SELECT_WARPS = 16  # most warps per selection program (16,384-wide rows)
 
 
 @triton.jit
@@ -66,55 +69,90 @@ def _topk_kernel(
 
 
 @triton.jit
-def _radix_digit(key, match, shift, want, NB: tl.constexpr):
-    """One radix step: the digit ``(key >> shift) & 255`` holding the ``want``-th largest key
-    among ``match``, and how many matching keys have a larger digit."""
-    digit = ((key >> shift) & 255).to(tl.int32)
-    hist = tl.histogram(tl.where(match, digit + NB, 0), 2 * NB)  # upper half: the matches
-    hist = tl.sum(tl.where(tl.arange(0, 2)[:, None] == 1, tl.reshape(hist, [2, NB]), 0), axis=0)
-    at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # count(digit >= b)
-    chosen = tl.sum((at_or_above >= want).to(tl.int32), axis=0) - 1
-    above = tl.sum(tl.where(tl.arange(0, NB) > chosen, hist, 0), axis=0)
-    return chosen.to(tl.uint32), above
+def _kth_largest_key(key, match_count, want, BLOCK_C: tl.constexpr, DIGIT: tl.constexpr):
+    """The ``want``-th largest of the ``key`` values that are > 0 (``match_count`` of them;
+    ``want >= 1``), by a radix select over ``DIGIT``-bit digits, most significant first, that
+    stops as soon as every key sharing the chosen prefix is needed.
+
+    Keys outside the prefix (and the zeros) all land in bin 0 of each ``2**DIGIT``-bin
+    histogram; the known number of them is taken back out, so no histogram needs a mask."""
+    NB: tl.constexpr = 1 << DIGIT
+    bins = tl.arange(0, NB)
+    match = key > 0
+    rest = want
+    shift = tl.full([], 32 - DIGIT, tl.int32)
+    found = match_count == want
+    while (shift >= 0) & (found == 0):
+        digit = ((key >> shift.to(tl.uint32)) & (NB - 1)).to(tl.int32)
+        hist = tl.histogram(tl.where(match, digit, 0), NB)
+        hist -= tl.where(bins == 0, BLOCK_C - match_count, 0)
+        at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # count(d >= b)
+        chosen = tl.sum((at_or_above >= rest).to(tl.int32), axis=0) - 1
+        in_bin = tl.sum(tl.where(bins == chosen, hist, 0), axis=0)
+        rest -= tl.sum(tl.where(bins == chosen, at_or_above, 0), axis=0) - in_bin
+        match = match & (digit == chosen)
+        match_count = in_bin
+        found = in_bin == rest  # every key left with this prefix is a winner
+        shift = tl.where(shift == 0, -1, tl.maximum(shift - DIGIT, 0))
+    return tl.min(tl.where(match, key, 4294967295), axis=0)
 
 
 @triton.jit
-def _topk_sorted_kernel(
+def _rank_and_store(scratch, cand_row, out_row, want, k, BLOCK_K: tl.constexpr,
+                    RANK_CHUNK: tl.constexpr, RANK_SORT: tl.constexpr):  # fmt: skip
+    """Order the ``want`` packed winners in ``scratch[:BLOCK_K]`` (the rest hold the smallest
+    int64) descending and write their candidates, ``-1`` from ``want`` up to ``k``."""
+    tail = tl.arange(0, BLOCK_K)
+    packed = tl.load(scratch + tail)
+    if RANK_SORT:  # each winner's place = how many packed values exceed its own (all distinct)
+        rank = tl.zeros([BLOCK_K], tl.int32)
+        for j0 in range(0, BLOCK_K, RANK_CHUNK):
+            other = tl.load(scratch + j0 + tl.arange(0, RANK_CHUNK))
+            rank += tl.sum((other[None, :] > packed[:, None]).to(tl.int32), axis=1)
+    else:
+        packed = tl.sort(packed, 0, descending=True)
+        rank = tail
+    column = (4294967295 - (packed & 4294967295)).to(tl.int32)
+    valid = tail < want
+    picked = tl.load(cand_row + column, mask=valid, other=-1).to(tl.int64)
+    tl.store(out_row + rank, picked, mask=valid)
+    tl.store(out_row + tail, tl.full([BLOCK_K], -1, tl.int64), mask=(tail >= want) & (tail < k))
+
+
+@triton.jit
+def _select_kernel(
     scores_ptr, cand_ptr, out_ptr, scratch_ptr, num_cand, k,
     stride_st, stride_ct, stride_ot,
-    BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, DIGIT: tl.constexpr,
+    RANK_SORT: tl.constexpr, RANK_CHUNK: tl.constexpr,
 ):  # fmt: skip
+    """One program per row: the k-th largest key by radix select, the winners (above it, then
+    ties at it in column order, found with one prefix sum) packed as ``key << 32 | ~column``
+    into a per-row scratch, then ordered there (a sort, or ranks by counting)."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_C)
     scores = tl.load(scores_ptr + row * stride_st + offs, mask=offs < num_cand, other=-float("inf"))
     key = _ordered_key(scores)
-    want = tl.minimum(tl.sum((key > 0).to(tl.int32), axis=0), k)
-    prefix = tl.full([], 0, tl.uint32)
-    match = key > 0
-    rest = want
-    for step in tl.static_range(4):
-        digit, above = _radix_digit(key, match, 24 - 8 * step, rest, 256)
-        rest -= above
-        prefix = prefix | (digit << (24 - 8 * step))
-        match = match & (((key >> (24 - 8 * step)) & 255) == digit)
-    threshold = tl.where(want > 0, prefix, 4294967295)  # nothing valid: nothing wins
+    num_valid = tl.sum((key > 0).to(tl.int32), axis=0)
+    want = tl.minimum(num_valid, k)
+    threshold = 4294967295  # nothing valid: nothing wins
+    if want > 0:
+        threshold = _kth_largest_key(key, num_valid, want, BLOCK_C, DIGIT)
     win = key > threshold
-    num_above = tl.sum(win.to(tl.int32), axis=0)
     tied = (key == threshold) & (key > 0)
+    slots = tl.cumsum(win.to(tl.int32) + (tied.to(tl.int32) << 16), axis=0)  # both counts at once
+    num_above = tl.sum(win.to(tl.int32), axis=0)
+    slot = tl.where(win, (slots & 65535) - 1, num_above + (slots >> 16) - 1)
+    keep = win | (tied & (slot < want))
     packed = ((key ^ 2147483648).to(tl.int32, bitcast=True).to(tl.int64) << 32) + (
         4294967295 - offs.to(tl.int64))  # fmt: skip
     scratch = scratch_ptr + row * BLOCK_K
-    tl.store(scratch + tl.cumsum(win.to(tl.int32), axis=0) - 1, packed, mask=win)
-    slot = num_above + tl.cumsum(tied.to(tl.int32), axis=0) - 1
-    tl.store(scratch + slot, packed, mask=tied & (slot < want))
+    tl.store(scratch + slot, packed, mask=keep)
     tail = tl.arange(0, BLOCK_K)
     tl.store(scratch + tail, tl.full([BLOCK_K], -9223372036854775808, tl.int64), mask=tail >= want)
     tl.debug_barrier()
-    ordered = tl.sort(tl.load(scratch + tail), 0, descending=True)
-    column = (4294967295 - (ordered & 4294967295)).to(tl.int32)
-    valid = tail < want
-    picked = tl.load(cand_ptr + row * stride_ct + column, mask=valid, other=-1).to(tl.int64)
-    tl.store(out_ptr + row * stride_ot + tail, tl.where(valid, picked, -1), mask=tail < k)
+    _rank_and_store(scratch, cand_ptr + row * stride_ct, out_ptr + row * stride_ot, want, k,
+                    BLOCK_K, RANK_CHUNK, RANK_SORT)  # fmt: skip
 
 
 def _winner_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -143,10 +181,18 @@ def _topk_torch(scores, candidates, k):
     return picked
 
 
+def select_launch(width: int) -> dict:
+    """Launch shape of the selection kernel for rows ``width`` wide (benchmarks override)."""
+    block_c = triton.next_power_of_2(max(width, 16))
+    return {"digit": SELECT_DIGIT, "rank_sort": SELECT_RANK_SORT,
+            "num_warps": min(SELECT_WARPS, max(4, block_c // 1024))}  # fmt: skip
+
+
 @implements("select_topk")
-def select_topk(scores, candidates, k):
+def select_topk(scores, candidates, k, *, digit=None, rank_sort=None, num_warps=None):
     """Rows up to ``TOPK_MAX_CANDIDATES`` wide: the Triton radix select with the winners
-    sorted in the same kernel; wider rows: torch's stable sort.
+    ordered in the same kernel; wider rows: torch's stable sort. The keywords override the
+    launch (benchmark sweeps); none changes the result.
     ``+inf`` / NaN scores are not expected (the scores are finite or ``-inf``)."""
     if scores.shape != candidates.shape or scores.dim() != 2:
         raise ValueError(
@@ -161,14 +207,17 @@ def select_topk(scores, candidates, k):
         return torch.full((rows, k), -1, dtype=torch.int64, device=scores.device)
     scores = scores if scores.stride(1) == 1 else scores.contiguous()
     candidates = candidates if candidates.stride(1) == 1 else candidates.contiguous()
+    launch = select_launch(width)
     block_k = triton.next_power_of_2(k)
     out = torch.empty(rows, k, dtype=torch.int64, device=scores.device)
     scratch = torch.empty(rows, block_k, dtype=torch.int64, device=scores.device)
-    block_c = triton.next_power_of_2(max(width, 16))
-    _topk_sorted_kernel[(rows,)](
+    rank_sort = launch["rank_sort"] if rank_sort is None else rank_sort
+    _select_kernel[(rows,)](
         scores, candidates, out, scratch, width, k,
         scores.stride(0), candidates.stride(0), out.stride(0),
-        BLOCK_C=block_c, BLOCK_K=block_k, num_warps=min(16, max(4, block_c // 1024)),
+        BLOCK_C=triton.next_power_of_2(max(width, 16)), BLOCK_K=block_k,
+        DIGIT=digit or launch["digit"], RANK_SORT=bool(rank_sort),
+        RANK_CHUNK=min(block_k, 32), num_warps=num_warps or launch["num_warps"],
     )  # fmt: skip
     return out
 
