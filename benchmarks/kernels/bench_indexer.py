@@ -1,7 +1,8 @@
 """Lightning indexer on the GPU: scoring + top-k (512) for one CSA layer, 64 query rows, over
 all visible compressed entries (64k context / ratio 4 = 16384 entries; V4.1: 32 heads).
-Triton scoring + Triton top-k (radix select, winners sorted in-kernel) vs the reference (gather +
-einsum + stable sort); the scoring launch shape is swept and the best sum reported with it.
+Triton scoring alone, Triton top-k alone (radix select, winners ordered in-kernel) next to
+``torch.topk`` on the same scores, and scoring + top-k (the criterion) against the reference
+(gather + einsum + stable sort); the scoring launch shape is swept and the best sum reported.
 
 Bytes counted: the index keys each row reads, rows x entries x 128 x bytes per element (the
 keys are shared between rows, so much of it comes from L2; the issue's target counts it this
@@ -26,8 +27,7 @@ from deepinfer.kernels_nvidia import backend  # noqa: E402
 
 DIM, TOPK = 128, 512
 # (block_c, blocks per program, warps, stages, keys as the product's M side)
-SCORE_SWEEP = [(128, 16, 8, 3, False), (128, 8, 8, 4, False), (256, 8, 8, 3, False),
-               (128, 8, 8, 3, True), (128, 16, 8, 3, True), (64, 16, 4, 3, True)]  # fmt: skip
+SCORE_SWEEP = [(128, 8, 8, 3, True), (64, 8, 4, 3, True), (64, 32, 4, 3, True)]
 
 
 def bench(
@@ -44,6 +44,10 @@ def bench(
         )
 
     ref = {n: kernels.OPS[n].reference for n in ("indexer_scores", "select_topk")}
+    scores = backend.ops["indexer_scores"](q, w, keys, cand)
+    if not torch.equal(backend.ops["select_topk"](scores, cand, TOPK),
+                       ref["select_topk"](scores, cand, TOPK)):  # fmt: skip
+        raise AssertionError("select_topk differs from the reference")
     ms = time_cuda(run(backend.ops), iters=50)
     best = "default"
     for bc, nb, nw, ns, keys_m in sweep:
@@ -59,15 +63,15 @@ def bench(
         if alt < ms:
             ms, best = alt, name
     score_ms = time_cuda(lambda: backend.ops["indexer_scores"](q, w, keys, cand), iters=50)
-    scores = backend.ops["indexer_scores"](q, w, keys, cand)
     topk_ms = time_cuda(lambda: backend.ops["select_topk"](scores, cand, TOPK), iters=50)
     torch_topk_ms = time_cuda(lambda: scores.topk(TOPK, dim=-1), iters=50)
     ref_ms = time_cuda(run(ref), iters=10)
     read = rows * entries * DIM * keys.element_size()
     return {"case": f"T={rows} Hi={heads} entries={entries} keys={str(key_dtype)[6:]}",
-            "triton_us": ms * 1e3, "scores_only_us": score_ms * 1e3,
-            "topk_only_us": topk_ms * 1e3, "torch_topk_us": torch_topk_ms * 1e3,
-            "triton_TB/s": read / ms / 1e9, "%ceiling": 100 * read / ms / 1e9 / ceiling,
+            "scores_us": score_ms * 1e3, "scores_TB/s": read / score_ms / 1e9,
+            "topk_us": topk_ms * 1e3, "torch_topk_us": torch_topk_ms * 1e3,
+            "total_us": ms * 1e3, "total_TB/s": read / ms / 1e9,
+            "%ceiling": 100 * read / ms / 1e9 / ceiling,
             "unique_TB/s": entries * DIM * keys.element_size() / ms / 1e9,
             "reference_us": ref_ms * 1e3, "score_launch": best}  # fmt: skip
 
@@ -80,7 +84,7 @@ def bench_candidate_mask(rows: int, entries: int, blocks: int, block_size: int) 
     ms = time_cuda(lambda: backend.ops["candidate_block_mask"](*args), iters=50)
     ref_ms = time_cuda(lambda: kernels.OPS["candidate_block_mask"].reference(*args), iters=10)
     return {"case": f"candidate_block_mask T={rows} C={entries} keep {blocks}x{block_size}",
-            "triton_us": ms * 1e3, "reference_us": ref_ms * 1e3}  # fmt: skip
+            "total_us": ms * 1e3, "reference_us": ref_ms * 1e3}  # fmt: skip
 
 
 def main() -> None:
@@ -98,8 +102,12 @@ def main() -> None:
         bench(64, 64, 32768, torch.bfloat16, ceiling),
         bench_candidate_mask(64, 65536, 2048, 8),
     ]
-    cols = ["case", "triton_us", "scores_only_us", "topk_only_us", "torch_topk_us",
-            "triton_TB/s", "%ceiling", "unique_TB/s", "reference_us", "score_launch"]  # fmt: skip
+    cols = ["case", "scores_us", "scores_TB/s", "topk_us", "torch_topk_us", "total_us",
+            "total_TB/s", "%ceiling", "unique_TB/s", "reference_us", "score_launch"]  # fmt: skip
+    print(
+        f"copy ceiling {ceiling:.2f} TB/s; total = scoring + top-k (the issue's criterion: "
+        f">= 2.5 TB/s over the keys each row reads)"
+    )
     print_table(rows, cols)
     write_json(args.out, {"env": environment(), "copy_TB/s": ceiling, "rows": rows})
 
