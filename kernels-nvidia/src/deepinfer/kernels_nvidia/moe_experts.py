@@ -27,6 +27,7 @@ from deepinfer.kernels_nvidia.moe_gemm import (
     moe_down_kernel,
     moe_gate_up_kernel,
 )
+from deepinfer.kernels_nvidia.moe_stream import moe_stream_down_kernel, moe_stream_gate_up_kernel
 from deepinfer.kernels_nvidia.quant import quantize_rows
 from deepinfer.kernels_nvidia.registry import implements
 
@@ -47,6 +48,7 @@ class MoeTiles:
     down_block_n: int = 0  # 0: block_n
     use_asm: bool = True  # moe_fp8's inline-PTX nibble expansion (GPU only)
     group_m: int = 4  # moe_fp8: row blocks that sweep the column tiles together (L2 reuse)
+    block_k: int = 128  # moe_stream's K step
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ FP8_FAMILY_TILES = {
     "prefill": MoeTiles(128, 64, 8, 2, mma="fp8", down_block_n=128),
 }
 BATCH_INVARIANT_TILES = MoeTiles(64, 128, 4, 3)
+# moe_stream's families: MoeTiles.mma -> its UPCAST ("mx": tl.dot_scaled; "fp16": own unpacking)
+STREAM_FAMILIES = {"mx": "mx", "fp16-stream": "fp16"}
 
 
 def choose_tiles(
@@ -197,7 +201,11 @@ def fp4_moe_experts_tiles(
         tiles = choose_tiles(num_slots, experts, batch_invariant=invariant, on_cpu=on_cpu)
     layout = align_by_expert(topk_ids, experts, tiles.block_m)
     num_blocks = layout.block_expert.numel()
-    if tiles.mma != "bf16" and group is not None:
+    if tiles.mma in STREAM_FAMILIES and (group is not None or tiles.mma == "mx"):
+        y = _stream_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k, group,
+                           float(swiglu_limit), tiles, on_cpu)  # fmt: skip
+        return _combine(y, out, top_k)
+    if tiles.mma in ("fp8", "fp16") and group is not None:
         y = _fp8_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k, group,
                         float(swiglu_limit), tiles, on_cpu)  # fmt: skip
         return _combine(y, out, top_k)
@@ -239,6 +247,59 @@ def _combine(y: torch.Tensor, out: torch.Tensor, top_k: int) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(dim))
     moe_combine_kernel[(tokens, triton.cdiv(dim, block))](y, out, dim, TOP_K=top_k, BLOCK=block)
     return out
+
+
+def _stream_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k, group, limit,
+                   tiles, on_cpu):  # fmt: skip
+    """Gate/up then down with ``moe_stream``'s chained-accumulator kernels (``tiles.mma``:
+    ``"mx"`` or ``"fp16"``-stream); returns bf16 ``[T * k, D]`` slot rows."""
+    tokens, dim = x.shape
+    inter = w13.shape[1] // 2
+    num_slots = tokens * top_k
+    fp8 = group is not None
+    xq, xs = _quantised_input(x, group, False)
+    capacity, num_blocks = layout.row_slot.numel(), layout.block_expert.numel()
+    n1 = _block_n(inter, tiles.block_n, group)
+    h = torch.empty(
+        (capacity, inter), dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16, device=x.device
+    )
+    hs = torch.empty((capacity, inter // group if fp8 else 1), dtype=torch.float32, device=x.device)
+    w13s, w2s = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
+    weights = topk_weights.float().contiguous().view(-1)
+    upcast = STREAM_FAMILIES[tiles.mma]
+    flags = dict(A_FP8=fp8, GROUP=group or 1, SOFT_ROUND=on_cpu, SWAP_AB=tiles.swap_ab,
+                 UPCAST=upcast, USE_ASM=tiles.use_asm and not on_cpu, BLOCK_M=tiles.block_m,
+                 num_warps=tiles.num_warps, num_stages=tiles.num_stages)  # fmt: skip
+    moe_stream_gate_up_kernel[(num_blocks, inter // n1)](
+        xq, xs, w13, w13s, h, hs, layout.row_slot, layout.block_expert, weights,
+        num_slots, top_k, dim, inter, limit,
+        xq.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0), w13s.stride(1),
+        h.stride(0), hs.stride(0), OUT_GROUP=group or 0, BLOCK_N=n1,
+        BLOCK_K=_stream_block_k(dim, group, tiles.block_k), **_pow2_groups(dim, group), **flags,
+    )  # fmt: skip
+    y = torch.empty((num_slots, dim), dtype=torch.bfloat16, device=x.device)
+    n2 = _block_n(dim, tiles.down_block_n or tiles.block_n, None)
+    moe_stream_down_kernel[(num_blocks, dim // n2)](
+        h, hs, w2, w2s, y, layout.row_slot, layout.block_expert, num_slots, inter,
+        h.stride(0), hs.stride(0), w2.stride(0), w2.stride(1), w2s.stride(0), w2s.stride(1),
+        y.stride(0), BLOCK_N=n2, BLOCK_K=_stream_block_k(inter, group, tiles.block_k),
+        **_pow2_groups(inter, group), **flags,
+    )  # fmt: skip
+    return y
+
+
+def _stream_block_k(k: int, group: int | None, wanted: int) -> int:
+    for block_k in (wanted, 256, 128, 64, 32):
+        if k % block_k == 0 and block_k >= 32 and (group is None or k % group == 0):
+            return block_k
+    raise ValueError(f"K={k}: expected a multiple of 32 (and of act_quant_group={group})")
+
+
+def _pow2_groups(k: int, group: int | None) -> dict:
+    """Padded counts of the weight scales (per 32) and activation scales of a K-long row."""
+    return dict(
+        KG_P2=triton.next_power_of_2(k // 32), KA_P2=triton.next_power_of_2(k // (group or k))
+    )
 
 
 def _fp8_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k, group, limit,

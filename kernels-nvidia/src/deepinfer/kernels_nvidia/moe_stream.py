@@ -1,0 +1,219 @@
+"""Decode-shaped grouped GEMMs over FP4 (e2m1 + ue8m0) expert weights: one accumulator chained
+over the whole of K, so the tensor cores never wait for a per-block rescale.
+
+For a decode batch each touched expert sees one or two rows, so the work is streaming the
+expert's packed weights. One program takes one expert's rows (``BLOCK_M``, padded) against
+``BLOCK_N`` weight rows (gate and up together for the first GEMM) and walks K in ``BLOCK_K``
+steps with ``acc = dot(w, a, acc)``: nothing depends on the product inside the loop, so the next
+step's loads and unpacking overlap the MMAs in flight. Two ways to unpack the weights:
+
+- ``UPCAST="mx"``: ``tl.dot_scaled`` with the weights as MXFP4 (e2m1 values, one ue8m0 scale per
+  32 columns: exactly the checkpoint's format) against bf16 activations; Triton upcasts them to
+  bf16 in registers (exact: an e2m1 value times a power of two).
+- ``UPCAST="fp16"``: the nibbles become fp16 ``e2m1 * 2^-14`` by bit placement (``nibbles_to_f16``)
+  and one fp16 multiply by ``2^(14 - d)``, ``d`` = the row's largest scale exponent minus this
+  group's (``d <= 23`` exact; real and test weights have ``d <= 3``), so the whole row shares one
+  fp32 factor ``2^(ref - 127)`` applied after the loop. Activations likewise: ``q * s / s_ref``
+  in fp16 with the row's largest group scale ``s_ref`` (exact while ``s_ref / s <= 2^15``).
+
+``SWAP_AB``: the weight rows are the MMA's M side (``acc [BLOCK_N, BLOCK_M]``), the few tokens
+its N side. Activations are FP8 e4m3 with fp32 scales per ``GROUP`` columns (``A_FP8``) or bf16.
+Rows arrive grouped by expert in ``BLOCK_M`` blocks as in ``moe_gemm``: ``block_expert[b]``
+(-1: unused block) and ``row_slot[r]`` (``num_slots``: padding).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from deepinfer.kernels_nvidia.moe_fp8 import nibbles_to_f16
+from deepinfer.kernels_nvidia.moe_gemm import _store_hidden
+from deepinfer.kernels_nvidia.quant import to_bf16
+
+
+@triton.jit
+def row_max(ptr, rows, valid, stride, num_cols, NUM_COLS_P2: tl.constexpr):
+    """Max over the first ``num_cols`` entries of each row ``rows`` (0 for invalid rows)."""
+    cols = tl.arange(0, NUM_COLS_P2)
+    mask = valid[:, None] & (cols[None, :] < num_cols)
+    values = tl.load(ptr + rows[:, None] * stride + cols[None, :], mask=mask, other=0)
+    return tl.max(values, axis=1)
+
+
+@triton.jit
+def act_block(
+    a_ptr, as_ptr, rows, valid, a_ref, k0, stride_am, stride_asm,
+    A_FP8: tl.constexpr, GROUP: tl.constexpr, UPCAST: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Columns ``k0 .. k0 + BLOCK_K`` of activation rows ``rows`` (invalid rows: 0): bf16
+    ``q * s`` (``"mx"``) or fp16 ``q * s / a_ref`` (``"fp16"``); bf16 inputs pass through."""
+    cols = k0 + tl.arange(0, BLOCK_K)
+    a = tl.load(a_ptr + rows[:, None] * stride_am + cols[None, :], mask=valid[:, None], other=0.0)
+    if A_FP8:
+        # one scale per GROUP columns, loaded per column (the repeated addresses broadcast)
+        s_ptrs = as_ptr + rows[:, None] * stride_asm + (cols // GROUP)[None, :]
+        scale = tl.load(s_ptrs, mask=valid[:, None], other=0.0)
+        if UPCAST == "fp16":
+            return (a.to(tl.float32) * (scale / a_ref[:, None])).to(tl.float16)
+        return (a.to(tl.float32) * scale).to(tl.bfloat16)
+    return a.to(tl.bfloat16)
+
+
+@triton.jit
+def fp4_block_dot(
+    acc, act, w_ptr, ws_ptr, w_rows, w_ref, k0, stride_wn, stride_wsn,
+    SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, USE_ASM: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """``acc + act @ W[w_rows, k0 : k0 + BLOCK_K]^T`` (``SWAP_AB``: ``acc + W @ act^T``) in fp32;
+    ``"fp16"`` leaves out each row's ``2^(w_ref - 127)``."""
+    packed = tl.load(
+        w_ptr + w_rows[:, None] * stride_wn + (k0 // 2 + tl.arange(0, BLOCK_K // 2))[None, :]
+    )
+    packed = packed.to(tl.uint8, bitcast=True)
+    if UPCAST == "mx":
+        groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        scales = tl.load(ws_ptr + w_rows[:, None] * stride_wsn + groups[None, :])
+        if SWAP_AB:
+            return tl.dot_scaled(packed, scales, "e2m1", tl.trans(act), None, "bf16", acc,
+                                 fast_math=True)  # fmt: skip
+        return tl.dot_scaled(act, None, "bf16", tl.trans(packed), scales, "e2m1", acc,
+                             fast_math=True)  # fmt: skip
+    # the scale exponent of each packed byte's group (16 bytes share an address: a broadcast)
+    byte_groups = k0 // 32 + tl.arange(0, BLOCK_K // 2) // 16
+    scales = tl.load(ws_ptr + w_rows[:, None] * stride_wsn + byte_groups[None, :]).to(tl.int32)
+    d = w_ref[:, None] - scales
+    factor = tl.where(d <= 28, (29 - d) << 10, 0).to(tl.uint16).to(tl.float16, bitcast=True)
+    lo, hi = nibbles_to_f16(packed, USE_ASM)
+    w = tl.reshape(tl.join(lo * factor, hi * factor), (BLOCK_N, BLOCK_K))
+    if SWAP_AB:
+        return tl.dot(w, tl.trans(act), acc)
+    return tl.dot(act, tl.trans(w), acc)
+
+
+@triton.jit
+def _block_rows(row_slot_ptr, block, num_slots, BLOCK_M: tl.constexpr):
+    rows = block.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    slots = tl.load(row_slot_ptr + rows)
+    return rows, slots, slots < num_slots
+
+
+@triton.jit
+def _refs(
+    ws_ptr, w_rows, as_ptr, a_rows, a_valid, K, stride_wsn, stride_asm,
+    A_FP8: tl.constexpr, GROUP: tl.constexpr, UPCAST: tl.constexpr, KG_P2: tl.constexpr,
+    KA_P2: tl.constexpr,
+):  # fmt: skip
+    """``"fp16"``: each weight row's largest scale exponent (int32) and each activation row's
+    largest group scale (fp32, 1 for padding rows); other upcasts: unused placeholders."""
+    if UPCAST == "fp16":
+        w_ref = row_max(ws_ptr, w_rows, w_rows >= 0, stride_wsn, K // 32, KG_P2).to(tl.int32)
+        a_ref = row_max(as_ptr, a_rows, a_valid, stride_asm, K // GROUP, KA_P2)
+        return w_ref, tl.where(a_valid, a_ref, 1.0)
+    return w_rows.to(tl.int32) * 0, a_rows.to(tl.float32) * 0 + 1.0
+
+
+@triton.jit
+def _zero_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
+    if SWAP_AB:
+        return tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    return tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+
+@triton.jit
+def _row_factor(w_ref, UPCAST: tl.constexpr):
+    if UPCAST == "fp16":
+        return (w_ref << 23).to(tl.float32, bitcast=True)  # 2^(w_ref - 127)
+    return w_ref.to(tl.float32) * 0 + 1.0
+
+
+@triton.jit
+def moe_stream_gate_up_kernel(
+    x_ptr, xs_ptr, w_ptr, ws_ptr, h_ptr, hs_ptr, row_slot_ptr, block_expert_ptr, topk_w_ptr,
+    num_slots, top_k, K, inter, limit,
+    stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_hm, stride_hsm,
+    A_FP8: tl.constexpr, GROUP: tl.constexpr, OUT_GROUP: tl.constexpr, SOFT_ROUND: tl.constexpr,
+    SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, USE_ASM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    KG_P2: tl.constexpr, KA_P2: tl.constexpr,
+):  # fmt: skip
+    """``h = q(bf16(silu(min(x w1^T, L)) * clamp(x w3^T, -L, L) * router_w))`` for one block of
+    an expert's rows and ``BLOCK_N`` hidden columns; gate and up rows in the same K loop."""
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block).to(tl.int64)
+    if expert < 0:
+        return
+    rows, slots, valid = _block_rows(row_slot_ptr, block, num_slots, BLOCK_M)
+    tokens = tl.where(valid, slots // top_k, 0).to(tl.int64)
+    col0 = tl.program_id(1) * BLOCK_N
+    gate_rows = (col0 + tl.arange(0, BLOCK_N)).to(tl.int64)
+    up_rows = gate_rows + inter
+    w_e = w_ptr + expert * stride_we
+    ws_e = ws_ptr + expert * stride_wse
+    gate_ref, x_ref = _refs(ws_e, gate_rows, xs_ptr, tokens, valid, K, stride_wsn, stride_xsm,
+                            A_FP8, GROUP, UPCAST, KG_P2, KA_P2)  # fmt: skip
+    up_ref, _ = _refs(ws_e, up_rows, xs_ptr, tokens, valid, K, stride_wsn, stride_xsm,
+                      A_FP8, GROUP, UPCAST, KG_P2, KA_P2)  # fmt: skip
+    acc_gate = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+    acc_up = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+    for k0 in range(0, K, BLOCK_K):
+        a = act_block(x_ptr, xs_ptr, tokens, valid, x_ref, k0, stride_xm, stride_xsm,
+                      A_FP8, GROUP, UPCAST, BLOCK_K)  # fmt: skip
+        acc_gate = fp4_block_dot(acc_gate, a, w_e, ws_e, gate_rows, gate_ref, k0, stride_wn,
+                                 stride_wsn, SWAP_AB, UPCAST, USE_ASM, BLOCK_N, BLOCK_K)  # fmt: skip
+        acc_up = fp4_block_dot(acc_up, a, w_e, ws_e, up_rows, up_ref, k0, stride_wn, stride_wsn,
+                               SWAP_AB, UPCAST, USE_ASM, BLOCK_N, BLOCK_K)  # fmt: skip
+    if SWAP_AB:
+        gate = tl.trans(acc_gate * _row_factor(gate_ref, UPCAST)[:, None])
+        up = tl.trans(acc_up * _row_factor(up_ref, UPCAST)[:, None])
+    else:
+        gate = acc_gate * _row_factor(gate_ref, UPCAST)[None, :]
+        up = acc_up * _row_factor(up_ref, UPCAST)[None, :]
+    if UPCAST == "fp16":
+        gate = gate * x_ref[:, None]
+        up = up * x_ref[:, None]
+    gate = tl.minimum(gate, limit)
+    up = tl.clamp(up, -limit, limit)
+    router_w = tl.load(topk_w_ptr + slots, mask=valid, other=0.0)
+    hidden = gate / (1.0 + tl.exp(-gate)) * up * router_w[:, None]
+    _store_hidden(h_ptr, hs_ptr, hidden, rows, col0, stride_hm, stride_hsm,
+                  OUT_GROUP, SOFT_ROUND, BLOCK_M, BLOCK_N, False)  # fmt: skip
+
+
+@triton.jit
+def moe_stream_down_kernel(
+    h_ptr, hs_ptr, w_ptr, ws_ptr, y_ptr, row_slot_ptr, block_expert_ptr, num_slots, K,
+    stride_hm, stride_hsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_ym,
+    A_FP8: tl.constexpr, GROUP: tl.constexpr, SOFT_ROUND: tl.constexpr,
+    SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, USE_ASM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    KG_P2: tl.constexpr, KA_P2: tl.constexpr,
+):  # fmt: skip
+    """``y[slot] = bf16(h w2^T)`` for one block of an expert's rows and ``BLOCK_N`` columns."""
+    block = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + block).to(tl.int64)
+    if expert < 0:
+        return
+    rows, slots, valid = _block_rows(row_slot_ptr, block, num_slots, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_rows = cols.to(tl.int64)
+    w_e = w_ptr + expert * stride_we
+    ws_e = ws_ptr + expert * stride_wse
+    w_ref, h_ref = _refs(ws_e, w_rows, hs_ptr, rows, valid, K, stride_wsn, stride_hsm,
+                         A_FP8, GROUP, UPCAST, KG_P2, KA_P2)  # fmt: skip
+    acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+    for k0 in range(0, K, BLOCK_K):
+        a = act_block(h_ptr, hs_ptr, rows, valid, h_ref, k0, stride_hm, stride_hsm,
+                      A_FP8, GROUP, UPCAST, BLOCK_K)  # fmt: skip
+        acc = fp4_block_dot(acc, a, w_e, ws_e, w_rows, w_ref, k0, stride_wn, stride_wsn,
+                            SWAP_AB, UPCAST, USE_ASM, BLOCK_N, BLOCK_K)  # fmt: skip
+    if SWAP_AB:
+        out = tl.trans(acc * _row_factor(w_ref, UPCAST)[:, None])
+    else:
+        out = acc * _row_factor(w_ref, UPCAST)[None, :]
+    if UPCAST == "fp16":
+        out = out * h_ref[:, None]
+    out_rows = tl.where(valid, slots, 0).to(tl.int64)
+    ptrs = y_ptr + out_rows[:, None] * stride_ym + cols[None, :]
+    tl.store(ptrs, to_bf16(out, SOFT_ROUND), mask=valid[:, None])
