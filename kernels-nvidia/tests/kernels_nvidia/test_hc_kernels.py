@@ -10,7 +10,7 @@ from deepinfer.kernels_nvidia import backend
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"  # cpu: the Triton interpreter (see conftest)
-OPS = ["hc_mix_coefficients", "hc_head_coefficients", "hc_collapse", "hc_expand"]
+OPS = ["hc_mix_coefficients", "hc_head_coefficients", "hc_collapse", "hc_expand", "hc_pre"]
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
 
 

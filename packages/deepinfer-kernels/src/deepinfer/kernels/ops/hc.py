@@ -7,7 +7,13 @@ import torch
 from deepinfer.kernels.reference import hc as ref
 from deepinfer.kernels.registry import op
 
-__all__ = ["hc_mix_coefficients", "hc_head_coefficients", "hc_collapse", "hc_expand"]
+__all__ = [
+    "hc_mix_coefficients",
+    "hc_head_coefficients",
+    "hc_collapse",
+    "hc_expand",
+    "hc_pre",
+]
 
 
 @op(reference=ref.hc_mix_coefficients)
@@ -65,4 +71,27 @@ def hc_expand(
     f ``[T, D]`` sublayer output; h ``[T, nc, D]`` the streams before the sublayer;
     post ``[T, nc]`` and comb ``[T, nc, nc]`` fp32. Computed in fp32, returns ``[T, nc, D]`` of
     ``h.dtype``.
+    """
+
+
+@op(reference=ref.hc_pre)
+def hc_pre(
+    x: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    norm_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+    collapse_pre: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One mHC pre site: :func:`hc_mix_coefficients` of ``x`` and the collapse of ``x``, fused
+    (one pass over the streams where the backend can).
+
+    x ``[T, nc, D]`` (bf16 / fp16 / fp32); fn, base, scale and the eps / iteration arguments as
+    in :func:`hc_mix_coefficients`. The collapse weights are this site's ``pre`` (V4), or
+    ``collapse_pre [T, nc]`` fp32 when given (V4.1's deferred pre-mix: the previous site's
+    weights collapse these streams). Returns ``(y [T, D] of x.dtype, pre [T, nc], post [T, nc],
+    comb [T, nc, nc])``, the weights fp32: ``y = hc_collapse(x, collapse_pre or pre)``.
     """

@@ -57,3 +57,21 @@ def hc_expand(
 ) -> torch.Tensor:
     mixed = torch.einsum("tjk,tjd->tkd", comb.float(), h.float())
     return (post.float().unsqueeze(-1) * f.float().unsqueeze(-2) + mixed).to(h.dtype)
+
+
+def hc_pre(
+    x: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    norm_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+    collapse_pre: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    pre, post, comb = hc_mix_coefficients(
+        x, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters
+    )
+    y = hc_collapse(x, pre if collapse_pre is None else collapse_pre)
+    return y, pre, post, comb
