@@ -1,13 +1,9 @@
 """Top-k selection over indexer scores and V4.1's candidate-block pre-filter, in Triton.
 
-Selection (``select_topk``): one program per row holds the row's scores in registers and finds
-the k-th largest by a radix select on the order-preserving integer image of the fp32 bits:
-four 8-bit digit histograms (most significant first), each narrowing the prefix of the
-threshold. The winners (above the threshold, then ties at it in column order) are packed as
-``key << 32 | ~column`` into a per-row scratch, sorted there in registers (descending: score,
-then lowest column first) and written as candidate values, ``-1`` padding. The result equals a
-stable descending sort's first k. Rows wider than ``TOPK_MAX_CANDIDATES`` use torch's stable
-sort. ``candidate_block_mask`` keeps the earlier binary-search kernel (winners in column order).
+Selection (``select_topk``): the radix-select kernel of :mod:`.indexer_select` (one program
+per row; the result equals a stable descending sort's first k). Rows wider than
+``TOPK_MAX_CANDIDATES`` use torch's stable sort. ``candidate_block_mask`` keeps the earlier
+binary-search kernel (winners in column order).
 """
 
 from __future__ import annotations
@@ -16,22 +12,14 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.kernels_nvidia.indexer_select import _ordered_key, launch_select
 from deepinfer.kernels_nvidia.registry import implements
 
 TOPK_MAX_CANDIDATES = 16384  # widest row the register-resident top-k kernel takes
 SELECT_DIGIT = 5  # radix digit bits per pass (histograms of 2**SELECT_DIGIT bins)
-SELECT_RANK_SORT = False  # order the winners by counting ranks instead of a bitonic sort
+SELECT_CAP = 2048  # keys left sharing the prefix when the radix passes move to a compact copy
+SELECT_ATOMIC = True  # compaction and winner slots from atomic counters (else prefix sums)
 SELECT_WARPS = 16  # most warps per selection program (16,384-wide rows)
-
-
-@triton.jit
-def _ordered_key(scores):
-    """uint32 keys in the order of the fp32 ``scores``; 0 for ``-inf`` / NaN (never chosen)."""
-    scores = tl.where(scores == 0.0, 0.0, scores)  # -0.0 ties with +0.0, as in torch.sort
-    bits = scores.to(tl.int32, bitcast=True)
-    signed = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    key = (signed ^ -2147483648).to(tl.uint32, bitcast=True)
-    return tl.where(scores > float("-inf"), key, 0)
 
 
 @triton.jit
@@ -68,93 +56,6 @@ def _topk_kernel(
     tl.store(out_ptr + row * stride_ot + tail, tl.full([BLOCK_K], -1, tl.int32), mask=pad)
 
 
-@triton.jit
-def _kth_largest_key(key, match_count, want, BLOCK_C: tl.constexpr, DIGIT: tl.constexpr):
-    """The ``want``-th largest of the ``key`` values that are > 0 (``match_count`` of them;
-    ``want >= 1``), by a radix select over ``DIGIT``-bit digits, most significant first, that
-    stops as soon as every key sharing the chosen prefix is needed.
-
-    Keys outside the prefix (and the zeros) all land in bin 0 of each ``2**DIGIT``-bin
-    histogram; the known number of them is taken back out, so no histogram needs a mask."""
-    NB: tl.constexpr = 1 << DIGIT
-    bins = tl.arange(0, NB)
-    match = key > 0
-    rest = want
-    shift = tl.full([], 32 - DIGIT, tl.int32)
-    found = match_count == want
-    while (shift >= 0) & (found == 0):
-        digit = ((key >> shift.to(tl.uint32)) & (NB - 1)).to(tl.int32)
-        hist = tl.histogram(tl.where(match, digit, 0), NB)
-        hist -= tl.where(bins == 0, BLOCK_C - match_count, 0)
-        at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # count(d >= b)
-        chosen = tl.sum((at_or_above >= rest).to(tl.int32), axis=0) - 1
-        in_bin = tl.sum(tl.where(bins == chosen, hist, 0), axis=0)
-        rest -= tl.sum(tl.where(bins == chosen, at_or_above, 0), axis=0) - in_bin
-        match = match & (digit == chosen)
-        match_count = in_bin
-        found = in_bin == rest  # every key left with this prefix is a winner
-        shift = tl.where(shift == 0, -1, tl.maximum(shift - DIGIT, 0))
-    return tl.min(tl.where(match, key, 4294967295), axis=0)
-
-
-@triton.jit
-def _rank_and_store(scratch, cand_row, out_row, want, k, BLOCK_K: tl.constexpr,
-                    RANK_CHUNK: tl.constexpr, RANK_SORT: tl.constexpr):  # fmt: skip
-    """Order the ``want`` packed winners in ``scratch[:BLOCK_K]`` (the rest hold the smallest
-    int64) descending and write their candidates, ``-1`` from ``want`` up to ``k``."""
-    tail = tl.arange(0, BLOCK_K)
-    packed = tl.load(scratch + tail)
-    if RANK_SORT:  # each winner's place = how many packed values exceed its own (all distinct)
-        rank = tl.zeros([BLOCK_K], tl.int32)
-        for j0 in range(0, BLOCK_K, RANK_CHUNK):
-            other = tl.load(scratch + j0 + tl.arange(0, RANK_CHUNK))
-            rank += tl.sum((other[None, :] > packed[:, None]).to(tl.int32), axis=1)
-    else:
-        packed = tl.sort(packed, 0, descending=True)
-        rank = tail
-    column = (4294967295 - (packed & 4294967295)).to(tl.int32)
-    valid = tail < want
-    picked = tl.load(cand_row + column, mask=valid, other=-1).to(tl.int64)
-    tl.store(out_row + rank, picked, mask=valid)
-    tl.store(out_row + tail, tl.full([BLOCK_K], -1, tl.int64), mask=(tail >= want) & (tail < k))
-
-
-@triton.jit
-def _select_kernel(
-    scores_ptr, cand_ptr, out_ptr, scratch_ptr, num_cand, k,
-    stride_st, stride_ct, stride_ot,
-    BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, DIGIT: tl.constexpr,
-    RANK_SORT: tl.constexpr, RANK_CHUNK: tl.constexpr,
-):  # fmt: skip
-    """One program per row: the k-th largest key by radix select, the winners (above it, then
-    ties at it in column order, found with one prefix sum) packed as ``key << 32 | ~column``
-    into a per-row scratch, then ordered there (a sort, or ranks by counting)."""
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK_C)
-    scores = tl.load(scores_ptr + row * stride_st + offs, mask=offs < num_cand, other=-float("inf"))
-    key = _ordered_key(scores)
-    num_valid = tl.sum((key > 0).to(tl.int32), axis=0)
-    want = tl.minimum(num_valid, k)
-    threshold = 4294967295  # nothing valid: nothing wins
-    if want > 0:
-        threshold = _kth_largest_key(key, num_valid, want, BLOCK_C, DIGIT)
-    win = key > threshold
-    tied = (key == threshold) & (key > 0)
-    slots = tl.cumsum(win.to(tl.int32) + (tied.to(tl.int32) << 16), axis=0)  # both counts at once
-    num_above = tl.sum(win.to(tl.int32), axis=0)
-    slot = tl.where(win, (slots & 65535) - 1, num_above + (slots >> 16) - 1)
-    keep = win | (tied & (slot < want))
-    packed = ((key ^ 2147483648).to(tl.int32, bitcast=True).to(tl.int64) << 32) + (
-        4294967295 - offs.to(tl.int64))  # fmt: skip
-    scratch = scratch_ptr + row * BLOCK_K
-    tl.store(scratch + slot, packed, mask=keep)
-    tail = tl.arange(0, BLOCK_K)
-    tl.store(scratch + tail, tl.full([BLOCK_K], -9223372036854775808, tl.int64), mask=tail >= want)
-    tl.debug_barrier()
-    _rank_and_store(scratch, cand_ptr + row * stride_ct, out_ptr + row * stride_ot, want, k,
-                    BLOCK_K, RANK_CHUNK, RANK_SORT)  # fmt: skip
-
-
 def _winner_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
     """``[T, k]`` int32 columns of each row's k best finite scores, in column order, ``-1``
     pads (scores ``[T, C]`` fp32 with unit column stride, ``C <= TOPK_MAX_CANDIDATES``)."""
@@ -181,18 +82,11 @@ def _topk_torch(scores, candidates, k):
     return picked
 
 
-def select_launch(width: int) -> dict:
-    """Launch shape of the selection kernel for rows ``width`` wide (benchmarks override)."""
-    block_c = triton.next_power_of_2(max(width, 16))
-    return {"digit": SELECT_DIGIT, "rank_sort": SELECT_RANK_SORT,
-            "num_warps": min(SELECT_WARPS, max(4, block_c // 1024))}  # fmt: skip
-
-
 @implements("select_topk")
-def select_topk(scores, candidates, k, *, digit=None, rank_sort=None, num_warps=None):
-    """Rows up to ``TOPK_MAX_CANDIDATES`` wide: the Triton radix select with the winners
-    ordered in the same kernel; wider rows: torch's stable sort. The keywords override the
-    launch (benchmark sweeps); none changes the result.
+def select_topk(scores, candidates, k, *, digit=None, cap=None, num_warps=None, atomic=None):
+    """Rows up to ``TOPK_MAX_CANDIDATES`` wide: the Triton radix select of
+    :mod:`.indexer_select` (winners ordered in the same kernel); wider rows: torch's stable
+    sort. The keywords override the launch (benchmark sweeps); none changes the result.
     ``+inf`` / NaN scores are not expected (the scores are finite or ``-inf``)."""
     if scores.shape != candidates.shape or scores.dim() != 2:
         raise ValueError(
@@ -207,19 +101,12 @@ def select_topk(scores, candidates, k, *, digit=None, rank_sort=None, num_warps=
         return torch.full((rows, k), -1, dtype=torch.int64, device=scores.device)
     scores = scores if scores.stride(1) == 1 else scores.contiguous()
     candidates = candidates if candidates.stride(1) == 1 else candidates.contiguous()
-    launch = select_launch(width)
-    block_k = triton.next_power_of_2(k)
-    out = torch.empty(rows, k, dtype=torch.int64, device=scores.device)
-    scratch = torch.empty(rows, block_k, dtype=torch.int64, device=scores.device)
-    rank_sort = launch["rank_sort"] if rank_sort is None else rank_sort
-    _select_kernel[(rows,)](
-        scores, candidates, out, scratch, width, k,
-        scores.stride(0), candidates.stride(0), out.stride(0),
-        BLOCK_C=triton.next_power_of_2(max(width, 16)), BLOCK_K=block_k,
-        DIGIT=digit or launch["digit"], RANK_SORT=bool(rank_sort),
-        RANK_CHUNK=min(block_k, 32), num_warps=num_warps or launch["num_warps"],
+    block_c = triton.next_power_of_2(max(width, 16))
+    return launch_select(
+        scores, candidates, k, digit=digit or SELECT_DIGIT, cap=cap or SELECT_CAP,
+        num_warps=num_warps or min(SELECT_WARPS, max(4, block_c // 1024)),
+        atomic=SELECT_ATOMIC if atomic is None else atomic,
     )  # fmt: skip
-    return out
 
 
 @implements("candidate_block_mask")
