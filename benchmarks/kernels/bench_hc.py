@@ -1,20 +1,25 @@
 """mHC on the GPU at V4-Flash (D 4096) and V4.1-Flash (D 5120) widths, 4 streams, bf16:
-Triton kernels vs the reference (plain torch, cuBLAS for the projection).
+Triton kernels vs the reference (plain torch, cuBLAS for the projection), in one run.
 
-pre  = hc_mix_coefficients + hc_collapse (the coefficients, Sinkhorn, then the collapse: two ops,
-       the streams read twice); "pre fused" = ``kernels_nvidia.hc_pre.hc_pre`` (one launch, the
-       streams read once; not an op yet); the coefficients' projection M is swept (16 / 64);
-post = hc_expand (``post f + C^T h``).
+pre, the ``hc_pre`` op (coefficients with Sinkhorn + the collapse):
+  "pre fused deferred"  V4.1: ``collapse_pre`` given, ONE launch reading the streams once;
+  "pre fused v4"        V4: the same streaming coefficient launch, then the collapse
+                        (``hc_collapse``) reading the streams again;
+  "pre two-op"          ``hc_mix_coefficients`` (two launches) + ``hc_collapse``;
+  reference             the op's plain-torch twin.
+post = hc_expand (``post f + C^T h``), Triton vs reference.
 Bytes counted are the fewest the step must move: pre reads the streams once and writes the
 collapsed row (T x 5 x D x 2 B); post reads f and the streams and writes the new streams
-(T x 9 x D x 2 B). Ceiling: the copy rate measured in the same run.
+(T x 9 x D x 2 B). Ceiling: the copy rate measured in the same run. ``--sweep`` also times the
+fused pre's launch shapes (each compiled first, in parallel subprocesses).
 
-    python benchmarks/kernels/bench_hc.py --out bench-out/hc.json
+    python benchmarks/kernels/bench_hc.py --tokens 16384 --sweep --out bench-out/hc.json
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,83 +29,137 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import copy_bandwidth_tbs, environment, print_table, time_cuda, write_json  # noqa: E402
 
 from deepinfer import kernels  # noqa: E402
-from deepinfer.kernels_nvidia import backend  # noqa: E402
-from deepinfer.kernels_nvidia.hc_pre import hc_pre  # noqa: E402
+from deepinfer.kernels_nvidia import hc  # noqa: E402
+from deepinfer.kernels_nvidia.hc_pre import DEFAULT_TILES, HcPreTiles, hc_pre  # noqa: E402
 
 NC = 4
 KW = {"norm_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20}
+SWEEP = [  # (tokens per program, chunk columns, warps, columns per step, stages)
+    HcPreTiles(64, 512, 4, 32, 3), HcPreTiles(64, 512, 8, 32, 3), HcPreTiles(64, 512, 8, 16, 4),
+    HcPreTiles(64, 1024, 8, 16, 4), HcPreTiles(32, 512, 4, 32, 3), HcPreTiles(32, 512, 4, 16, 4),
+    HcPreTiles(32, 256, 4, 32, 3), HcPreTiles(64, 512, 4, 16, 4), HcPreTiles(128, 512, 8, 16, 3),
+    HcPreTiles(64, 256, 8, 32, 3), HcPreTiles(64, 512, 8, 64, 3), HcPreTiles(32, 1024, 8, 32, 3),
+]  # fmt: skip
 
 
-def _ops(impl):
-    def pre(h, fn, base, scale):
-        p, post, comb = impl["hc_mix_coefficients"](h, fn, base, scale, **KW)
-        return impl["hc_collapse"](h, p), post, comb
+def _inputs(tokens: int, dim: int):
+    g = torch.Generator(device="cuda").manual_seed(tokens + dim)
+    h = torch.randn(tokens, NC, dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    f = torch.randn(tokens, dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    fn = torch.randn((2 + NC) * NC, NC * dim, device="cuda", generator=g) * (NC * dim) ** -0.5
+    base = torch.randn((2 + NC) * NC, device="cuda", generator=g)
+    scale = torch.rand(3, device="cuda", generator=g) + 0.5
+    given = torch.rand(tokens, NC, device="cuda", generator=g) + 0.1
+    return h, f, fn, base, scale, given
 
-    def post(f, h, p, comb):
-        return impl["hc_expand"](f, h, p, comb)
 
-    return pre, post
+def _pre_variants(h, fn, base, scale, given, tiles=None):
+    ref = kernels.OPS["hc_pre"].reference
+
+    def two_op():
+        p, post, comb = hc.hc_mix_coefficients(h, fn, base, scale, **KW)
+        return hc.hc_collapse(h, p), post, comb
+
+    return {
+        "pre fused deferred": lambda: hc_pre(
+            h, fn, base, scale, collapse_pre=given, tiles=tiles, **KW
+        ),  # fmt: skip
+        "pre fused v4": lambda: hc_pre(h, fn, base, scale, tiles=tiles, **KW),
+        "pre two-op": two_op,
+        "pre reference": lambda: ref(h, fn, base, scale, **KW),
+    }
+
+
+def _row(stage, dim, tokens, ms, nbytes, ceiling, **extra):
+    tbs = nbytes / ms / 1e9
+    return {"stage": stage, "dim": dim, "tokens": tokens, "us": ms * 1e3, "TB/s": tbs,
+            "%copy": 100 * tbs / ceiling, **extra}  # fmt: skip
+
+
+def _errors(got, want) -> dict:
+    """Largest differences from the reference: y (bf16 steps) and the fp32 weights."""
+    diffs = [float((a.float() - b.float()).abs().max()) for a, b in zip(got, want)]
+    return {"y_err": diffs[0], "coeff_err": max(diffs[1:])}
 
 
 def bench_shape(tokens: int, dim: int, ceiling: float) -> list[dict]:
-    width = NC * dim
-    h = torch.randn(tokens, NC, dim, device="cuda", dtype=torch.bfloat16)
-    f = torch.randn(tokens, dim, device="cuda", dtype=torch.bfloat16)
-    fn = torch.randn((2 + NC) * NC, width, device="cuda") * width**-0.5
-    base = torch.randn((2 + NC) * NC, device="cuda")
-    scale = torch.rand(3, device="cuda") + 0.5
-    impls = {
-        "triton": _ops(backend.ops),
-        "reference": _ops({n: kernels.OPS[n].reference for n in backend.ops}),
-    }
-    _, post_c, comb_c = impls["reference"][0](h, fn, base, scale)
+    h, f, fn, base, scale, given = _inputs(tokens, dim)
+    pre_bytes, post_bytes = tokens * 5 * dim * 2, tokens * 9 * dim * 2
+    want = kernels.OPS["hc_pre"].reference(h, fn, base, scale, collapse_pre=given, **KW)
     rows = []
-    for stage, nbytes in (("pre", tokens * 5 * dim * 2), ("post", tokens * 9 * dim * 2)):
-        row = {"stage": stage, "dim": dim, "tokens": tokens}
-        for name, (pre, post) in impls.items():
-            fn_ = (lambda p=pre: p(h, fn, base, scale)) if stage == "pre" else (
-                lambda q=post: q(f, h, post_c, comb_c))  # fmt: skip
-            ms = time_cuda(fn_, iters=50)
-            row[f"{name}_us"] = ms * 1e3
-            row[f"{name}_TB/s"] = nbytes / ms / 1e9
-        row["triton_%ceiling"] = 100 * row["triton_TB/s"] / ceiling
-        rows.append(row)
-    pre_c = kernels.OPS["hc_mix_coefficients"].reference(h, fn, base, scale, **KW)[0]
-    ops = backend.ops
-    rows[0]["coefficients_us"] = 1e3 * time_cuda(
-        lambda: ops["hc_mix_coefficients"](h, fn, base, scale, **KW), iters=50
-    )
-    rows[0]["collapse_us"] = 1e3 * time_cuda(lambda: ops["hc_collapse"](h, pre_c), iters=50)
-    for bt in (64, 32):
-        us = 1e3 * time_cuda(lambda b=bt: ops["hc_mix_coefficients"](
-            h, fn, base, scale, tokens_per_program=b, **KW), iters=50)  # fmt: skip
-        rows[0][f"coefficients_m{bt}_us"] = us
-    fused = {"stage": "pre fused", "dim": dim, "tokens": tokens}
-    ms = time_cuda(lambda: hc_pre(h, fn, base, scale, **KW), iters=20)
-    fused.update({"triton_us": ms * 1e3, "triton_TB/s": tokens * 5 * dim * 2 / ms / 1e9})
-    fused["triton_%ceiling"] = 100 * fused["triton_TB/s"] / ceiling
-    rows.append(fused)
+    for name, fn_ in _pre_variants(h, fn, base, scale, given).items():
+        extra = _errors(fn_(), want) if name == "pre fused deferred" else {}
+        rows.append(_row(name, dim, tokens, time_cuda(fn_, iters=50), pre_bytes, ceiling, **extra))
+    _, post, comb = want[1:]
+    ref_expand = kernels.OPS["hc_expand"].reference
+    for name, fn_ in (("post", lambda: hc.hc_expand(f, h, post, comb)),
+                      ("post reference", lambda: ref_expand(f, h, post, comb))):  # fmt: skip
+        rows.append(_row(name, dim, tokens, time_cuda(fn_, iters=50), post_bytes, ceiling))
+    pre = want[1]
+    rows.append(_row("  collapse alone", dim, tokens, time_cuda(lambda: hc.hc_collapse(h, pre)),
+                     pre_bytes, ceiling))  # fmt: skip
     return rows
+
+
+def sweep_shape(tokens: int, dim: int, ceiling: float) -> list[dict]:
+    h, _, fn, base, scale, given = _inputs(tokens, dim)
+    rows = []
+    for tiles in SWEEP:
+        for name in ("pre fused deferred", "pre fused v4"):
+            fn_ = _pre_variants(h, fn, base, scale, given, tiles)[name]
+            try:
+                ms = time_cuda(fn_, warmup=3, iters=30)
+            except Exception as e:  # a shape that does not compile is reported, not fatal
+                print(f"{name} {tiles}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                continue
+            tag = "x".join(map(str, vars(tiles).values()))
+            rows.append(_row(f"sweep {name} {tag}", dim, tokens, ms, tokens * 5 * dim * 2,
+                             ceiling))  # fmt: skip
+            print(rows[-1], flush=True)
+    return rows
+
+
+def _warm(index: int) -> None:
+    """Compile SWEEP[index] in both modes (a subprocess: Triton's cache keeps the binaries)."""
+    for dim in (4096, 5120):
+        h, _, fn, base, scale, given = _inputs(128, dim)
+        for name in ("pre fused deferred", "pre fused v4"):
+            _pre_variants(h, fn, base, scale, given, SWEEP[index])[name]()
+    torch.cuda.synchronize()
+
+
+def _warm_all(parallel: int = 16) -> None:
+    jobs = [[sys.executable, __file__, "--warm", str(i)] for i in range(len(SWEEP))]
+    for start in range(0, len(jobs), parallel):
+        for proc in [subprocess.Popen(j) for j in jobs[start : start + parallel]]:
+            proc.wait()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="write the results as JSON here")
-    parser.add_argument("--tokens", default="64,4096,16384")
+    parser.add_argument("--tokens", default="16384")
+    parser.add_argument("--sweep", action="store_true", help="also time the pre launch shapes")
+    parser.add_argument("--warm", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_hc.py needs an NVIDIA GPU")
+    if args.warm is not None:
+        return _warm(args.warm)
+    if args.sweep:
+        _warm_all()
     ceiling = copy_bandwidth_tbs()
-    print(f"measured copy bandwidth: {ceiling:.2f} TB/s")
+    print(f"measured copy bandwidth: {ceiling:.2f} TB/s; default pre tiles {DEFAULT_TILES}")
     rows = []
     for dim in (4096, 5120):
         for tokens in map(int, args.tokens.split(",")):
             rows += bench_shape(tokens, dim, ceiling)
-    cols = ["stage", "dim", "tokens", "triton_us", "triton_TB/s", "triton_%ceiling",
-            "coefficients_us", "coefficients_m64_us", "coefficients_m32_us", "collapse_us",
-            "reference_us", "reference_TB/s"]  # fmt: skip
+            if args.sweep and tokens >= 4096:
+                rows += sweep_shape(tokens, dim, ceiling)
+    cols = ["stage", "dim", "tokens", "us", "TB/s", "%copy", "y_err", "coeff_err"]
     print_table(rows, cols)
-    write_json(args.out, {"env": environment(), "copy_TB/s": ceiling, "rows": rows})
+    write_json(args.out, {"env": environment(), "copy_TB/s": ceiling,
+                          "default_tiles": vars(DEFAULT_TILES), "rows": rows})  # fmt: skip
 
 
 if __name__ == "__main__":

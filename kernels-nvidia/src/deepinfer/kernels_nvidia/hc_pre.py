@@ -1,28 +1,32 @@
-"""mHC pre stage in ONE pass over the streams (4 streams): the coefficients (RMS, projection,
-sigmoid heads, Sinkhorn) fused with the collapse ``y = sum_j p[j] h[j]``.
+"""mHC pre site (``hc_pre``) for 4 streams: the coefficients (RMS, projection, sigmoid heads,
+Sinkhorn) and the collapse ``y = sum_j p[j] h[j]``, streaming the streams once.
 
-A program owns ``BT`` tokens x ``DC`` columns of each of the 4 streams and keeps them in
-registers. It writes its partial projection (fp32, the 3-term bf16 split of :mod:`.hc` on the
-tensor cores) with the partial sum of squares, then arrives at its tile's counter. The LAST
-program to arrive adds the tile's partials (one tree sum over chunks in a fixed order) and
-finishes ``pre``, ``post`` and ``comb`` for the tile.
+One launch computes the coefficients: a program owns ``BT`` tokens x a fixed chunk of ``DC``
+columns of each of the 4 streams and walks it in ``BK``-column steps (software-pipelined loads),
+accumulating the partial projection (fp32 weights as three bf16 terms on the tensor cores, as in
+:mod:`.hc`) and the partial sum of squares. It stores its ``[BT, 32]`` partial and arrives at
+its tile's counter; the LAST program to arrive adds the tile's partials (one fixed-order sum over
+chunks) and finishes ``pre``, ``post`` and ``comb``. Nobody waits.
 
-Two collapse weights ``p``:
+- ``collapse_pre`` given (V4.1's deferred pre-mix: the previous site's weights collapse these
+  streams): each step also collapses the columns it just loaded, so the streams are read ONCE.
+- V4 (``p = pre`` of the same streams): a collapse needs every column's projection first. The
+  collapse then runs as a second pass (:func:`.hc.hc_collapse`), which reads the streams from L2
+  when ``T x 4 x D`` fits there (decode batches) and from HBM at prefill sizes.
 
-- ``collapse_pre`` given (V4.1's deferred pre-mix: the collapse uses the previous site's
-  weights): nobody waits; every program collapses its own columns at once.
-- V4 (``p = pre`` of the same streams): the last arriver publishes ``pre`` and bumps the counter
-  once more; the others wait for that (a volatile poll with a ``nanosleep`` backoff), read the
-  ``BT x 4`` weights and collapse the columns they hold. A waiting program only needs the other
-  chunks of its own tile, whose program ids are adjacent (chunk is the fastest grid index) and
-  dispatched before any later tile's, so the lowest unfinished tile always runs.
+Why not one V4 pass (H200, 2026-11-30, 16,384 tokens x 4 x 4096, ``benchmarks/results/
+2026-11-30-h200-hc-v3-sweep.json``): the grid-wide variant (programs keep their columns in
+registers, wait for the tile's other chunks, then collapse; code at 7fee014) measured 1.47 ms at
+best, and 0.75 ms even with the wait removed (wrong results; the floor): a program can hold only
+~16 KB of streams, its load, projection and arrival take 7-10 us (per-program timestamps), and
+at most ~280 programs fit at once (registers), i.e. < 1 TB/s. Holding a 3 TB/s stream across a
+~10 us wait needs ~30 MB on chip. The first version's 77 ms (every program loading all chunks'
+partials at once: 255 registers) is gone (1.98 ms with grouped loads) but the design stays
+latency-bound; a persistent, software-pipelined grid was slower still (4.9-15 ms).
 
-Under the Triton interpreter (CPU tensors) programs run one after another, so in the V4 mode a
-tile is one program there (``DC`` covers ``D``) and nothing waits.
-
-Chunking depends only on ``D`` (never on ``T``), and a token's sums never mix rows, so results
+Chunking depends only on ``D`` (never on ``T``) and a token's sums never mix rows, so results
 are batch invariant; they equal ``hc_mix_coefficients`` + ``hc_collapse`` up to fp32 summation
-order (different chunking).
+order. Under the Triton interpreter nothing waits either, so the same code runs on CPU.
 """
 
 from __future__ import annotations
@@ -33,12 +37,11 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.kernels_nvidia.hc import _split_dot
+from deepinfer.kernels_nvidia.hc import _split_dot, hc_collapse
 from deepinfer.kernels_nvidia.registry import implements
 
 NC_FUSED = 4  # streams the fused kernel handles (V4 / V4.1 hc_mult)
-# Partial columns: 0..3 pre mixes, 4 the sum of squares (what the collapse waits for: one group
-# of 8), 8..11 post, 12..27 comb; 5..7 and 28..31 zero.
+# Partial columns: 0..3 pre mixes, 4 the sum of squares, 8..11 post, 12..27 comb; rest zero.
 NPAD = tl.constexpr(32)
 SQ_COL = tl.constexpr(4)
 POST_COL = tl.constexpr(8)
@@ -47,81 +50,23 @@ COMB_COL = tl.constexpr(12)
 
 @dataclass(frozen=True)
 class HcPreTiles:
-    """Tokens per tile, stream columns per program, warps (the launch shape)."""
+    """Launch shape: tokens per program, stream columns per program (the chunk: fixed per D,
+    never per T), warps, columns per step, pipeline stages."""
 
-    block_tokens: int = 32
-    block_cols: int = 128
+    block_tokens: int = 64
+    block_cols: int = 512
     num_warps: int = 4
-
-
-@dataclass(frozen=True)
-class HcPreSync:
-    """How a V4-mode program waits (benchmark sweeps; the defaults are the measured best).
-
-    wait: 0 = never (WRONG results, a timing floor), 1 = volatile loads, 2 = atomic reads.
-    sleep_ns: ``nanosleep`` between polls (0 = spin). counter_stride: int32 slots between tiles'
-    counters (32 = one 128-byte line each). all_reduce: every program adds the tile's partials
-    itself (the first design) instead of reading the last arriver's ``pre``. reread: waiters load
-    their columns again (L2) after the wait instead of holding them in registers.
-    """
-
-    wait: int = 1
-    sleep_ns: int = 64
-    counter_stride: int = 32
-    all_reduce: bool = False
-    reread: bool = False
+    block_k: int = 32
+    num_stages: int = 3
 
 
 DEFAULT_TILES = HcPreTiles()
-DEFAULT_SYNC = HcPreSync()
-
-
-@triton.jit
-def _now(anchor):
-    """%globaltimer in ns (trace only)."""
-    return tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l,r", [anchor], dtype=tl.int64, is_pure=False, pack=1
-    )
-
-
-@triton.jit
-def _smid(anchor):
-    return tl.inline_asm_elementwise(
-        "mov.u32 $0, %smid;", "=r,r", [anchor], dtype=tl.int32, is_pure=False, pack=1
-    )
-
-
-@triton.jit
-def _nap(seen, ns):
-    """``seen`` unchanged after sleeping about ``ns`` nanoseconds."""
-    return tl.inline_asm_elementwise(
-        "nanosleep.u32 $2;\n\tmov.b32 $0, $1;", "=r,r,r", [seen, ns], dtype=tl.int32,
-        is_pure=False, pack=1,
-    )  # fmt: skip
-
-
-@triton.jit
-def _wait_until(count_ptr, target, seen, WAIT: tl.constexpr, SLEEP_NS: tl.constexpr):
-    """Poll the counter until it reaches ``target``; then acquire what was released before."""
-    if WAIT == 1:
-        while seen < target:
-            if SLEEP_NS > 0:
-                seen = _nap(seen, SLEEP_NS)
-            seen = tl.load(count_ptr, volatile=True)
-    elif WAIT == 2:
-        while seen < target:
-            if SLEEP_NS > 0:
-                seen = _nap(seen, SLEEP_NS)
-            seen = tl.atomic_add(count_ptr, 0, sem="relaxed")
-    if WAIT > 0:
-        tl.atomic_add(count_ptr, 0, sem="acquire")
-        tl.debug_barrier()
 
 
 @triton.jit
 def _sum_chunks(part_ptr, slot0, num_chunks, t_loc, g, BT: tl.constexpr, CG: tl.constexpr):
     """[BT, 8] sum over the tile's chunks of partial columns ``8g .. 8g+7``: groups of ``CG``
-    chunks in order, a tree inside each (the same order in every program, for any T)."""
+    chunks in order, a tree inside each (the same order for any T)."""
     cg = tl.arange(0, CG)
     k = tl.arange(0, 8)
     acc = tl.zeros([BT, 8], tl.float32)
@@ -154,8 +99,8 @@ def _post_comb(
     tl.store(post_ptr + tokens[:, None] * 4 + j[None, :], post, mask=m2)
     jk = j[:, None] * 4 + j[None, :]
     m3 = tmask[:, None, None]
-    logits = tl.load(mix_ptr + tokens[:, None, None] * NPAD + COMB_COL + jk[None, :, :], mask=m3,
-                     other=0.0)  # fmt: skip
+    logits = tl.load(mix_ptr + tokens[:, None, None] * NPAD + COMB_COL + jk[None, :, :],
+                     mask=m3, other=0.0)  # fmt: skip
     logits = logits * tl.load(scale_ptr + 2) + tl.load(base_ptr + 8 + jk)[None, :, :]
     peak = tl.max(logits, axis=2)
     comb = tl.exp(logits - peak[:, :, None])
@@ -168,136 +113,89 @@ def _post_comb(
 
 
 @triton.jit
-def _partial_projection(x0, x1, x2, x3, fn_ptr, cols, cmask, dim, width, X_BF16: tl.constexpr):
-    """[BT, 32] partial mixes of the 4 stream chunks; column SQ_COL: partial sum of squares."""
-    outs = tl.arange(0, NPAD)
-    acc = tl.zeros([x0.shape[0], NPAD], tl.float32)
-    fn_row = tl.where(outs < 4, outs, outs - 4)  # fn rows 0..3 -> 0..3, 4..23 -> 8..27
-    used = (outs < 4) | ((outs >= POST_COL) & (outs < COMB_COL + 16))
-    wmask = cmask[:, None] & used[None, :]
-    w_offs = cols[:, None] + fn_row[None, :] * width
-    acc = _split_dot(x0, tl.load(fn_ptr + w_offs, mask=wmask, other=0.0), acc, X_BF16)
-    acc = _split_dot(x1, tl.load(fn_ptr + w_offs + dim, mask=wmask, other=0.0), acc, X_BF16)
-    acc = _split_dot(x2, tl.load(fn_ptr + w_offs + 2 * dim, mask=wmask, other=0.0), acc, X_BF16)
-    acc = _split_dot(x3, tl.load(fn_ptr + w_offs + 3 * dim, mask=wmask, other=0.0), acc, X_BF16)
-    f0, f1, f2, f3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
-    sq = tl.sum(f0 * f0 + f1 * f1 + f2 * f2 + f3 * f3, axis=1)
-    return tl.where(outs[None, :] == SQ_COL, sq[:, None], acc)
-
-
-@triton.jit
-def _finish_pre(part_ptr, slot0, num_chunks, t_loc, tokens, tmask, base_ptr, scale_ptr,
-                pre_ptr, dim, norm_eps, hc_eps, BT: tl.constexpr, CG: tl.constexpr):  # fmt: skip
-    """Sum the tile's first partial group: returns (its sum [BT, 8], rms [BT]) and stores
-    ``pre`` (columns 0..3 of the group, rms-scaled, through the sigmoid head)."""
+def _finish_tile(
+    part_ptr, mix_ptr, slot0, num_chunks, t_loc, tokens, tmask, base_ptr, scale_ptr,
+    pre_ptr, post_ptr, comb_ptr, dim, norm_eps, hc_eps, sinkhorn_iters,
+    BT: tl.constexpr, CG: tl.constexpr,
+):  # fmt: skip
+    """Sum the tile's partials; store ``pre``, ``post``, ``comb`` of its tokens."""
     k = tl.arange(0, 8)
     g0 = _sum_chunks(part_ptr, slot0, num_chunks, t_loc, 0, BT, CG)
     rms = tl.rsqrt(_pick(g0, k, SQ_COL) / (4 * dim) + norm_eps)
     pre = g0 * rms[:, None] * tl.load(scale_ptr) + tl.load(base_ptr + k, mask=k < 4, other=0.0)
     pre = tl.sigmoid(pre) + hc_eps
     tl.store(pre_ptr + tokens[:, None] * 4 + k[None, :], pre, mask=tmask[:, None] & (k < 4))
-    return g0, rms
-
-
-@triton.jit
-def _finish_mix(part_ptr, mix_ptr, slot0, num_chunks, t_loc, tokens, tmask, g0, rms,
-                BT: tl.constexpr, CG: tl.constexpr):  # fmt: skip
-    """Store the rms-scaled mixes of the tile (``mix[T, 32]``) for :func:`_post_comb`."""
-    k = tl.arange(0, 8)
     mp = mix_ptr + tokens[:, None] * NPAD + k[None, :]
-    tl.store(mp, g0 * rms[:, None], mask=tmask[:, None])
     for g in tl.static_range(1, 4):
         grp = _sum_chunks(part_ptr, slot0, num_chunks, t_loc, g, BT, CG)
         tl.store(mp + 8 * g, grp * rms[:, None], mask=tmask[:, None])
-    tl.debug_barrier()
+    tl.debug_barrier()  # the mixes are read back in another layout
+    _post_comb(mix_ptr, tokens, tmask, base_ptr, scale_ptr, post_ptr, comb_ptr, hc_eps,
+               sinkhorn_iters)  # fmt: skip
 
 
 @triton.jit
-def _collapse(x0, x1, x2, x3, p_ptr, tokens, tmask, y_ptr, dim, cols, m2):
-    """y[tokens, cols] = sum_j p[t, j] x_j (fp32, j in order)."""
-    p = p_ptr + tokens * 4
-    y = tl.load(p, mask=tmask, other=0.0, cache_modifier=".cg")[:, None] * x0.to(tl.float32)
-    y += tl.load(p + 1, mask=tmask, other=0.0, cache_modifier=".cg")[:, None] * x1.to(tl.float32)
-    y += tl.load(p + 2, mask=tmask, other=0.0, cache_modifier=".cg")[:, None] * x2.to(tl.float32)
-    y += tl.load(p + 3, mask=tmask, other=0.0, cache_modifier=".cg")[:, None] * x3.to(tl.float32)
-    tl.store(y_ptr + tokens.to(tl.int64)[:, None] * dim + cols[None, :],
-             y.to(y_ptr.dtype.element_ty), mask=m2)  # fmt: skip
+def _stream_weights(fn_ptr, cols, cmask, width):
+    """[BK, 32] weight offsets and mask of stream 0 (fn rows placed at the partial columns)."""
+    outs = tl.arange(0, NPAD)
+    fn_row = tl.where(outs < 4, outs, outs - 4)  # fn rows 0..3 -> 0..3, 4..23 -> 8..27
+    used = (outs < 4) | ((outs >= POST_COL) & (outs < COMB_COL + 16))
+    return fn_ptr + cols[:, None] + fn_row[None, :] * width, cmask[:, None] & used[None, :]
 
 
 @triton.jit
 def _hc_pre_kernel(
     x_ptr, fn_ptr, base_ptr, scale_ptr, given_ptr, y_ptr, pre_ptr, post_ptr, comb_ptr,
-    part_ptr, mix_ptr, count_ptr, trace_ptr,
-    num_tokens, dim, num_chunks, stride_xt, norm_eps, hc_eps, sinkhorn_iters,
-    BT: tl.constexpr, DC: tl.constexpr, CG: tl.constexpr, X_BF16: tl.constexpr,
-    GIVEN_PRE: tl.constexpr, WAIT: tl.constexpr, SLEEP_NS: tl.constexpr,
-    CSTRIDE: tl.constexpr, ALL_REDUCE: tl.constexpr, REREAD: tl.constexpr,
-    TRACE: tl.constexpr,
+    part_ptr, mix_ptr, count_ptr,
+    num_tokens, dim, num_chunks, stride_xt, stride_xs, norm_eps, hc_eps, sinkhorn_iters,
+    BT: tl.constexpr, DC: tl.constexpr, BK: tl.constexpr, CG: tl.constexpr,
+    X_BF16: tl.constexpr, COLLAPSE: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
-    if TRACE:
-        tl.store(trace_ptr + pid * 8, _now(pid))
-    tile = pid // num_chunks
-    chunk = pid % num_chunks
+    tile = tl.program_id(0)
+    chunk = tl.program_id(1)
     t_loc = tl.arange(0, BT)
     tokens = tile * BT + t_loc
     tmask = tokens < num_tokens
-    cols = chunk * DC + tl.arange(0, DC)
-    cmask = cols < dim
-    m2 = tmask[:, None] & cmask[None, :]
-    xp = x_ptr + tokens.to(tl.int64)[:, None] * stride_xt + cols[None, :]
-    x0 = tl.load(xp, mask=m2, other=0.0)
-    x1 = tl.load(xp + dim, mask=m2, other=0.0)
-    x2 = tl.load(xp + 2 * dim, mask=m2, other=0.0)
-    x3 = tl.load(xp + 3 * dim, mask=m2, other=0.0)
-    part = _partial_projection(x0, x1, x2, x3, fn_ptr, cols, cmask, dim, 4 * dim, X_BF16)
-    slot0 = tile * num_chunks
+    x_rows = x_ptr + tokens.to(tl.int64)[:, None] * stride_xt
+    y_rows = y_ptr + tokens.to(tl.int64)[:, None] * dim
+    if COLLAPSE:  # the given weights, fp32 [T, 4]
+        p0 = tl.load(given_ptr + tokens * 4, mask=tmask, other=0.0)[:, None]
+        p1 = tl.load(given_ptr + tokens * 4 + 1, mask=tmask, other=0.0)[:, None]
+        p2 = tl.load(given_ptr + tokens * 4 + 2, mask=tmask, other=0.0)[:, None]
+        p3 = tl.load(given_ptr + tokens * 4 + 3, mask=tmask, other=0.0)[:, None]
+    acc = tl.zeros([BT, NPAD], tl.float32)
+    sq = tl.zeros([BT], tl.float32)
+    for k0 in range(chunk * DC, chunk * DC + DC, BK):
+        cols = k0 + tl.arange(0, BK)
+        cmask = cols < dim
+        m2 = tmask[:, None] & cmask[None, :]
+        xp = x_rows + cols[None, :]
+        x0 = tl.load(xp, mask=m2, other=0.0)
+        x1 = tl.load(xp + stride_xs, mask=m2, other=0.0)
+        x2 = tl.load(xp + 2 * stride_xs, mask=m2, other=0.0)
+        x3 = tl.load(xp + 3 * stride_xs, mask=m2, other=0.0)
+        wp, wmask = _stream_weights(fn_ptr, cols, cmask, 4 * dim)
+        acc = _split_dot(x0, tl.load(wp, mask=wmask, other=0.0), acc, X_BF16)
+        acc = _split_dot(x1, tl.load(wp + dim, mask=wmask, other=0.0), acc, X_BF16)
+        acc = _split_dot(x2, tl.load(wp + 2 * dim, mask=wmask, other=0.0), acc, X_BF16)
+        acc = _split_dot(x3, tl.load(wp + 3 * dim, mask=wmask, other=0.0), acc, X_BF16)
+        f0, f1, f2, f3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
+        sq += tl.sum(f0 * f0 + f1 * f1 + f2 * f2 + f3 * f3, axis=1)
+        if COLLAPSE:  # fp32, streams in order
+            y = p0 * f0
+            y += p1 * f1
+            y += p2 * f2
+            y += p3 * f3
+            tl.store(y_rows + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=m2)
     outs = tl.arange(0, NPAD)
+    part = tl.where(outs[None, :] == SQ_COL, sq[:, None], acc)
+    slot0 = tile * num_chunks
     tl.store(part_ptr + ((slot0 + chunk) * BT + t_loc)[:, None] * NPAD + outs[None, :], part)
-    if GIVEN_PRE:  # V4.1: collapse with the given weights while the others arrive
-        _collapse(x0, x1, x2, x3, given_ptr, tokens, tmask, y_ptr, dim, cols, m2)
-    counter = count_ptr + tile * CSTRIDE
     tl.debug_barrier()  # every thread's partial stores precede the release
-    old = tl.atomic_add(counter, 1, sem="acq_rel")
-    if TRACE:
-        tl.store(trace_ptr + pid * 8 + 1, _now(pid))
-    is_last = old == num_chunks - 1
-    if ALL_REDUCE and not GIVEN_PRE:  # the first design: every program adds the partials
-        _wait_until(counter, num_chunks, old + 1, WAIT, SLEEP_NS)
-        if TRACE:
-            tl.store(trace_ptr + pid * 8 + 2, _now(pid))
-        g0, rms = _finish_pre(part_ptr, slot0, num_chunks, t_loc, tokens, tmask, base_ptr,
-                              scale_ptr, pre_ptr, dim, norm_eps, hc_eps, BT, CG)  # fmt: skip
-        tl.debug_barrier()
-        _collapse(x0, x1, x2, x3, pre_ptr, tokens, tmask, y_ptr, dim, cols, m2)
-        if is_last:
-            _finish_mix(part_ptr, mix_ptr, slot0, num_chunks, t_loc, tokens, tmask, g0, rms,
-                        BT, CG)  # fmt: skip
-            _post_comb(mix_ptr, tokens, tmask, base_ptr, scale_ptr, post_ptr, comb_ptr, hc_eps,
-                       sinkhorn_iters)  # fmt: skip
-    elif is_last:
-        g0, rms = _finish_pre(part_ptr, slot0, num_chunks, t_loc, tokens, tmask, base_ptr,
-                              scale_ptr, pre_ptr, dim, norm_eps, hc_eps, BT, CG)  # fmt: skip
-        tl.debug_barrier()
-        if not GIVEN_PRE:
-            tl.atomic_add(counter, 1, sem="release")  # pre is published
-            _collapse(x0, x1, x2, x3, pre_ptr, tokens, tmask, y_ptr, dim, cols, m2)
-        _finish_mix(part_ptr, mix_ptr, slot0, num_chunks, t_loc, tokens, tmask, g0, rms, BT, CG)
-        _post_comb(mix_ptr, tokens, tmask, base_ptr, scale_ptr, post_ptr, comb_ptr, hc_eps,
-                   sinkhorn_iters)  # fmt: skip
-    elif not GIVEN_PRE:
-        _wait_until(counter, num_chunks + 1, old + 1, WAIT, SLEEP_NS)
-        if TRACE:
-            tl.store(trace_ptr + pid * 8 + 2, _now(pid))
-        if REREAD:  # from L2: the registers are free while waiting
-            x0 = tl.load(xp, mask=m2, other=0.0)
-            x1 = tl.load(xp + dim, mask=m2, other=0.0)
-            x2 = tl.load(xp + 2 * dim, mask=m2, other=0.0)
-            x3 = tl.load(xp + 3 * dim, mask=m2, other=0.0)
-        _collapse(x0, x1, x2, x3, pre_ptr, tokens, tmask, y_ptr, dim, cols, m2)
-    if TRACE:
-        tl.store(trace_ptr + pid * 8 + 3, _now(pid))
-        tl.store(trace_ptr + pid * 8 + 4, _smid(pid).to(tl.int64))
+    if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == num_chunks - 1:
+        _finish_tile(part_ptr, mix_ptr, slot0, num_chunks, t_loc, tokens, tmask, base_ptr,
+                     scale_ptr, pre_ptr, post_ptr, comb_ptr, dim, norm_eps, hc_eps,
+                     sinkhorn_iters, BT, CG)  # fmt: skip
 
 
 def _check(x, fn, base, scale, collapse_pre):
@@ -317,51 +215,61 @@ def _check(x, fn, base, scale, collapse_pre):
                          f"got {tuple(collapse_pre.shape)}")  # fmt: skip
 
 
-def launch_hc_pre(
-    x, fn, base, scale, collapse_pre, kw, tiles: HcPreTiles, sync: HcPreSync, trace=None
-):
-    """Allocate and launch; returns ``(y, pre, post, comb, compiled kernel)``. ``trace``: an
-    int64 ``[programs, 8]`` tensor that receives per-program timestamps (sweeps only)."""
+def _chunk_cols(dim: int, tiles: HcPreTiles) -> int:
+    """Columns per program: the tile's chunk, at most D rounded up to a step (depends on D
+    only)."""
+    bk = tiles.block_k
+    if tiles.block_cols % bk:
+        raise ValueError(f"tiles: block_cols {tiles.block_cols} is not a multiple of {bk}")
+    return min(tiles.block_cols, triton.cdiv(dim, bk) * bk)
+
+
+def hc_mix_and_collapse(x, fn, base, scale, collapse_pre, kw, tiles: HcPreTiles):
+    """One streaming launch: ``(y or None, pre, post, comb)``; ``y`` only when ``collapse_pre``
+    is given. x ``[T, 4, D]`` with unit column stride."""
     t, nc, d = x.shape
     dev = x.device
-    y = torch.empty(t, d, dtype=x.dtype, device=dev)
     pre = torch.empty(t, nc, dtype=torch.float32, device=dev)
     post = torch.empty_like(pre)
     comb = torch.empty(t, nc, nc, dtype=torch.float32, device=dev)
+    collapse = collapse_pre is not None
+    y = torch.empty(t, d, dtype=x.dtype, device=dev) if collapse else None
     if t == 0:
-        return y, pre, post, comb, None
+        return y, pre, post, comb
     bt = tiles.block_tokens
-    one_chunk = dev.type == "cpu" and collapse_pre is None  # the interpreter cannot wait
-    dc = triton.next_power_of_2(d) if one_chunk else tiles.block_cols
-    num_chunks = triton.cdiv(d, dc)
-    num_tiles = triton.cdiv(t, bt)
+    dc = _chunk_cols(d, tiles)
+    num_chunks, num_tiles = triton.cdiv(d, dc), triton.cdiv(t, bt)
     part = torch.empty(num_tiles * num_chunks * bt, NPAD.value, dtype=torch.float32, device=dev)
     mix = torch.empty(num_tiles * bt, NPAD.value, dtype=torch.float32, device=dev)
-    count = torch.zeros(num_tiles * sync.counter_stride, dtype=torch.int32, device=dev)
-    given = pre if collapse_pre is None else collapse_pre.float().contiguous()
-    kernel = _hc_pre_kernel[(num_tiles * num_chunks,)](
+    count = torch.zeros(num_tiles, dtype=torch.int32, device=dev)
+    given = collapse_pre.float().contiguous() if collapse else pre
+    _hc_pre_kernel[(num_tiles, num_chunks)](
         x, fn.float().contiguous(), base.float().contiguous(), scale.float().contiguous(),
-        given, y, pre, post, comb, part, mix, count, count if trace is None else trace,
-        t, d, num_chunks, x.stride(0), kw["norm_eps"], kw["hc_eps"], kw["sinkhorn_iters"],
-        BT=bt, DC=dc, CG=min(8, max(2, triton.next_power_of_2(num_chunks))),
-        X_BF16=x.dtype == torch.bfloat16, GIVEN_PRE=collapse_pre is not None,
-        WAIT=sync.wait, SLEEP_NS=sync.sleep_ns, CSTRIDE=sync.counter_stride,
-        ALL_REDUCE=sync.all_reduce, REREAD=sync.reread, TRACE=trace is not None, num_warps=tiles.num_warps,
+        given, pre if y is None else y, pre, post, comb, part, mix, count,
+        t, d, num_chunks, x.stride(0), x.stride(1), kw["norm_eps"], kw["hc_eps"],
+        kw["sinkhorn_iters"],
+        BT=bt, DC=dc, BK=tiles.block_k, CG=min(16, max(2, triton.next_power_of_2(num_chunks))),
+        X_BF16=x.dtype == torch.bfloat16, COLLAPSE=collapse,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
-    return y, pre, post, comb, kernel
+    return y, pre, post, comb
 
 
 @implements("hc_pre")
 def hc_pre(
     x, fn, base, scale, *, norm_eps, hc_eps, sinkhorn_iters, collapse_pre=None,
-    tiles: HcPreTiles | None = None, sync: HcPreSync | None = None,
+    tiles: HcPreTiles | None = None,
 ):  # fmt: skip
-    """See :func:`deepinfer.kernels.hc_pre`; ``tiles`` / ``sync`` override the launch
-    (benchmark sweeps)."""
+    """See :func:`deepinfer.kernels.hc_pre`; ``tiles`` overrides the launch (benchmark sweeps).
+
+    With ``collapse_pre`` (V4.1) one launch reads the streams once; without (V4) the collapse
+    with this site's ``pre`` follows as a second launch (:func:`.hc.hc_collapse`)."""
     _check(x, fn, base, scale, collapse_pre)
-    x = x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
+    x = x if x.stride(2) == 1 else x.contiguous()
     kw = {"norm_eps": norm_eps, "hc_eps": hc_eps, "sinkhorn_iters": sinkhorn_iters}
-    y, pre, post, comb, _ = launch_hc_pre(
-        x, fn, base, scale, collapse_pre, kw, tiles or DEFAULT_TILES, sync or DEFAULT_SYNC
+    y, pre, post, comb = hc_mix_and_collapse(
+        x, fn, base, scale, collapse_pre, kw, tiles or DEFAULT_TILES
     )
+    if y is None:
+        y = hc_collapse(x, pre)
     return y, pre, post, comb
