@@ -35,10 +35,10 @@ from deepinfer.kernels_nvidia.hc_pre import DEFAULT_TILES, HcPreTiles, hc_pre  #
 NC = 4
 KW = {"norm_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20}
 SWEEP = [  # (tokens per program, chunk columns, warps, columns per step, stages)
-    HcPreTiles(64, 512, 4, 32, 3), HcPreTiles(64, 512, 8, 32, 3), HcPreTiles(64, 512, 8, 16, 4),
-    HcPreTiles(64, 1024, 8, 16, 4), HcPreTiles(32, 512, 4, 32, 3), HcPreTiles(32, 512, 4, 16, 4),
-    HcPreTiles(32, 256, 4, 32, 3), HcPreTiles(64, 512, 4, 16, 4), HcPreTiles(128, 512, 8, 16, 3),
-    HcPreTiles(64, 256, 8, 32, 3), HcPreTiles(64, 512, 8, 64, 3), HcPreTiles(32, 1024, 8, 32, 3),
+    HcPreTiles(64, 512, 8, 16, 4), HcPreTiles(64, 512, 8, 16, 6), HcPreTiles(64, 1024, 8, 16, 4),
+    HcPreTiles(32, 512, 8, 16, 4), HcPreTiles(32, 512, 8, 16, 6), HcPreTiles(32, 1024, 8, 16, 4),
+    HcPreTiles(128, 512, 16, 16, 4), HcPreTiles(32, 512, 4, 16, 4), HcPreTiles(64, 512, 4, 32, 3),
+    HcPreTiles(64, 512, 8, 32, 3), HcPreTiles(32, 1024, 8, 32, 3), HcPreTiles(128, 1024, 16, 16, 4),
 ]  # fmt: skip
 
 

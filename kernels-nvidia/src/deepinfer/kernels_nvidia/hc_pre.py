@@ -55,9 +55,9 @@ class HcPreTiles:
 
     block_tokens: int = 64
     block_cols: int = 512
-    num_warps: int = 4
-    block_k: int = 32
-    num_stages: int = 3
+    num_warps: int = 8
+    block_k: int = 16
+    num_stages: int = 4
 
 
 DEFAULT_TILES = HcPreTiles()
