@@ -34,11 +34,13 @@ from deepinfer.kernels_nvidia.hc_pre import DEFAULT_TILES, HcPreTiles, hc_pre  #
 
 NC = 4
 KW = {"norm_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20}
-SWEEP = [  # (tokens per program, chunk columns, warps, columns per step, stages)
+SWEEP = [  # (tokens per program, chunk columns, warps, columns per step, stages[, chunk-major])
     HcPreTiles(64, 512, 8, 16, 4), HcPreTiles(64, 512, 8, 16, 6), HcPreTiles(64, 1024, 8, 16, 4),
     HcPreTiles(32, 512, 8, 16, 4), HcPreTiles(32, 512, 8, 16, 6), HcPreTiles(32, 1024, 8, 16, 4),
     HcPreTiles(128, 512, 16, 16, 4), HcPreTiles(32, 512, 4, 16, 4), HcPreTiles(64, 512, 4, 32, 3),
     HcPreTiles(64, 512, 8, 32, 3), HcPreTiles(32, 1024, 8, 32, 3), HcPreTiles(128, 1024, 16, 16, 4),
+    HcPreTiles(64, 512, 8, 16, 4, True), HcPreTiles(32, 512, 8, 16, 4, True),
+    HcPreTiles(64, 512, 8, 16, 6, True), HcPreTiles(64, 512, 4, 32, 3, True),
 ]  # fmt: skip
 
 

@@ -53,7 +53,8 @@ def _check(x, fn, base, scale, given, deferred, tiles=None):
 @pytest.mark.parametrize(
     "tokens,dim,dtype,tiles",
     [(9, 64, torch.bfloat16, None), (70, 96, torch.bfloat16, HcPreTiles(16, 32, 4, 16, 2)),
-     (5, 48, torch.float32, HcPreTiles(16, 32, 4, 16, 2)), (3, 64, torch.float16, None)],
+     (5, 48, torch.float32, HcPreTiles(16, 32, 4, 16, 2)), (3, 64, torch.float16, None),
+     (40, 96, torch.bfloat16, HcPreTiles(16, 32, 4, 16, 2, True))],
     ids=str,
 )  # fmt: skip
 def test_pre_matches_reference_small(tokens, dim, dtype, tiles, deferred):
@@ -86,7 +87,13 @@ def test_pre_matches_reference_real(tokens, dim, deferred):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize(
-    "tiles", [HcPreTiles(32, 256, 4, 32, 3), HcPreTiles(64, 1024, 8, 16, 4)], ids=str
+    "tiles",
+    [
+        HcPreTiles(32, 256, 4, 32, 3),
+        HcPreTiles(64, 1024, 8, 16, 4),
+        HcPreTiles(32, 512, 8, 16, 4, True),
+    ],
+    ids=str,
 )
 def test_pre_other_tiles(tiles):
     _check(*_args(300, 5120, seed=5), True, tiles)

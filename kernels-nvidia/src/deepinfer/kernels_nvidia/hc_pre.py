@@ -51,13 +51,15 @@ COMB_COL = tl.constexpr(12)
 @dataclass(frozen=True)
 class HcPreTiles:
     """Launch shape: tokens per program, stream columns per program (the chunk: fixed per D,
-    never per T), warps, columns per step, pipeline stages."""
+    never per T), warps, columns per step, pipeline stages, and the program order (a tile's
+    chunks adjacent, or a chunk's tiles)."""
 
     block_tokens: int = 64
     block_cols: int = 512
     num_warps: int = 8
     block_k: int = 16
     num_stages: int = 4
+    chunk_major: bool = False
 
 
 DEFAULT_TILES = HcPreTiles()
@@ -147,12 +149,17 @@ def _stream_weights(fn_ptr, cols, cmask, width):
 def _hc_pre_kernel(
     x_ptr, fn_ptr, base_ptr, scale_ptr, given_ptr, y_ptr, pre_ptr, post_ptr, comb_ptr,
     part_ptr, mix_ptr, count_ptr,
-    num_tokens, dim, num_chunks, stride_xt, stride_xs, norm_eps, hc_eps, sinkhorn_iters,
-    BT: tl.constexpr, DC: tl.constexpr, BK: tl.constexpr, CG: tl.constexpr,
-    X_BF16: tl.constexpr, COLLAPSE: tl.constexpr,
+    num_tokens, dim, num_tiles, num_chunks, stride_xt, stride_xs, norm_eps, hc_eps,
+    sinkhorn_iters, BT: tl.constexpr, DC: tl.constexpr, BK: tl.constexpr, CG: tl.constexpr,
+    X_BF16: tl.constexpr, COLLAPSE: tl.constexpr, CHUNK_MAJOR: tl.constexpr,
 ):  # fmt: skip
-    tile = tl.program_id(0)
-    chunk = tl.program_id(1)
+    pid = tl.program_id(0)
+    if CHUNK_MAJOR:  # a tile's chunks run side by side
+        tile = pid // num_chunks
+        chunk = pid % num_chunks
+    else:  # a chunk's tiles run side by side (they share its weights)
+        tile = pid % num_tiles
+        chunk = pid // num_tiles
     t_loc = tl.arange(0, BT)
     tokens = tile * BT + t_loc
     tmask = tokens < num_tokens
@@ -243,13 +250,13 @@ def hc_mix_and_collapse(x, fn, base, scale, collapse_pre, kw, tiles: HcPreTiles)
     mix = torch.empty(num_tiles * bt, NPAD.value, dtype=torch.float32, device=dev)
     count = torch.zeros(num_tiles, dtype=torch.int32, device=dev)
     given = collapse_pre.float().contiguous() if collapse else pre
-    _hc_pre_kernel[(num_tiles, num_chunks)](
+    _hc_pre_kernel[(num_tiles * num_chunks,)](
         x, fn.float().contiguous(), base.float().contiguous(), scale.float().contiguous(),
         given, pre if y is None else y, pre, post, comb, part, mix, count,
-        t, d, num_chunks, x.stride(0), x.stride(1), kw["norm_eps"], kw["hc_eps"],
+        t, d, num_tiles, num_chunks, x.stride(0), x.stride(1), kw["norm_eps"], kw["hc_eps"],
         kw["sinkhorn_iters"],
         BT=bt, DC=dc, BK=tiles.block_k, CG=min(16, max(2, triton.next_power_of_2(num_chunks))),
-        X_BF16=x.dtype == torch.bfloat16, COLLAPSE=collapse,
+        X_BF16=x.dtype == torch.bfloat16, COLLAPSE=collapse, CHUNK_MAJOR=tiles.chunk_major,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return y, pre, post, comb
