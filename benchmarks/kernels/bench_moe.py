@@ -2,9 +2,11 @@
 2048, act group 128) and V4.1-Flash (384 experts, hidden 5120, inter 2304, group 32) shapes, for a
 decode batch (64 tokens) and a prefill batch (8,192 tokens), in one run:
 
-- ours: the default tiles (``choose_tiles``: the bf16-upcast family, ``moe_gemm``), the
-  batch-invariant tiles and a sweep of variants of both families (``moe_fp8``: FP8 / fp16
-  tensor cores);
+- ours: the default tiles (``choose_tiles``: for decode ``moe_stream``'s chained MXFP4 kernels,
+  for prefill the bf16-upcast family ``moe_gemm``), the batch-invariant tiles and a sweep of
+  variants (the previous decode default ``old-default-bf16-16x64``, ``moe_fp8``'s FP8 / fp16
+  tensor-core family, ``moe_stream``'s tile shapes); decode also times the launches around the
+  expert GEMMs alone (``part_*``: permutation, input round trip / quantisation, combine);
   decode also replayed from a CUDA graph (device events around the replay: the kernels' rate
   without the host's launch cost);
 - the best torch built-in compositions: ``torch_fp4`` dequantises the experts the batch uses to
@@ -38,16 +40,22 @@ from deepinfer.kernels.reference import quant as ref_quant  # noqa: E402
 from deepinfer.kernels.testing.cases.moe_kernels import random_fp4_weight  # noqa: E402
 from deepinfer.kernels_nvidia import moe_experts  # noqa: E402
 from deepinfer.kernels_nvidia.moe_experts import MoeTiles  # noqa: E402
+from deepinfer.kernels_nvidia.quant import quantize_rows  # noqa: E402
 
 MODELS = {"V4-Flash": (256, 4096, 2048, 128), "V4.1-Flash": (384, 5120, 2304, 32)}
 TOP_K, LIMIT = 6, 10.0
 SWEEP = {
     "decode": {
-        "fp16-swap-w8s4": MoeTiles(16, 128, 8, 4, mma="fp16", swap_ab=True),
+        "old-default-bf16-16x64": moe_experts.BF16_TILES["decode"],
         "fp16-swap-n256-w8s4": MoeTiles(16, 256, 8, 4, mma="fp16", swap_ab=True),
-        "fp8-swap-w8s4": MoeTiles(16, 128, 8, 4, mma="fp8", swap_ab=True),
-        "fp8-swap-n256-w8s4": MoeTiles(16, 256, 8, 4, mma="fp8", swap_ab=True),
-        "bf16-16x128-w4s4": MoeTiles(16, 128, 4, 4),
+        "mx-n128-k256-w8s4": MoeTiles(16, 128, 8, 4, mma="mx", block_k=256),
+        "mx-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="mx", block_k=128),
+        "mx-n128-k128-w8s4": MoeTiles(16, 128, 8, 4, mma="mx", block_k=128),
+        "mx-n256-k128-w8s3": MoeTiles(16, 256, 8, 3, mma="mx", block_k=128),
+        "mx-n128-k256-w8s3-down-n256": MoeTiles(16, 128, 8, 3, mma="mx", block_k=256,
+                                                down_block_n=256),
+        "mx-swap-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="mx", swap_ab=True, block_k=128),
+        "fp16-stream-n128-k128-w8s4": MoeTiles(16, 128, 8, 4, mma="fp16-stream", block_k=128),
     },
     "prefill": {
         "fp8-128-n64-w8s2": MoeTiles(128, 64, 8, 2, mma="fp8", down_block_n=128),
@@ -57,19 +65,20 @@ SWEEP = {
         "bf16-64x128-w4s3": MoeTiles(64, 128, 4, 3),
     },
 }  # fmt: skip
-SWEEP_MODELS = ("V4-Flash",)  # V4.1-Flash: default and batch-invariant tiles only
+SWEEP_MODELS = ("V4-Flash",)  # V4.1-Flash prefill: default and batch-invariant tiles only
 
 
-def weights_for(model):
+def weights_for(model, num_experts=None):
     experts, dim, inter, _ = MODELS[model]
     g = torch.Generator(device="cuda").manual_seed(experts)
+    experts = num_experts or experts
     w13, s13 = random_fp4_weight(g, (experts, 2 * inter, dim), "cuda")
     w2, s2 = random_fp4_weight(g, (experts, dim, inter), "cuda")
     return w13, s13, w2, s2
 
 
 def inputs_for(model, tokens, weights):
-    experts, dim, _, _ = MODELS[model]
+    experts, dim = weights[0].shape[0], MODELS[model][1]
     g = torch.Generator(device="cuda").manual_seed(tokens)
     x = torch.randn(tokens, dim, generator=g, device="cuda").bfloat16()
     ids = torch.rand(tokens, experts, generator=g, device="cuda").topk(TOP_K, dim=-1).indices
@@ -83,7 +92,7 @@ def variants(model, tokens):
     phase = "decode" if tokens <= 256 else "prefill"
     bi = moe_experts.choose_tiles(tokens * TOP_K, experts, batch_invariant=True, on_cpu=False)
     out = {"default": None, "batch_invariant": bi}
-    if model in SWEEP_MODELS:
+    if model in SWEEP_MODELS or phase == "decode":
         out.update(SWEEP[phase])
     return out
 
@@ -141,7 +150,7 @@ def _time(row, name, fn, flops, nbytes, *, iters=20, graph=False):
     try:
         ms = time_graph(fn, iters=iters) if graph else time_cuda(fn, warmup=2, iters=iters)
     except Exception as e:  # one failing variant must not hide the others
-        row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+        row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[-600:]}"
         return
     row[f"{name}_us"] = ms * 1e3
     row[f"{name}_TFLOP/s"] = flops / ms / 1e9
@@ -167,7 +176,7 @@ def bench(model, tokens, weights, torch_bf16_weights):
         try:
             _errors(row, name, run_ours(args, group, tiles), want)
         except Exception as e:
-            row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+            row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[-600:]}"
             continue
         fn = lambda t=tiles: run_ours(args, group, t)  # noqa: E731
         _time(row, name, fn, flops, nbytes)
@@ -180,12 +189,41 @@ def bench(model, tokens, weights, torch_bf16_weights):
     if tokens <= 256:
         kw = dict(swiglu_limit=LIMIT, act_quant_group=group)
         _time(row, "reference", lambda: reference(*args, **kw), flops, nbytes, iters=3)
+        _parts(row, model, args)
     _speedups(row, tokens)
     return row
 
 
+def _parts(row, model, args):
+    """The launches around the expert GEMMs alone (graph replay), for a decode batch: the
+    permutation (one launch vs the torch composition), the input's FP8 round trip to bf16 (the
+    "mx" kernels' input), its e4m3 quantisation (the other families') and the combine."""
+    experts, dim, _, group = MODELS[model]
+    x, _, ids = args[:3]
+    tokens, top_k = ids.shape
+    block_m = moe_experts.DECODE_TILES.block_m
+    flat = ids.reshape(-1)
+    capacity = tokens * top_k + min(experts, tokens * top_k) * (block_m - 1) + block_m - 1
+    capacity = capacity // block_m * block_m
+    y = torch.randn(tokens * top_k, dim, device="cuda").bfloat16()
+    out = torch.empty(tokens, dim, device="cuda")
+    parts = {
+        "part_align_one_launch": lambda: moe_experts.align_by_expert(ids, experts, block_m),
+        "part_align_torch": lambda: moe_experts._align_by_expert_torch(
+            flat.long(), experts, block_m, capacity
+        ),
+        "part_fp8_round_trip_bf16": lambda: moe_experts._round_trip_bf16(x, group),
+        "part_quantize_rows": lambda: quantize_rows(x, group),
+        "part_combine": lambda: moe_experts._combine(y, out, top_k),
+    }
+    for name, fn in parts.items():
+        _time(row, name, fn, 0, 0, iters=50, graph=True)
+
+
 def _speedups(row, tokens):
-    mine = [k for k in row if k.endswith("_us") and not k.startswith(("torch", "reference"))]
+    mine = [
+        k for k in row if k.endswith("_us") and not k.startswith(("torch", "reference", "part"))
+    ]
     mine = [k for k in mine if "graph" not in k] if tokens > 256 else mine
     if not mine:
         return
@@ -198,13 +236,18 @@ def _speedups(row, tokens):
 
 
 def warm(model, tokens, name):
-    """Compile one variant (run in a subprocess; the Triton cache is shared)."""
-    weights = weights_for(model)
-    run_ours(inputs_for(model, tokens, weights), MODELS[model][3], variants(model, tokens)[name])
+    """Compile one variant (run in a subprocess; the Triton cache is shared) on 8 experts of the
+    model's shapes: the same specialisations as the whole layer."""
+    experts = MODELS[model][0]
+    tiles = variants(model, tokens)[name] or moe_experts.choose_tiles(
+        tokens * TOP_K, experts, batch_invariant=False, on_cpu=False
+    )
+    weights = weights_for(model, num_experts=8)
+    run_ours(inputs_for(model, tokens, weights), MODELS[model][3], tiles)
     torch.cuda.synchronize()
 
 
-def warm_all(token_counts, parallel=10):
+def warm_all(token_counts, parallel=24):
     jobs = [[sys.executable, __file__, "--warm", f"{m}:{t}:{n}"]
             for m in MODELS for t in token_counts for n in variants(m, t)]  # fmt: skip
     failed = []
@@ -250,6 +293,16 @@ def main() -> None:
             "torch_bf16_us", "default_speedup_vs_torch_fp4", "default_speedup_vs_torch_bf16",
             "default_max_err", "default_mean_err"]  # fmt: skip
     print_table(rows, cols)
+    decode = [r for r in rows if r["tokens"] <= 256]
+    if decode:
+        print("decode (TB/s of FP4 expert bytes touched; copy ceiling "
+              f"{ceiling:.2f} TB/s):")  # fmt: skip
+        print_table(decode, ["model", "tokens", "GB_touched", "default_graph_us",
+                             "default_graph_TB/s", "default_TB/s",
+                             "old-default-bf16-16x64_graph_us", "old-default-bf16-16x64_graph_TB/s",
+                             "torch_fp4_TB/s", "torch_bf16_TB/s", "reference_TB/s",
+                             "part_align_one_launch_us", "part_align_torch_us",
+                             "part_fp8_round_trip_bf16_us", "part_combine_us"])  # fmt: skip
     print("ceilings: copy", f"{ceiling:.2f} TB/s; FP8 _scaled_mm 1,449 TFLOP/s; bf16 786 TFLOP/s")
 
 

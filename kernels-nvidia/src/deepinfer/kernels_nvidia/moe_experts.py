@@ -1,10 +1,13 @@
 """``fp4_moe_experts``: the routed experts of an MoE layer, as four launches.
 
 1. FP8 quantisation of the expert input per group (``quant.quantize_rows``), once per token.
-2. Permutation (:func:`align_by_expert`, device-side torch ops, no host sync): the ``T * k``
-   (token, slot) pairs sorted by expert, each expert's rows padded to whole ``BLOCK_M`` blocks.
+2. Permutation (:func:`align_by_expert`, no host sync; one launch of ``moe_align`` for up to
+   2,048 pairs, device-side torch ops above): the ``T * k`` (token, slot) pairs sorted by
+   expert, each expert's rows padded to whole ``BLOCK_M`` blocks.
 3. ``moe_gate_up_kernel`` then ``moe_down_kernel`` (``moe_gemm``): grouped GEMMs over the FP4
    weights, SwiGLU, router weight and FP8 re-quantisation fused in the first one's epilogue.
+   Decode batches (``MoeTiles.mma="mx"``, the default there; or ``"fp16-stream"``, opt-in):
+   ``moe_stream``'s kernels, one accumulator chained over K.
    Opt-in (``MoeTiles.mma="fp8"/"fp16"``, FP8 activations only): ``moe_fp8``'s kernels, which
    expand the weights to e4m3 / fp16 for the FP8 / fp16 tensor cores (slower on the H200).
 4. ``moe_combine_kernel``: each token's ``k`` expert outputs summed in slot order (fp32).
@@ -21,6 +24,7 @@ import torch
 import triton
 
 from deepinfer.kernels import envs
+from deepinfer.kernels_nvidia import moe_align
 from deepinfer.kernels_nvidia.moe_fp8 import moe_fp8_down_kernel, moe_fp8_gate_up_kernel
 from deepinfer.kernels_nvidia.moe_gemm import (
     moe_combine_kernel,
@@ -28,7 +32,7 @@ from deepinfer.kernels_nvidia.moe_gemm import (
     moe_gate_up_kernel,
 )
 from deepinfer.kernels_nvidia.moe_stream import moe_stream_down_kernel, moe_stream_gate_up_kernel
-from deepinfer.kernels_nvidia.quant import quantize_rows
+from deepinfer.kernels_nvidia.quant import fp8_sim, quantize_rows
 from deepinfer.kernels_nvidia.registry import implements
 
 
@@ -70,6 +74,9 @@ FP8_FAMILY_TILES = {
     "prefill": MoeTiles(128, 64, 8, 2, mma="fp8", down_block_n=128),
 }
 BATCH_INVARIANT_TILES = MoeTiles(64, 128, 4, 3)
+# A decode batch (a few rows per expert): moe_stream's MXFP4 kernels, one accumulator over K.
+# Not swap_ab: Triton then splits each K step into 16-deep MMAs that overlap the next upcast.
+DECODE_TILES = MoeTiles(16, 128, 8, 3, mma="mx", block_k=256)
 # moe_stream's families: MoeTiles.mma -> its UPCAST ("mx": tl.dot_scaled; "fp16": own unpacking)
 STREAM_FAMILIES = {"mx": "mx", "fp16-stream": "fp16"}
 
@@ -78,22 +85,36 @@ def choose_tiles(
     num_slots: int, num_experts: int, *, batch_invariant: bool, on_cpu: bool
 ) -> MoeTiles:
     """Tiles by rows per expert (decode: a few, prefill: many); batch-invariant mode uses one
-    shape for every batch size. The bf16 family (``moe_gemm``) everywhere: it measured fastest
-    on the H200 (bench_moe.py, 2026-11-30)."""
+    shape for every batch size. Decode: ``moe_stream``'s chained MXFP4 kernels; otherwise the
+    bf16 family (``moe_gemm``), the fastest measured on the H200 there (bench_moe.py)."""
     if on_cpu:
         return MoeTiles(16, 64, 4, 1)
     if batch_invariant:
         return BATCH_INVARIANT_TILES
     rows_per_expert = num_slots / num_experts
     if rows_per_expert <= 4:
-        return BF16_TILES["decode"]
+        return DECODE_TILES
     return BF16_TILES["middle"] if rows_per_expert <= 96 else BF16_TILES["prefill"]
 
 
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertLayout:
     """Sort the flat (token, slot) pairs by expert (stable) into ``block_m``-row blocks, with
-    device-side ops only (no host sync, so it can run inside a CUDA graph)."""
-    flat = topk_ids.reshape(-1).to(torch.int64)
+    device-side ops only (no host sync, so it can run inside a CUDA graph): one launch
+    (``moe_align``) for a decode-sized batch, a torch composition above that."""
+    flat = topk_ids.reshape(-1)
+    num_slots = flat.numel()
+    capacity = (
+        triton.cdiv(num_slots + min(num_experts, num_slots) * (block_m - 1), block_m) * block_m
+    )
+    if 0 < num_slots <= moe_align.MAX_SLOTS and num_experts <= moe_align.MAX_EXPERTS:
+        row_slot, block_expert = moe_align.align_small(
+            flat.contiguous(), num_experts, block_m, capacity
+        )
+        return ExpertLayout(row_slot, block_expert, block_m)
+    return _align_by_expert_torch(flat.to(torch.int64), num_experts, block_m, capacity)
+
+
+def _align_by_expert_torch(flat, num_experts, block_m, capacity) -> ExpertLayout:
     num_slots = flat.numel()
     order = torch.argsort(flat, stable=True)
     # index_add_, not bincount: bincount reads the maximum back to the host (a sync)
@@ -107,9 +128,6 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> E
         - (torch.cumsum(counts, 0) - counts)[sorted_experts]
     )
     dest = (padded_end - padded)[sorted_experts] + rank
-    capacity = (
-        triton.cdiv(num_slots + min(num_experts, num_slots) * (block_m - 1), block_m) * block_m
-    )
     row_slot = torch.full((capacity,), num_slots, dtype=torch.int32, device=flat.device)
     row_slot[dest] = order.to(torch.int32)
     starts = torch.arange(0, capacity, block_m, device=flat.device)
@@ -256,8 +274,13 @@ def _stream_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k,
     tokens, dim = x.shape
     inter = w13.shape[1] // 2
     num_slots = tokens * top_k
-    fp8 = group is not None
-    xq, xs = _quantised_input(x, group, False)
+    upcast = STREAM_FAMILIES[tiles.mma]
+    # "mx": bf16 activations after their FP8 round trip; fp16 upcasts: e4m3 + fp32 scales
+    fp8 = group is not None and upcast != "mx"
+    if fp8:
+        xq, xs = _quantised_input(x, group, False)
+    else:
+        xq, xs = _round_trip_bf16(x, group), x.new_empty((1, 1), dtype=torch.float32)
     capacity, num_blocks = layout.row_slot.numel(), layout.block_expert.numel()
     n1 = _block_n(inter, tiles.block_n, group)
     h = torch.empty(
@@ -266,7 +289,6 @@ def _stream_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k,
     hs = torch.empty((capacity, inter // group if fp8 else 1), dtype=torch.float32, device=x.device)
     w13s, w2s = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
     weights = topk_weights.float().contiguous().view(-1)
-    upcast = STREAM_FAMILIES[tiles.mma]
     flags = dict(A_FP8=fp8, GROUP=group or 1, SOFT_ROUND=on_cpu, SWAP_AB=tiles.swap_ab,
                  UPCAST=upcast, USE_ASM=tiles.use_asm and not on_cpu, BLOCK_M=tiles.block_m,
                  num_warps=tiles.num_warps, num_stages=tiles.num_stages)  # fmt: skip
@@ -274,7 +296,7 @@ def _stream_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k,
         xq, xs, w13, w13s, h, hs, layout.row_slot, layout.block_expert, weights,
         num_slots, top_k, dim, inter, limit,
         xq.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0), w13s.stride(1),
-        h.stride(0), hs.stride(0), OUT_GROUP=group or 0, BLOCK_N=n1,
+        h.stride(0), hs.stride(0), OUT_GROUP=group or 0, OUT_DEQUANT=not fp8, BLOCK_N=n1,
         BLOCK_K=_stream_block_k(dim, group, tiles.block_k), **_pow2_groups(dim, group), **flags,
     )  # fmt: skip
     y = torch.empty((num_slots, dim), dtype=torch.bfloat16, device=x.device)
@@ -286,6 +308,15 @@ def _stream_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k,
         **_pow2_groups(inter, group), **flags,
     )  # fmt: skip
     return y
+
+
+def _round_trip_bf16(x: torch.Tensor, group: int | None) -> torch.Tensor:
+    """bf16 ``[T, D]``: ``x`` through its FP8 round trip per ``group`` (exact in bf16)."""
+    if group is None:
+        return x.to(torch.bfloat16).contiguous()
+    if x.dtype == torch.bfloat16:
+        return fp8_sim(x.contiguous(), group)
+    return fp8_sim(x.float().contiguous(), group).to(torch.bfloat16)
 
 
 def _stream_block_k(k: int, group: int | None, wanted: int) -> int:

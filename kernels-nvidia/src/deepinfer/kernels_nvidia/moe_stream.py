@@ -17,7 +17,10 @@ step's loads and unpacking overlap the MMAs in flight. Two ways to unpack the we
   in fp16 with the row's largest group scale ``s_ref`` (exact while ``s_ref / s <= 2^15``).
 
 ``SWAP_AB``: the weight rows are the MMA's M side (``acc [BLOCK_N, BLOCK_M]``), the few tokens
-its N side. Activations are FP8 e4m3 with fp32 scales per ``GROUP`` columns (``A_FP8``) or bf16.
+its N side. Activations are FP8 e4m3 with fp32 scales per ``GROUP`` columns (``A_FP8``; the fp16
+upcasts) or bf16, for ``"mx"`` already through their FP8 round trip (``q * s`` is exact in bf16):
+the input by ``fp8_sim``, the hidden rows by the first GEMM's epilogue (``OUT_DEQUANT``), so the
+K loop moves them straight from global to shared memory and into the MMA.
 Rows arrive grouped by expert in ``BLOCK_M`` blocks as in ``moe_gemm``: ``block_expert[b]``
 (-1: unused block) and ``row_slot[r]`` (``num_slots``: padding).
 """
@@ -29,7 +32,7 @@ import triton.language as tl
 
 from deepinfer.kernels_nvidia.moe_fp8 import nibbles_to_f16
 from deepinfer.kernels_nvidia.moe_gemm import _store_hidden
-from deepinfer.kernels_nvidia.quant import to_bf16
+from deepinfer.kernels_nvidia.quant import pow2_scale, to_bf16, to_e4m3
 
 
 @triton.jit
@@ -46,18 +49,29 @@ def act_block(
     a_ptr, as_ptr, rows, valid, a_ref, k0, stride_am, stride_asm,
     A_FP8: tl.constexpr, GROUP: tl.constexpr, UPCAST: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """Columns ``k0 .. k0 + BLOCK_K`` of activation rows ``rows`` (invalid rows: 0): bf16
-    ``q * s`` (``"mx"``) or fp16 ``q * s / a_ref`` (``"fp16"``); bf16 inputs pass through."""
+    """Columns ``k0 .. k0 + BLOCK_K`` of activation rows ``rows`` (invalid rows: 0): e4m3 ones
+    as fp16 ``q * s / a_ref`` (``"fp16"``) or bf16 ``q * s``; bf16 ones pass through."""
     cols = k0 + tl.arange(0, BLOCK_K)
     a = tl.load(a_ptr + rows[:, None] * stride_am + cols[None, :], mask=valid[:, None], other=0.0)
     if A_FP8:
         # one scale per GROUP columns, loaded per column (the repeated addresses broadcast)
         s_ptrs = as_ptr + rows[:, None] * stride_asm + (cols // GROUP)[None, :]
         scale = tl.load(s_ptrs, mask=valid[:, None], other=0.0)
-        if UPCAST == "fp16":
-            return (a.to(tl.float32) * (scale / a_ref[:, None])).to(tl.float16)
-        return (a.to(tl.float32) * scale).to(tl.bfloat16)
-    return a.to(tl.bfloat16)
+        if UPCAST == "mx":
+            out = (a.to(tl.float32) * scale).to(tl.bfloat16)
+        else:
+            out = (a.to(tl.float32) * (scale / a_ref[:, None])).to(tl.float16)
+    else:
+        out = a.to(tl.bfloat16)
+    return out
+
+
+@triton.jit
+def _times_group_factor(half, factor, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``[BLOCK_N, BLOCK_K / 2]`` fp16 nibble values (16 per 32-column group) times their
+    group's fp16 factor ``[BLOCK_N, BLOCK_K / 32]``."""
+    grouped = tl.reshape(half, (BLOCK_N, BLOCK_K // 32, 16)) * factor[:, :, None]
+    return tl.reshape(grouped, (BLOCK_N, BLOCK_K // 2))
 
 
 @triton.jit
@@ -76,20 +90,25 @@ def fp4_block_dot(
         groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         scales = tl.load(ws_ptr + w_rows[:, None] * stride_wsn + groups[None, :])
         if SWAP_AB:
-            return tl.dot_scaled(packed, scales, "e2m1", tl.trans(act), None, "bf16", acc,
-                                 fast_math=True)  # fmt: skip
-        return tl.dot_scaled(act, None, "bf16", tl.trans(packed), scales, "e2m1", acc,
-                             fast_math=True)  # fmt: skip
-    # the scale exponent of each packed byte's group (16 bytes share an address: a broadcast)
-    byte_groups = k0 // 32 + tl.arange(0, BLOCK_K // 2) // 16
-    scales = tl.load(ws_ptr + w_rows[:, None] * stride_wsn + byte_groups[None, :]).to(tl.int32)
-    d = w_ref[:, None] - scales
-    factor = tl.where(d <= 28, (29 - d) << 10, 0).to(tl.uint16).to(tl.float16, bitcast=True)
-    lo, hi = nibbles_to_f16(packed, USE_ASM)
-    w = tl.reshape(tl.join(lo * factor, hi * factor), (BLOCK_N, BLOCK_K))
-    if SWAP_AB:
-        return tl.dot(w, tl.trans(act), acc)
-    return tl.dot(act, tl.trans(w), acc)
+            acc = tl.dot_scaled(packed, scales, "e2m1", tl.trans(act), None, "bf16", acc,
+                                fast_math=True)  # fmt: skip
+        else:
+            acc = tl.dot_scaled(act, None, "bf16", tl.trans(packed), scales, "e2m1", acc,
+                                fast_math=True)  # fmt: skip
+    else:
+        groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        scales = tl.load(ws_ptr + w_rows[:, None] * stride_wsn + groups[None, :])
+        d = w_ref[:, None] - scales.to(tl.int32)
+        factor = tl.where(d <= 28, (29 - d) << 10, 0).to(tl.uint16).to(tl.float16, bitcast=True)
+        lo, hi = nibbles_to_f16(packed, USE_ASM)
+        lo = _times_group_factor(lo, factor, BLOCK_N, BLOCK_K)
+        hi = _times_group_factor(hi, factor, BLOCK_N, BLOCK_K)
+        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+        if SWAP_AB:
+            acc = tl.dot(w, tl.trans(act), acc)
+        else:
+            acc = tl.dot(act, tl.trans(w), acc)
+    return acc
 
 
 @triton.jit
@@ -110,22 +129,46 @@ def _refs(
     if UPCAST == "fp16":
         w_ref = row_max(ws_ptr, w_rows, w_rows >= 0, stride_wsn, K // 32, KG_P2).to(tl.int32)
         a_ref = row_max(as_ptr, a_rows, a_valid, stride_asm, K // GROUP, KA_P2)
-        return w_ref, tl.where(a_valid, a_ref, 1.0)
-    return w_rows.to(tl.int32) * 0, a_rows.to(tl.float32) * 0 + 1.0
+        a_ref = tl.where(a_valid, a_ref, 1.0)
+    else:
+        w_ref = w_rows.to(tl.int32) * 0
+        a_ref = a_rows.to(tl.float32) * 0 + 1.0
+    return w_ref, a_ref
 
 
 @triton.jit
 def _zero_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
     if SWAP_AB:
-        return tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    return tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    return acc
 
 
 @triton.jit
 def _row_factor(w_ref, UPCAST: tl.constexpr):
     if UPCAST == "fp16":
-        return (w_ref << 23).to(tl.float32, bitcast=True)  # 2^(w_ref - 127)
-    return w_ref.to(tl.float32) * 0 + 1.0
+        factor = (w_ref << 23).to(tl.float32, bitcast=True)  # 2^(w_ref - 127)
+    else:
+        factor = w_ref.to(tl.float32) * 0 + 1.0
+    return factor
+
+
+@triton.jit
+def _store_hidden_dequantised(
+    h_ptr, hidden, rows, col0, stride_hm,
+    OUT_GROUP: tl.constexpr, SOFT_ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Store bf16 ``q * s``: bf16(hidden) through its FP8 round trip per ``OUT_GROUP`` columns
+    (0: none), exact in bf16, so the next GEMM reads plain bf16 rows."""
+    hidden = to_bf16(hidden, SOFT_ROUND).to(tl.float32)
+    if OUT_GROUP > 0:
+        grouped = tl.reshape(hidden, (BLOCK_M, BLOCK_N // OUT_GROUP, OUT_GROUP))
+        scale = pow2_scale(tl.max(tl.abs(grouped), axis=2), 1e-4, 448.0)
+        q = to_e4m3(grouped / scale[:, :, None], SOFT_ROUND).to(tl.float32)
+        hidden = tl.reshape(q * scale[:, :, None], (BLOCK_M, BLOCK_N))
+    cols = col0 + tl.arange(0, BLOCK_N)
+    tl.store(h_ptr + rows[:, None] * stride_hm + cols[None, :], hidden.to(tl.bfloat16))
 
 
 @triton.jit
@@ -133,7 +176,8 @@ def moe_stream_gate_up_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, h_ptr, hs_ptr, row_slot_ptr, block_expert_ptr, topk_w_ptr,
     num_slots, top_k, K, inter, limit,
     stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_hm, stride_hsm,
-    A_FP8: tl.constexpr, GROUP: tl.constexpr, OUT_GROUP: tl.constexpr, SOFT_ROUND: tl.constexpr,
+    A_FP8: tl.constexpr, GROUP: tl.constexpr, OUT_GROUP: tl.constexpr, OUT_DEQUANT: tl.constexpr,
+    SOFT_ROUND: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, USE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     KG_P2: tl.constexpr, KA_P2: tl.constexpr,
@@ -177,8 +221,12 @@ def moe_stream_gate_up_kernel(
     up = tl.clamp(up, -limit, limit)
     router_w = tl.load(topk_w_ptr + slots, mask=valid, other=0.0)
     hidden = gate / (1.0 + tl.exp(-gate)) * up * router_w[:, None]
-    _store_hidden(h_ptr, hs_ptr, hidden, rows, col0, stride_hm, stride_hsm,
-                  OUT_GROUP, SOFT_ROUND, BLOCK_M, BLOCK_N, False)  # fmt: skip
+    if OUT_DEQUANT:
+        _store_hidden_dequantised(h_ptr, hidden, rows, col0, stride_hm,
+                                  OUT_GROUP, SOFT_ROUND, BLOCK_M, BLOCK_N)  # fmt: skip
+    else:
+        _store_hidden(h_ptr, hs_ptr, hidden, rows, col0, stride_hm, stride_hsm,
+                      OUT_GROUP, SOFT_ROUND, BLOCK_M, BLOCK_N, False)  # fmt: skip
 
 
 @triton.jit

@@ -1,0 +1,113 @@
+"""moe_stream's chained-accumulator decode kernels (``MoeTiles.mma`` "mx" and "fp16-stream")
+against the reference: the conformance cases (small under the interpreter, model shapes on the
+GPU), weights whose 32-column scales spread over many octaves within a row, and the decode
+choice of ``choose_tiles``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.kernels import OPS
+from deepinfer.kernels.testing import cases_for, check_case
+from deepinfer.kernels.testing.cases.moe_kernels import random_fp4_weight
+from deepinfer.kernels_nvidia import moe_align, moe_experts
+from deepinfer.kernels_nvidia.moe_experts import MoeTiles
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
+
+SMALL = {
+    "mx": MoeTiles(16, 64, 4, 1, mma="mx", block_k=32, down_block_n=32),
+    "mx-k256": MoeTiles(16, 64, 8, 1, mma="mx", block_k=256),
+    "mx-swap": MoeTiles(16, 64, 4, 1, mma="mx", swap_ab=True, block_k=64, down_block_n=32),
+    "fp16": MoeTiles(16, 32, 4, 1, mma="fp16-stream", block_k=32),
+    "fp16-swap": MoeTiles(16, 64, 4, 1, mma="fp16-stream", swap_ab=True, block_k=64),
+}
+# every decode variant bench_moe.py sweeps (the default is also in test_moe_kernels' cases)
+REAL = {
+    "mx-n128-k256-w8s3": moe_experts.DECODE_TILES,
+    "mx-n128-k256-w8s4": MoeTiles(16, 128, 8, 4, mma="mx", block_k=256),
+    "mx-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="mx", block_k=128),
+    "mx-n128-k128-w8s4": MoeTiles(16, 128, 8, 4, mma="mx", block_k=128),
+    "mx-n256-k128-w8s3": MoeTiles(16, 256, 8, 3, mma="mx", block_k=128),
+    "mx-n128-k256-w8s3-down-n256": MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, down_block_n=256),
+    "mx-swap-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="mx", swap_ab=True, block_k=128),
+    "fp16-stream-n128-k128-w8s4": MoeTiles(16, 128, 8, 4, mma="fp16-stream", block_k=128),
+}
+
+
+def _with_tiles(tiles):
+    def run(*args, **kwargs):
+        return moe_experts.fp4_moe_experts_tiles(*args, **kwargs, tiles=tiles)
+
+    return run
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+@pytest.mark.parametrize("case", cases_for(["fp4_moe_experts"], "small"), ids=str)
+def test_stream_small(case, name):
+    check_case(_with_tiles(SMALL[name]), case, DEVICE)
+
+
+def _decode_cases():
+    return [c for c in cases_for(["fp4_moe_experts"], "real") if "64t-" in c.name]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("name", list(REAL))
+@pytest.mark.parametrize("case", _decode_cases(), ids=str)
+def test_stream_real(case, name):
+    check_case(_with_tiles(REAL[name]), case, DEVICE)
+
+
+def _spread_scale_inputs(experts, dim, inter, gen):
+    """Expert inputs whose weight scales vary by up to 2^10 within each row."""
+    g = torch.Generator(device=DEVICE).manual_seed(
+        int(torch.randint(0, 2**31, (1,), generator=gen))
+    )
+    x = torch.randn(5, dim, generator=g, device=DEVICE).bfloat16()
+    ids = torch.rand(5, experts, generator=g, device=DEVICE).topk(2, dim=-1).indices
+    weights = torch.rand(5, 2, generator=g, device=DEVICE) + 0.25
+    w13, s13 = random_fp4_weight(g, (experts, 2 * inter, dim), DEVICE)
+    w2, s2 = random_fp4_weight(g, (experts, dim, inter), DEVICE)
+
+    def spread(scale):  # each group's exponent lowered by 0..10
+        drop = torch.randint(0, 11, scale.shape, generator=g, device=DEVICE, dtype=torch.int32)
+        return (scale.view(torch.uint8).int() - drop).to(torch.uint8).view(torch.float8_e8m0fnu)
+
+    return x, weights, ids, w13, spread(s13), w2, spread(s2)
+
+
+@pytest.mark.parametrize("name", ["mx", "fp16", "fp16-swap"])
+def test_stream_scales_spread_within_a_row(name):
+    args = _spread_scale_inputs(4, 128, 64, torch.Generator().manual_seed(3))
+    kw = dict(swiglu_limit=10.0, act_quant_group=32)
+    want = OPS["fp4_moe_experts"].reference(*args, **kw)
+    got = _with_tiles(SMALL[name])(*args, **kw)
+    assert ((got - want).abs().max() / want.std()).item() < 2e-2
+
+
+def test_decode_batches_choose_a_stream_family():
+    decode = moe_experts.choose_tiles(64 * 6, 256, batch_invariant=False, on_cpu=False)
+    prefill = moe_experts.choose_tiles(8192 * 6, 256, batch_invariant=False, on_cpu=False)
+    assert decode.mma in moe_experts.STREAM_FAMILIES
+    assert prefill.mma not in moe_experts.STREAM_FAMILIES
+    invariant = moe_experts.choose_tiles(64 * 6, 256, batch_invariant=True, on_cpu=False)
+    assert invariant == moe_experts.BATCH_INVARIANT_TILES
+
+
+@pytest.mark.parametrize(
+    ("num_slots", "num_experts", "block_m"),
+    [(39, 9, 4), (384, 256, 16), (20, 384, 16), (600, 8, 64)],
+)
+def test_one_launch_alignment_equals_the_torch_composition(num_slots, num_experts, block_m):
+    gen = torch.Generator().manual_seed(num_slots)
+    ids = torch.randint(0, num_experts, (num_slots,), generator=gen).to(DEVICE)
+    capacity = -(-(num_slots + min(num_experts, num_slots) * (block_m - 1)) // block_m) * block_m
+    row_slot, block_expert = moe_align.align_small(ids, num_experts, block_m, capacity)
+    want = moe_experts._align_by_expert_torch(ids, num_experts, block_m, capacity)
+    assert torch.equal(row_slot, want.row_slot)
+    assert torch.equal(block_expert, want.block_expert)
