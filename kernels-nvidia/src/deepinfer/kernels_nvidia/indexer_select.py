@@ -7,19 +7,20 @@
    ``DIGIT`` bits per pass, most significant first. Each pass is one ``2**DIGIT``-bin histogram
    with no mask: keys outside the current prefix all land in bin 0 and their known number is
    taken back out. It stops once every key left in the chosen bin is needed. When at most
-   ``CAP`` keys still share the prefix, they are compacted into a small per-row buffer
-   (slots from an atomic counter: the order there does not matter) and the remaining passes
-   run over that buffer instead of the whole row.
-3. Winners: every key >= the threshold, packed as ``key << 32 | ~column`` (so one descending
-   sort orders by score, then lowest column first), gathered into a per-row scratch of
-   ``BLOCK_K`` slots through an atomic counter; only when ties at the threshold overflow the
-   scratch does a prefix sum pick the lowest-column ties in order.
+   ``CAP`` keys still share the prefix, they are compacted into a small per-row buffer and the
+   remaining passes run over that buffer instead of the whole row.
+3. Winners: every key above the threshold, then the lowest-column ties at it, packed as
+   ``key << 32 | ~column`` (one descending sort then orders by score, lowest column first)
+   into a per-row scratch of ``BLOCK_K`` slots.
 4. Order: a bitonic sort of the scratch; the first ``want`` become candidate values, ``-1``
    pads to ``k``.
 
-A row's result depends on its own scores only (batch invariant) and equals the first k of a
-stable descending sort. H200, 64 rows x 16,384 real indexer scores, k = 512: see
-``benchmarks/kernels/bench_indexer.py``.
+Compaction slots (steps 2 and 3) come without a full-width prefix sum (Triton lowers a
+16,384-long ``cumsum`` to a chain of shuffles per register, about 12 us here): the row is
+re-read as ``[R, NT]`` tiles where each tile column is a run of ``R`` consecutive columns, each
+run's mask becomes one 32-bit word, and a rank is a popcount plus a prefix sum over the ``NT``
+runs. No atomics: the result is deterministic, depends on the row alone (batch invariant) and
+equals the first k of a stable descending sort.
 """
 
 from __future__ import annotations
@@ -48,11 +49,14 @@ def _radix_narrow(key, match, match_count, rest, shift, stop_count,
     """Radix passes over ``key[BLOCK]`` narrowing ``match`` (the ``match_count`` keys sharing
     the prefix fixed so far, among which the ``rest``-th largest is sought) from bit ``shift``
     down, until every matching key is needed (``found``), all bits are fixed (``shift < 0``)
-    or at most ``stop_count`` keys match. Returns the updated state."""
+    or at most ``stop_count`` keys match. Returns the updated state and ``low``: the matching
+    keys agree on bits ``low..31`` (``low == 32``: no pass ran)."""
     NB: tl.constexpr = 1 << DIGIT
     bins = tl.arange(0, NB)
     found = (match_count == rest).to(tl.int32)
+    low = tl.full([], 32, tl.int32)
     while (shift >= 0) & (found == 0) & (match_count > stop_count):
+        low = shift
         digit = ((key >> shift.to(tl.uint32)) & (NB - 1)).to(tl.int32)
         hist = tl.histogram(tl.where(match, digit, 0), NB)
         hist -= tl.where(bins == 0, BLOCK - match_count, 0)  # the non-matching keys
@@ -65,66 +69,94 @@ def _radix_narrow(key, match, match_count, rest, shift, stop_count,
         match_count = in_bin
         found = (in_bin == rest).to(tl.int32)  # every key left with this prefix is a winner
         shift = tl.where(shift == 0, -1, tl.maximum(shift - DIGIT, 0))
-    return match, match_count, rest, shift, found
+    return match, match_count, rest, shift, found, low
 
 
 @triton.jit
-def _threshold(key, num_valid, want, work, BLOCK_C: tl.constexpr, DIGIT: tl.constexpr,
-               CAP: tl.constexpr):  # fmt: skip
-    """The ``want``-th largest key (``UINT32_MAX`` when ``want == 0``). ``work`` points at the
-    row's int32 work area: ``[0]`` a zeroed counter, ``[2:2 + CAP]`` the compaction buffer."""
+def _popcount(x):
+    """Set bits of each uint32 (SWAR; the interpreter has no ``popc``)."""
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return (x * 0x01010101) >> 24
+
+
+@triton.jit
+def _row_keys(scores_row, num_cand, R: tl.constexpr, NT: tl.constexpr):
+    """The row's keys as ``[R, NT]``, element ``(r, t)`` = column ``t * R + r`` (so each of the
+    ``NT`` runs of ``R`` columns is one column of the tile), and those column numbers."""
+    cols = tl.arange(0, NT)[None, :] * R + tl.arange(0, R)[:, None]
+    scores = tl.load(scores_row + cols, mask=cols < num_cand, other=-float("inf"))
+    return _ordered_key(scores), cols
+
+
+@triton.jit
+def _column_ranks(first, second, R: tl.constexpr):
+    """For two disjoint ``[R, NT]`` masks laid out as in :func:`_row_keys`: each element's rank
+    among its mask's set elements in column order, and each mask's count. One bit mask per run
+    of ``R`` columns, popcounts, and one prefix sum over the ``NT`` runs; no full-width scan."""
+    bit = tl.full([R, 1], 1, tl.uint32) << tl.arange(0, R)[:, None].to(tl.uint32)
+    bits_a = tl.sum(tl.where(first, bit, 0), axis=0)  # [NT]: distinct bits, so sum == or
+    bits_b = tl.sum(tl.where(second, bit, 0), axis=0)
+    counts = _popcount(bits_a) + (_popcount(bits_b) << 16)  # both <= 16384: no carry
+    before = tl.cumsum(counts, axis=0) - counts
+    lower = bit - 1
+    rank_a = (before & 65535)[None, :] + _popcount(bits_a[None, :] & lower)
+    rank_b = (before >> 16)[None, :] + _popcount(bits_b[None, :] & lower)
+    total = tl.sum(counts, axis=0)
+    return rank_a.to(tl.int32), rank_b.to(tl.int32), (total & 65535).to(tl.int32)
+
+
+@triton.jit
+def _threshold(key, num_valid, want, scores_row, num_cand, work,
+               BLOCK_C: tl.constexpr, DIGIT: tl.constexpr, CAP: tl.constexpr,
+               R: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+    """The ``want``-th largest key (``UINT32_MAX`` when ``want == 0``); ``work`` is the row's
+    int32 compaction buffer of ``CAP`` slots."""
     shift = tl.full([], 32 - DIGIT, tl.int32)
     match = key > 0
     if CAP < BLOCK_C:
-        match, count, rest, shift, found = _radix_narrow(
+        match, count, rest, shift, found, low = _radix_narrow(
             key, match, num_valid, want, shift, CAP, BLOCK_C, DIGIT
         )
         if (found == 0) & (shift >= 0):  # <= CAP keys left: finish over a compact copy
-            slot = tl.atomic_add(work + tl.zeros_like(key).to(tl.int32), 1, mask=match,
-                                 sem="relaxed")  # fmt: skip
-            tl.store(work + 2 + slot, key.to(tl.int32, bitcast=True), mask=match)
+            fixed = ((tl.full([], UINT32_MAX, tl.int64) << low) & UINT32_MAX).to(tl.uint32)
+            prefix = tl.max(tl.where(match, key, 0), axis=0) & fixed
+            key2, _ = _row_keys(scores_row, num_cand, R, NT)
+            in_prefix = (key2 > 0) & ((key2 & fixed) == prefix)
+            slot, _, _ = _column_ranks(in_prefix, key2 < 0, R)
+            tl.store(work + slot, key2.to(tl.int32, bitcast=True), mask=in_prefix)
             tl.debug_barrier()
             lane = tl.arange(0, CAP)
-            small = tl.load(work + 2 + lane, mask=lane < count, other=0)
+            small = tl.load(work + lane, mask=lane < count, other=0)
             small = small.to(tl.uint32, bitcast=True)
-            small_match, _, _, _, _ = _radix_narrow(
+            small_match, _, _, _, _, _ = _radix_narrow(
                 small, small > 0, count, rest, shift, 0, CAP, DIGIT
             )
             threshold = tl.min(tl.where(small_match, small, UINT32_MAX), axis=0)
         else:
             threshold = tl.min(tl.where(match, key, UINT32_MAX), axis=0)
     else:
-        match, _, _, _, _ = _radix_narrow(key, match, num_valid, want, shift, 0, BLOCK_C, DIGIT)
+        match, _, _, _, _, _ = _radix_narrow(key, match, num_valid, want, shift, 0, BLOCK_C, DIGIT)
         threshold = tl.min(tl.where(match, key, UINT32_MAX), axis=0)
     return threshold
 
 
 @triton.jit
-def _gather_winners(key, offs, threshold, want, scratch, work, BLOCK_K: tl.constexpr,
-                    ATOMIC: tl.constexpr):  # fmt: skip
-    """Fill ``scratch[:BLOCK_K]`` with the packed winners, then ``INT64_MIN``; the first
-    ``want`` of its descending order are the answer. ``work[1]`` is a zeroed counter."""
-    valid = key > 0  # and no valid key reaches UINT32_MAX (the threshold when want == 0)
-    at_least = valid & (key >= threshold)
+def _gather_winners(threshold, want, scores_row, num_cand, scratch, BLOCK_K: tl.constexpr,
+                    R: tl.constexpr, NT: tl.constexpr):  # fmt: skip
+    """Fill ``scratch[:BLOCK_K]`` with the packed winners (every key above the threshold, then
+    the lowest-column ties at it) and ``INT64_MIN`` after them."""
+    key, cols = _row_keys(scores_row, num_cand, R, NT)
+    win = key > threshold  # no valid key reaches UINT32_MAX (the threshold when want == 0)
+    tied = (key == threshold) & (key > 0)
+    rank_win, rank_tied, num_above = _column_ranks(win, tied, R)
+    slot = tl.where(win, rank_win, num_above + rank_tied)
     packed = ((key ^ 2147483648).to(tl.int32, bitcast=True).to(tl.int64) << 32) + (
-        offs.to(tl.int64) ^ UINT32_MAX)  # fmt: skip
-    count = tl.sum(at_least.to(tl.int32), axis=0)
+        cols.to(tl.int64) ^ UINT32_MAX)  # fmt: skip
+    tl.store(scratch + slot, packed, mask=win | (tied & (slot < want)))
     tail = tl.arange(0, BLOCK_K)
-    fits = count <= BLOCK_K
-    if not ATOMIC:
-        fits = count < 0  # never: always the prefix sum
-    if fits:  # all of them fit (the usual case): any slot order will do
-        slot = tl.atomic_add(work + 1 + tl.zeros_like(offs), 1, mask=at_least, sem="relaxed")
-        tl.store(scratch + slot, packed, mask=at_least)
-        tl.store(scratch + tail, tl.full([BLOCK_K], INT64_MIN, tl.int64), mask=tail >= count)
-    else:  # many ties at the threshold: the lowest columns among them, by a prefix sum
-        win = valid & (key > threshold)
-        tied = valid & (key == threshold)
-        slots = tl.cumsum(win.to(tl.int32) + (tied.to(tl.int32) << 16), axis=0)
-        num_above = tl.sum(win.to(tl.int32), axis=0)
-        slot = tl.where(win, (slots & 65535) - 1, num_above + (slots >> 16) - 1)
-        tl.store(scratch + slot, packed, mask=win | (tied & (slot < want)))
-        tl.store(scratch + tail, tl.full([BLOCK_K], INT64_MIN, tl.int64), mask=tail >= want)
+    tl.store(scratch + tail, tl.full([BLOCK_K], INT64_MIN, tl.int64), mask=tail >= want)
 
 
 @triton.jit
@@ -132,21 +164,20 @@ def _select_kernel(
     scores_ptr, cand_ptr, out_ptr, scratch_ptr, work_ptr, num_cand, k,
     stride_st, stride_ct, stride_ot,
     BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, DIGIT: tl.constexpr, CAP: tl.constexpr,
-    ATOMIC: tl.constexpr,
+    R: tl.constexpr,
 ):  # fmt: skip
     """One program per row (see the module docstring)."""
+    NT: tl.constexpr = BLOCK_C // R
     row = tl.program_id(0).to(tl.int64)
-    work = work_ptr + row * (CAP + 2)
-    tl.store(work + tl.arange(0, 2), tl.zeros([2], tl.int32))  # the two atomic counters
+    scores_row = scores_ptr + row * stride_st
     offs = tl.arange(0, BLOCK_C)
-    scores = tl.load(scores_ptr + row * stride_st + offs, mask=offs < num_cand, other=-float("inf"))
-    key = _ordered_key(scores)
+    key = _ordered_key(tl.load(scores_row + offs, mask=offs < num_cand, other=-float("inf")))
     num_valid = tl.sum((key > 0).to(tl.int32), axis=0)
     want = tl.minimum(num_valid, k)
-    tl.debug_barrier()  # the zeroed counters before any atomic
-    threshold = _threshold(key, num_valid, want, work, BLOCK_C, DIGIT, CAP)
+    threshold = _threshold(key, num_valid, want, scores_row, num_cand, work_ptr + row * CAP,
+                           BLOCK_C, DIGIT, CAP, R, NT)  # fmt: skip
     scratch = scratch_ptr + row * BLOCK_K
-    _gather_winners(key, offs, threshold, want, scratch, work, BLOCK_K, ATOMIC)
+    _gather_winners(threshold, want, scores_row, num_cand, scratch, BLOCK_K, R, NT)
     tl.debug_barrier()
     tail = tl.arange(0, BLOCK_K)
     packed = tl.sort(tl.load(scratch + tail), 0, descending=True)
@@ -156,21 +187,23 @@ def _select_kernel(
     tl.store(out_ptr + row * stride_ot + tail, tl.where(valid, picked, -1), mask=tail < k)
 
 
-def launch_select(scores, candidates, k, *, digit, cap, num_warps, atomic=True):
+def launch_select(scores, candidates, k, *, digit, cap, num_warps):
     """``[T, k]`` int64 candidates of each row's k best finite scores (``scores`` ``[T, C]``
-    fp32 and ``candidates`` ``[T, C]`` with unit column stride, ``1 <= C``, ``k >= 1``).
-    ``atomic=False`` uses no atomic counter: no compaction, winners always by prefix sum."""
+    fp32 and ``candidates`` ``[T, C]`` with unit column stride, ``1 <= C <= 16384``,
+    ``k >= 1``). ``cap >= C`` turns the compaction off."""
     rows, width = scores.shape
     block_c = triton.next_power_of_2(max(width, 16))
+    if block_c > 16384:
+        raise ValueError(f"scores: at most 16384 columns, got {width}")
     block_k = triton.next_power_of_2(k)
-    cap = min(triton.next_power_of_2(cap), block_c) if atomic else block_c
+    cap = min(triton.next_power_of_2(cap), block_c)
     out = torch.empty(rows, k, dtype=torch.int64, device=scores.device)
     scratch = torch.empty(rows, block_k, dtype=torch.int64, device=scores.device)
-    work = torch.empty(rows, cap + 2, dtype=torch.int32, device=scores.device)
+    work = torch.empty(rows, cap, dtype=torch.int32, device=scores.device)
     _select_kernel[(rows,)](
         scores, candidates, out, scratch, work, width, k,
         scores.stride(0), candidates.stride(0), out.stride(0),
-        BLOCK_C=block_c, BLOCK_K=block_k, DIGIT=digit, CAP=cap, ATOMIC=atomic,
-        num_warps=num_warps,
+        BLOCK_C=block_c, BLOCK_K=block_k, DIGIT=digit, CAP=cap,
+        R=max(1, block_c // 512), num_warps=num_warps,
     )  # fmt: skip
     return out

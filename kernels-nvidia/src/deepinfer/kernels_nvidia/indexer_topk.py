@@ -18,7 +18,6 @@ from deepinfer.kernels_nvidia.registry import implements
 TOPK_MAX_CANDIDATES = 16384  # widest row the register-resident top-k kernel takes
 SELECT_DIGIT = 5  # radix digit bits per pass (histograms of 2**SELECT_DIGIT bins)
 SELECT_CAP = 2048  # keys left sharing the prefix when the radix passes move to a compact copy
-SELECT_ATOMIC = True  # compaction and winner slots from atomic counters (else prefix sums)
 SELECT_WARPS = 16  # most warps per selection program (16,384-wide rows)
 
 
@@ -83,7 +82,7 @@ def _topk_torch(scores, candidates, k):
 
 
 @implements("select_topk")
-def select_topk(scores, candidates, k, *, digit=None, cap=None, num_warps=None, atomic=None):
+def select_topk(scores, candidates, k, *, digit=None, cap=None, num_warps=None):
     """Rows up to ``TOPK_MAX_CANDIDATES`` wide: the Triton radix select of
     :mod:`.indexer_select` (winners ordered in the same kernel); wider rows: torch's stable
     sort. The keywords override the launch (benchmark sweeps); none changes the result.
@@ -105,7 +104,6 @@ def select_topk(scores, candidates, k, *, digit=None, cap=None, num_warps=None, 
     return launch_select(
         scores, candidates, k, digit=digit or SELECT_DIGIT, cap=cap or SELECT_CAP,
         num_warps=num_warps or min(SELECT_WARPS, max(4, block_c // 1024)),
-        atomic=SELECT_ATOMIC if atomic is None else atomic,
     )  # fmt: skip
 
 
