@@ -1,7 +1,6 @@
-"""Throwaway sweep (issue 8): where select_topk's time goes, and which launch of the v3 radix
-select is fastest, at 64 rows x 16,384 scores, k = 512 (H200). Every full variant is checked
-bit-for-bit against the reference first. Stages (``STAGE``) cut a kernel short after a phase
-and store something that depends on it, so differences between stages time each phase.
+"""Throwaway sweep (issue 8): select_topk v5 launch variants against v3 (the first call's
+best: 16,384-long prefix sum for the winners, no compaction) at 64 rows x 16,384 scores,
+k = 512 (H200), each checked bit for bit against the reference before it is timed.
 
     BENCH_COMMIT=<sha> python benchmarks/kernels/sweep_topk.py --out bench-out/sweep.json
 """
@@ -21,93 +20,84 @@ from common import environment, print_table, time_cuda, write_json  # noqa: E402
 
 from deepinfer import kernels  # noqa: E402
 from deepinfer.kernels_nvidia import backend  # noqa: E402
-from deepinfer.kernels_nvidia.indexer_topk import (  # noqa: E402
-    _kth_largest_key,
-    _ordered_key,
-    _rank_and_store,
-)
+from deepinfer.kernels_nvidia.indexer_select import _ordered_key  # noqa: E402
 
 ROWS, WIDTH, TOPK = 64, 16384, 512
 
 
 @triton.jit
-def _old_radix_digit(key, match, shift, want, NB: tl.constexpr):
-    digit = ((key >> shift) & 255).to(tl.int32)
-    hist = tl.histogram(tl.where(match, digit + NB, 0), 2 * NB)
-    hist = tl.sum(tl.where(tl.arange(0, 2)[:, None] == 1, tl.reshape(hist, [2, NB]), 0), axis=0)
-    at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-    chosen = tl.sum((at_or_above >= want).to(tl.int32), axis=0) - 1
-    above = tl.sum(tl.where(tl.arange(0, NB) > chosen, hist, 0), axis=0)
-    return chosen.to(tl.uint32), above
+def _v3_kth_largest_key(key, match_count, want, BLOCK_C: tl.constexpr, DIGIT: tl.constexpr):
+    """The ``want``-th largest of the ``key`` values that are > 0 (``match_count`` of them;
+    ``want >= 1``), by a radix select over ``DIGIT``-bit digits, most significant first, that
+    stops as soon as every key sharing the chosen prefix is needed.
 
-
-@triton.jit
-def _old_kernel(
-    scores_ptr, cand_ptr, out_ptr, scratch_ptr, num_cand, k,
-    BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, STAGE: tl.constexpr,
-):  # fmt: skip
-    """select_topk as of 2eb72d3 (4 x 8-bit radix, 512-bin masked histograms, sort)."""
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK_C)
-    scores = tl.load(scores_ptr + row * num_cand + offs, mask=offs < num_cand, other=-float("inf"))
-    key = _ordered_key(scores)
-    want = tl.minimum(tl.sum((key > 0).to(tl.int32), axis=0), k)
-    if STAGE == 0:
-        tl.store(out_ptr + row * k, want.to(tl.int64))
-        return
-    prefix = tl.full([], 0, tl.uint32)
+    Keys outside the prefix (and the zeros) all land in bin 0 of each ``2**DIGIT``-bin
+    histogram; the known number of them is taken back out, so no histogram needs a mask."""
+    NB: tl.constexpr = 1 << DIGIT
+    bins = tl.arange(0, NB)
     match = key > 0
     rest = want
-    for step in tl.static_range(4):
-        digit, above = _old_radix_digit(key, match, 24 - 8 * step, rest, 256)
-        rest -= above
-        prefix = prefix | (digit << (24 - 8 * step))
-        match = match & (((key >> (24 - 8 * step)) & 255) == digit)
-    threshold = tl.where(want > 0, prefix, 4294967295)
-    if STAGE == 1:
-        tl.store(out_ptr + row * k, threshold.to(tl.int64))
-        return
-    win = key > threshold
-    num_above = tl.sum(win.to(tl.int32), axis=0)
-    tied = (key == threshold) & (key > 0)
-    packed = ((key ^ 2147483648).to(tl.int32, bitcast=True).to(tl.int64) << 32) + (
-        4294967295 - offs.to(tl.int64))  # fmt: skip
-    scratch = scratch_ptr + row * BLOCK_K
-    tl.store(scratch + tl.cumsum(win.to(tl.int32), axis=0) - 1, packed, mask=win)
-    slot = num_above + tl.cumsum(tied.to(tl.int32), axis=0) - 1
-    tl.store(scratch + slot, packed, mask=tied & (slot < want))
-    tail = tl.arange(0, BLOCK_K)
-    tl.store(scratch + tail, tl.full([BLOCK_K], -9223372036854775808, tl.int64), mask=tail >= want)
-    if STAGE == 2:
-        return
-    tl.debug_barrier()
-    ordered = tl.sort(tl.load(scratch + tail), 0, descending=True)
-    column = (4294967295 - (ordered & 4294967295)).to(tl.int32)
-    valid = tail < want
-    picked = tl.load(cand_ptr + row * num_cand + column, mask=valid, other=-1).to(tl.int64)
-    tl.store(out_ptr + row * k + tail, tl.where(valid, picked, -1), mask=tail < k)
+    shift = tl.full([], 32 - DIGIT, tl.int32)
+    found = match_count == want
+    while (shift >= 0) & (found == 0):
+        digit = ((key >> shift.to(tl.uint32)) & (NB - 1)).to(tl.int32)
+        hist = tl.histogram(tl.where(match, digit, 0), NB)
+        hist -= tl.where(bins == 0, BLOCK_C - match_count, 0)
+        at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # count(d >= b)
+        chosen = tl.sum((at_or_above >= rest).to(tl.int32), axis=0) - 1
+        in_bin = tl.sum(tl.where(bins == chosen, hist, 0), axis=0)
+        rest -= tl.sum(tl.where(bins == chosen, at_or_above, 0), axis=0) - in_bin
+        match = match & (digit == chosen)
+        match_count = in_bin
+        found = in_bin == rest  # every key left with this prefix is a winner
+        shift = tl.where(shift == 0, -1, tl.maximum(shift - DIGIT, 0))
+    return tl.min(tl.where(match, key, 4294967295), axis=0)
 
 
 @triton.jit
-def _new_staged_kernel(
+def _v3_rank_and_store(scratch, cand_row, out_row, want, k, BLOCK_K: tl.constexpr,
+                    RANK_CHUNK: tl.constexpr, RANK_SORT: tl.constexpr):  # fmt: skip
+    """Order the ``want`` packed winners in ``scratch[:BLOCK_K]`` (the rest hold the smallest
+    int64) descending and write their candidates, ``-1`` from ``want`` up to ``k``."""
+    tail = tl.arange(0, BLOCK_K)
+    packed = tl.load(scratch + tail)
+    if RANK_SORT:  # each winner's place = how many packed values exceed its own (all distinct)
+        rank = tl.zeros([BLOCK_K], tl.int32)
+        for j0 in range(0, BLOCK_K, RANK_CHUNK):
+            other = tl.load(scratch + j0 + tl.arange(0, RANK_CHUNK))
+            rank += tl.sum((other[None, :] > packed[:, None]).to(tl.int32), axis=1)
+    else:
+        packed = tl.sort(packed, 0, descending=True)
+        rank = tail
+    column = (4294967295 - (packed & 4294967295)).to(tl.int32)
+    valid = tail < want
+    picked = tl.load(cand_row + column, mask=valid, other=-1).to(tl.int64)
+    tl.store(out_row + rank, picked, mask=valid)
+    tl.store(out_row + tail, tl.full([BLOCK_K], -1, tl.int64), mask=(tail >= want) & (tail < k))
+
+
+@triton.jit
+def _v3_select_kernel(
     scores_ptr, cand_ptr, out_ptr, scratch_ptr, num_cand, k,
+    stride_st, stride_ct, stride_ot,
     BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, DIGIT: tl.constexpr,
-    RANK_SORT: tl.constexpr, STAGE: tl.constexpr,
+    RANK_SORT: tl.constexpr, RANK_CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """The v3 kernel (indexer_topk._select_kernel) cut after a stage."""
+    """One program per row: the k-th largest key by radix select, the winners (above it, then
+    ties at it in column order, found with one prefix sum) packed as ``key << 32 | ~column``
+    into a per-row scratch, then ordered there (a sort, or ranks by counting)."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_C)
-    scores = tl.load(scores_ptr + row * num_cand + offs, mask=offs < num_cand, other=-float("inf"))
+    scores = tl.load(scores_ptr + row * stride_st + offs, mask=offs < num_cand, other=-float("inf"))
     key = _ordered_key(scores)
     num_valid = tl.sum((key > 0).to(tl.int32), axis=0)
     want = tl.minimum(num_valid, k)
-    threshold = _kth_largest_key(key, num_valid, want, BLOCK_C, DIGIT)
-    if STAGE == 1:
-        tl.store(out_ptr + row * k, threshold.to(tl.int64))
-        return
+    threshold = 4294967295  # nothing valid: nothing wins
+    if want > 0:
+        threshold = _v3_kth_largest_key(key, num_valid, want, BLOCK_C, DIGIT)
     win = key > threshold
     tied = (key == threshold) & (key > 0)
-    slots = tl.cumsum(win.to(tl.int32) + (tied.to(tl.int32) << 16), axis=0)
+    slots = tl.cumsum(win.to(tl.int32) + (tied.to(tl.int32) << 16), axis=0)  # both counts at once
     num_above = tl.sum(win.to(tl.int32), axis=0)
     slot = tl.where(win, (slots & 65535) - 1, num_above + (slots >> 16) - 1)
     keep = win | (tied & (slot < want))
@@ -117,11 +107,24 @@ def _new_staged_kernel(
     tl.store(scratch + slot, packed, mask=keep)
     tail = tl.arange(0, BLOCK_K)
     tl.store(scratch + tail, tl.full([BLOCK_K], -9223372036854775808, tl.int64), mask=tail >= want)
-    if STAGE == 2:
-        return
     tl.debug_barrier()
-    _rank_and_store(scratch, cand_ptr + row * num_cand, out_ptr + row * k, want, k,
-                    BLOCK_K, 32, RANK_SORT)  # fmt: skip
+    _v3_rank_and_store(scratch, cand_ptr + row * stride_ct, out_ptr + row * stride_ot, want, k,
+                    BLOCK_K, RANK_CHUNK, RANK_SORT)  # fmt: skip
+
+
+def _v3(scores, cand):
+    out = torch.empty(ROWS, TOPK, dtype=torch.int64, device="cuda")
+    scratch = torch.empty(ROWS, TOPK, dtype=torch.int64, device="cuda")
+
+    def fn():
+        _v3_select_kernel[(ROWS,)](
+            scores, cand, out, scratch, WIDTH, TOPK, scores.stride(0), cand.stride(0),
+            out.stride(0), BLOCK_C=WIDTH, BLOCK_K=TOPK, DIGIT=5, RANK_SORT=False,
+            RANK_CHUNK=32, num_warps=16,
+        )  # fmt: skip
+        return out
+
+    return fn
 
 
 def _inputs():
@@ -139,7 +142,7 @@ def _time(name, fn, rows, check=None):
     try:
         got = fn()
         ok = "" if check is None else ("ok" if torch.equal(got, check) else "WRONG")
-        us = time_cuda(fn, iters=50) * 1e3
+        us = time_cuda(fn, iters=100) * 1e3
     except Exception as e:  # a variant that does not compile is reported, not fatal
         print(f"{name}: {type(e).__name__}: {str(e)[:200]}")
         rows.append({"variant": name, "us": float("nan"), "check": "failed"})
@@ -148,27 +151,18 @@ def _time(name, fn, rows, check=None):
     rows.append({"variant": name, "us": us, "check": ok})
 
 
-def _new(scores, cand, out, scratch, stage, digit, rank, warps):
-    def fn():
-        _new_staged_kernel[(ROWS,)](scores, cand, out, scratch, WIDTH, TOPK, BLOCK_C=WIDTH,
-                                    BLOCK_K=TOPK, DIGIT=digit, RANK_SORT=rank, STAGE=stage,
-                                    num_warps=warps)  # fmt: skip
-        return out
-
-    return fn
-
-
-def _old(scores, cand, out, scratch, stage, warps):
-    def fn():
-        _old_kernel[(ROWS,)](scores, cand, out, scratch, WIDTH, TOPK, BLOCK_C=WIDTH,
-                             BLOCK_K=TOPK, STAGE=stage, num_warps=warps)  # fmt: skip
-        return out
-
-    return fn
-
-
-def _select(scores, cand, **kw):
-    return lambda: backend.ops["select_topk"](scores, cand, TOPK, **kw)
+def _warm_up(seconds: float = 1.0) -> None:
+    """Keep the GPU busy for a while so that its clocks leave the idle state."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    while True:
+        for _ in range(10):
+            a @ a
+        end.record()
+        end.synchronize()
+        if start.elapsed_time(end) > seconds * 1e3:
+            return
 
 
 def main() -> None:
@@ -179,23 +173,18 @@ def main() -> None:
     ref = kernels.OPS["select_topk"].reference(scores, cand, TOPK)
     normal = torch.randn(ROWS, WIDTH, device="cuda")
     ref_normal = kernels.OPS["select_topk"].reference(normal, cand, TOPK)
-    out = torch.empty(ROWS, TOPK, dtype=torch.int64, device="cuda")
-    scratch = torch.empty(ROWS, TOPK, dtype=torch.int64, device="cuda")
+    _warm_up()
     rows: list[dict] = []
-    _time("select_topk default", _select(scores, cand), rows, ref)
-    _time("select_topk default, randn scores", _select(normal, cand), rows, ref_normal)
+    select = backend.ops["select_topk"]
+    _time("v5 default", lambda: select(scores, cand, TOPK), rows, ref)
+    _time("v3 (first call's best)", _v3(scores, cand), rows, ref)
     _time("torch.topk", lambda: scores.topk(TOPK, dim=-1), rows)
-    variants = [(d, r, 16) for d in (4, 5, 6, 8) for r in (False, True)]
-    variants += [(5, False, 8), (5, True, 8), (5, False, 4), (5, False, 32)]
-    for digit, rank, warps in variants:
-        name = f"select_topk d{digit} {'rank' if rank else 'sort'} w{warps}"
-        _time(name, _select(scores, cand, digit=digit, rank_sort=rank, num_warps=warps), rows, ref)
-    for stage, digit in [(1, 4), (1, 5), (1, 6), (2, 5)]:
-        fn = _new(scores, cand, out, scratch, stage, digit, False, 16)
-        _time(f"new stage{stage} d{digit} w16", fn, rows)
-    for stage, warps in [(0, 16), (1, 16), (2, 16), (3, 16), (3, 8), (3, 32)]:
-        fn = _old(scores, cand, out, scratch, stage, warps)
-        _time(f"old stage{stage} w{warps}", fn, rows, ref if stage == 3 else None)
+    for kw in ({"cap": 16384}, {"cap": 1024}, {"cap": 4096}, {"digit": 6}, {"digit": 4},
+               {"cap": 16384, "digit": 6}):  # fmt: skip
+        name = "v5 " + " ".join(f"{k}={v}" for k, v in kw.items())
+        _time(name, lambda kw=kw: select(scores, cand, TOPK, **kw), rows, ref)
+    _time("v5 default, randn scores", lambda: select(normal, cand, TOPK), rows, ref_normal)
+    _time("v5 default again", lambda: select(scores, cand, TOPK), rows, ref)
     print_table(rows, ["variant", "us", "check"])
     write_json(args.out, {"env": environment(), "rows": rows})
 

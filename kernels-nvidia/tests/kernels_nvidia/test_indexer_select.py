@@ -64,10 +64,17 @@ def test_select_narrow_rows(width, k):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("width", [16384, 12289, 4096], ids=str)
+@pytest.mark.parametrize("width", [16384, 10000], ids=str)
 @pytest.mark.parametrize("launch", LAUNCHES + [{}], ids=lambda d: str(sorted(d.items())))
 def test_select_model_widths(width, launch):
     _check(width, 512, seed=width, **launch)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("width,k", [(3001, 512), (16384, 2048), (16383, 64)], ids=str)
+def test_select_other_shapes(width, k):
+    _check(width, k, seed=width + k)
 
 
 @pytest.mark.gpu
