@@ -34,13 +34,12 @@ from deepinfer.kernels_nvidia.hc_pre import DEFAULT_TILES, HcPreTiles, hc_pre  #
 
 NC = 4
 KW = {"norm_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20}
+# H200 sweep at 0ec05b4: 64x512x4x32x3 fastest (551 us deferred at D 4096); 8-warp or 16-column
+# steps 2x slower. The neighbours below are unmeasured.
 SWEEP = [  # (tokens per program, chunk columns, warps, columns per step, stages[, chunk-major])
-    HcPreTiles(64, 512, 8, 16, 4), HcPreTiles(64, 512, 8, 16, 6), HcPreTiles(64, 1024, 8, 16, 4),
-    HcPreTiles(32, 512, 8, 16, 4), HcPreTiles(32, 512, 8, 16, 6), HcPreTiles(32, 1024, 8, 16, 4),
-    HcPreTiles(128, 512, 16, 16, 4), HcPreTiles(32, 512, 4, 16, 4), HcPreTiles(64, 512, 4, 32, 3),
-    HcPreTiles(64, 512, 8, 32, 3), HcPreTiles(32, 1024, 8, 32, 3), HcPreTiles(128, 1024, 16, 16, 4),
-    HcPreTiles(64, 512, 8, 16, 4, True), HcPreTiles(32, 512, 8, 16, 4, True),
-    HcPreTiles(64, 512, 8, 16, 6, True), HcPreTiles(64, 512, 4, 32, 3, True),
+    HcPreTiles(64, 512, 4, 32, 3), HcPreTiles(64, 512, 4, 32, 3, True),
+    HcPreTiles(64, 1024, 4, 32, 3), HcPreTiles(64, 256, 4, 32, 3), HcPreTiles(128, 512, 4, 32, 3),
+    HcPreTiles(64, 512, 4, 32, 2), HcPreTiles(64, 512, 4, 64, 2),
 ]  # fmt: skip
 
 
@@ -92,11 +91,13 @@ def bench_shape(tokens: int, dim: int, ceiling: float) -> list[dict]:
     for name, fn_ in _pre_variants(h, fn, base, scale, given).items():
         extra = _errors(fn_(), want) if name == "pre fused deferred" else {}
         rows.append(_row(name, dim, tokens, time_cuda(fn_, iters=50), pre_bytes, ceiling, **extra))
+        print(rows[-1], flush=True)
     _, post, comb = want[1:]
     ref_expand = kernels.OPS["hc_expand"].reference
     for name, fn_ in (("post", lambda: hc.hc_expand(f, h, post, comb)),
                       ("post reference", lambda: ref_expand(f, h, post, comb))):  # fmt: skip
         rows.append(_row(name, dim, tokens, time_cuda(fn_, iters=50), post_bytes, ceiling))
+        print(rows[-1], flush=True)
     pre = want[1]
     rows.append(_row("  collapse alone", dim, tokens, time_cuda(lambda: hc.hc_collapse(h, pre)),
                      pre_bytes, ceiling))  # fmt: skip
