@@ -4,8 +4,10 @@ over the whole of K, so the tensor cores never wait for a per-block rescale.
 For a decode batch each touched expert sees one or two rows, so the work is streaming the
 expert's packed weights. One program takes one expert's rows (``BLOCK_M``, padded) against
 ``BLOCK_N`` weight rows (gate and up together for the first GEMM) and walks K in ``BLOCK_K``
-steps with ``acc = dot(w, a, acc)``: nothing depends on the product inside the loop, so the next
-step's loads and unpacking overlap the MMAs in flight. Two ways to unpack the weights:
+steps with ``acc = dot(w, a, acc)``: no per-block rescale waits for the product. Without
+``SWAP_AB`` Triton (3.6, sm_90) puts the upcast weights on the wgmma's register side and splits
+each K step into 16-deep MMAs left in flight while the next slice is upcast; with ``SWAP_AB`` it
+waits after every step (slower, measured). Two ways to unpack the weights:
 
 - ``UPCAST="mx"``: ``tl.dot_scaled`` with the weights as MXFP4 (e2m1 values, one ue8m0 scale per
   32 columns: exactly the checkpoint's format) against bf16 activations; Triton upcasts them to
@@ -23,6 +25,15 @@ the input by ``fp8_sim``, the hidden rows by the first GEMM's epilogue (``OUT_DE
 K loop moves them straight from global to shared memory and into the MMA.
 Rows arrive grouped by expert in ``BLOCK_M`` blocks as in ``moe_gemm``: ``block_expert[b]``
 (-1: unused block) and ``row_slot[r]`` (``num_slots``: padding).
+
+Status (H200, 64 tokens, bench_moe.py at 0aa26a9, results/2026-11-30-h200-moe-v3-decode.json):
+``"mx"`` 16x128, K step 256, 8 warps, 3 stages (the decode default): V4-Flash 2.23 ms from a
+CUDA graph = 1.24 TB/s of FP4 expert bytes (the bf16-upcast default before: 5.15 ms), V4.1-Flash
+3.85 ms = 1.15 TB/s; ``"fp16-stream"`` 3.14 / 7.45 ms. What bounds it (sm_90 machine code): the
+upcast costs ~5.5-6 instructions per weight element (Triton's e2m1 -> bf16 table in byte
+permutes, byte-wide shared loads to gather the MMA fragment, the bf16 scale multiply), an issue
+floor of ~0.9 ms for V4-Flash, reached at ~40%; the weights' K-contiguous bytes do not match the
+MMA fragment layout, so wide loads need a shuffled weight layout (not this op's contract).
 """
 
 from __future__ import annotations
