@@ -38,7 +38,7 @@ from deepinfer.kernels import OPS  # noqa: E402
 from deepinfer.kernels.reference import moe as ref_moe  # noqa: E402
 from deepinfer.kernels.reference import quant as ref_quant  # noqa: E402
 from deepinfer.kernels.testing.cases.moe_kernels import random_fp4_weight  # noqa: E402
-from deepinfer.kernels_nvidia import moe_experts  # noqa: E402
+from deepinfer.kernels_nvidia import moe_experts, moe_stream  # noqa: E402
 from deepinfer.kernels_nvidia.moe_experts import MoeTiles  # noqa: E402
 from deepinfer.kernels_nvidia.quant import quantize_rows  # noqa: E402
 
@@ -218,6 +218,44 @@ def _parts(row, model, args):
     }
     for name, fn in parts.items():
         _time(row, name, fn, 0, 0, iters=50, graph=True)
+    _gemm_parts(row, args, group, experts)
+
+
+def _gemm_parts(row, args, group, experts):
+    """The decode default's two expert GEMMs alone (graph replay), each with its own bytes."""
+    x, topk_weights, ids, w13, s13, w2, s2 = args
+    tiles, top_k = moe_experts.DECODE_TILES, ids.shape[1]
+    layout = moe_experts.align_by_expert(ids, experts, tiles.block_m)
+    act = moe_experts._round_trip_bf16(x, group)
+    none_scale = x.new_empty((1, 1), dtype=torch.float32)
+    inter, dim = w13.shape[1] // 2, x.shape[1]
+    used = torch.unique(ids).numel()
+
+    def gate_up():
+        return moe_stream.launch_gate_up(
+            act, none_scale, topk_weights, layout.row_slot, layout.block_expert, w13, s13,
+            top_k=top_k, group=group, limit=LIMIT, tiles=tiles, upcast="mx",
+            block_n=moe_experts._block_n(inter, tiles.block_n, group), on_cpu=False,
+        )  # fmt: skip
+
+    try:
+        h, hs = gate_up()
+    except Exception as e:  # recorded, like a failing variant
+        row["part_gate_up_error"] = f"{type(e).__name__}: {str(e)[-600:]}"
+        return
+
+    def down():
+        return moe_stream.launch_down(
+            h, hs, layout.row_slot, layout.block_expert, w2, s2, num_slots=ids.numel(),
+            group=group, tiles=tiles, upcast="mx",
+            block_n=moe_experts._block_n(dim, tiles.down_block_n or tiles.block_n, None),
+            on_cpu=False,
+        )  # fmt: skip
+
+    gate_up_bytes = used * (w13[0].numel() + s13[0].numel())
+    down_bytes = used * (w2[0].numel() + s2[0].numel())
+    _time(row, "part_gate_up", gate_up, 0, gate_up_bytes, iters=50, graph=True)
+    _time(row, "part_down", down, 0, down_bytes, iters=50, graph=True)
 
 
 def _speedups(row, tokens):
@@ -302,7 +340,9 @@ def main() -> None:
                              "old-default-bf16-16x64_graph_us", "old-default-bf16-16x64_graph_TB/s",
                              "torch_fp4_TB/s", "torch_bf16_TB/s", "reference_TB/s",
                              "part_align_one_launch_us", "part_align_torch_us",
-                             "part_fp8_round_trip_bf16_us", "part_combine_us"])  # fmt: skip
+                             "part_fp8_round_trip_bf16_us", "part_combine_us",
+                             "part_gate_up_us", "part_gate_up_TB/s", "part_down_us",
+                             "part_down_TB/s"])  # fmt: skip
     print("ceilings: copy", f"{ceiling:.2f} TB/s; FP8 _scaled_mm 1,449 TFLOP/s; bf16 786 TFLOP/s")
 
 

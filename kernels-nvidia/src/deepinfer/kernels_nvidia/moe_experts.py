@@ -24,14 +24,13 @@ import torch
 import triton
 
 from deepinfer.kernels import envs
-from deepinfer.kernels_nvidia import moe_align
+from deepinfer.kernels_nvidia import moe_align, moe_stream
 from deepinfer.kernels_nvidia.moe_fp8 import moe_fp8_down_kernel, moe_fp8_gate_up_kernel
 from deepinfer.kernels_nvidia.moe_gemm import (
     moe_combine_kernel,
     moe_down_kernel,
     moe_gate_up_kernel,
 )
-from deepinfer.kernels_nvidia.moe_stream import moe_stream_down_kernel, moe_stream_gate_up_kernel
 from deepinfer.kernels_nvidia.quant import fp8_sim, quantize_rows
 from deepinfer.kernels_nvidia.registry import implements
 
@@ -272,44 +271,24 @@ def _combine(y: torch.Tensor, out: torch.Tensor, top_k: int) -> torch.Tensor:
 def _stream_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k, group, limit,
                    tiles, on_cpu):  # fmt: skip
     """Gate/up then down with ``moe_stream``'s chained-accumulator kernels (``tiles.mma``:
-    ``"mx"`` or ``"fp16"``-stream); returns bf16 ``[T * k, D]`` slot rows."""
-    tokens, dim = x.shape
-    inter = w13.shape[1] // 2
-    num_slots = tokens * top_k
+    ``"mx"`` or ``"fp16-stream"``); returns bf16 ``[T * k, D]`` slot rows."""
     upcast = STREAM_FAMILIES[tiles.mma]
     # "mx": bf16 activations after their FP8 round trip; fp16 upcasts: e4m3 + fp32 scales
-    fp8 = group is not None and upcast != "mx"
-    if fp8:
-        xq, xs = _quantised_input(x, group, False)
+    if group is not None and upcast != "mx":
+        act, act_scale = _quantised_input(x, group, False)
     else:
-        xq, xs = _round_trip_bf16(x, group), x.new_empty((1, 1), dtype=torch.float32)
-    capacity, num_blocks = layout.row_slot.numel(), layout.block_expert.numel()
-    n1 = _block_n(inter, tiles.block_n, group)
-    h = torch.empty(
-        (capacity, inter), dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16, device=x.device
-    )
-    hs = torch.empty((capacity, inter // group if fp8 else 1), dtype=torch.float32, device=x.device)
-    w13s, w2s = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
-    weights = topk_weights.float().contiguous().view(-1)
-    flags = dict(A_FP8=fp8, GROUP=group or 1, SOFT_ROUND=on_cpu, SWAP_AB=tiles.swap_ab,
-                 UPCAST=upcast, USE_ASM=tiles.use_asm and not on_cpu, BLOCK_M=tiles.block_m,
-                 num_warps=tiles.num_warps, num_stages=tiles.num_stages)  # fmt: skip
-    moe_stream_gate_up_kernel[(num_blocks, inter // n1)](
-        xq, xs, w13, w13s, h, hs, layout.row_slot, layout.block_expert, weights,
-        num_slots, top_k, dim, inter, limit,
-        xq.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0), w13s.stride(1),
-        h.stride(0), hs.stride(0), OUT_GROUP=group or 0, OUT_DEQUANT=not fp8, BLOCK_N=n1,
-        BLOCK_K=_stream_block_k(dim, group, tiles.block_k), **_pow2_groups(dim, group), **flags,
+        act, act_scale = _round_trip_bf16(x, group), x.new_empty((1, 1), dtype=torch.float32)
+    inter, dim = w13.shape[1] // 2, x.shape[1]
+    h, hs = moe_stream.launch_gate_up(
+        act, act_scale, topk_weights, layout.row_slot, layout.block_expert, w13, w13_scale,
+        top_k=top_k, group=group, limit=limit, tiles=tiles, upcast=upcast,
+        block_n=_block_n(inter, tiles.block_n, group), on_cpu=on_cpu,
     )  # fmt: skip
-    y = torch.empty((num_slots, dim), dtype=torch.bfloat16, device=x.device)
-    n2 = _block_n(dim, tiles.down_block_n or tiles.block_n, None)
-    moe_stream_down_kernel[(num_blocks, dim // n2)](
-        h, hs, w2, w2s, y, layout.row_slot, layout.block_expert, num_slots, inter,
-        h.stride(0), hs.stride(0), w2.stride(0), w2.stride(1), w2s.stride(0), w2s.stride(1),
-        y.stride(0), BLOCK_N=n2, BLOCK_K=_stream_block_k(inter, group, tiles.block_k),
-        **_pow2_groups(inter, group), **flags,
+    return moe_stream.launch_down(
+        h, hs, layout.row_slot, layout.block_expert, w2, w2_scale, num_slots=x.shape[0] * top_k,
+        group=group, tiles=tiles, upcast=upcast,
+        block_n=_block_n(dim, tiles.down_block_n or tiles.block_n, None), on_cpu=on_cpu,
     )  # fmt: skip
-    return y
 
 
 def _round_trip_bf16(x: torch.Tensor, group: int | None) -> torch.Tensor:
@@ -319,20 +298,6 @@ def _round_trip_bf16(x: torch.Tensor, group: int | None) -> torch.Tensor:
     if x.dtype == torch.bfloat16:
         return fp8_sim(x.contiguous(), group)
     return fp8_sim(x.float().contiguous(), group).to(torch.bfloat16)
-
-
-def _stream_block_k(k: int, group: int | None, wanted: int) -> int:
-    for block_k in (wanted, 256, 128, 64, 32):
-        if k % block_k == 0 and block_k >= 32 and (group is None or k % group == 0):
-            return block_k
-    raise ValueError(f"K={k}: expected a multiple of 32 (and of act_quant_group={group})")
-
-
-def _pow2_groups(k: int, group: int | None) -> dict:
-    """Padded counts of the weight scales (per 32) and activation scales of a K-long row."""
-    return dict(
-        KG_P2=triton.next_power_of_2(k // 32), KA_P2=triton.next_power_of_2(k // (group or k))
-    )
 
 
 def _fp8_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k, group, limit,

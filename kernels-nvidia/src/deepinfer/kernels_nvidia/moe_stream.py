@@ -38,6 +38,7 @@ MMA fragment layout, so wide loads need a shuffled weight layout (not this op's 
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -276,3 +277,65 @@ def moe_stream_down_kernel(
     out_rows = tl.where(valid, slots, 0).to(tl.int64)
     ptrs = y_ptr + out_rows[:, None] * stride_ym + cols[None, :]
     tl.store(ptrs, to_bf16(out, SOFT_ROUND), mask=valid[:, None])
+
+
+def launch_gate_up(
+    act, act_scale, topk_weights, row_slot, block_expert, w13, w13_scale, *, top_k, group, limit,
+    tiles, upcast, block_n, on_cpu,
+):  # fmt: skip
+    """``moe_stream_gate_up_kernel`` over the rows grouped by expert: ``act [T, D]`` (e4m3 with
+    fp32 ``act_scale [T, D / group]`` for the fp16 upcast, else bf16). Returns ``(h, hs)``:
+    ``h [capacity, I]`` e4m3 + fp32 scales (fp16 upcast) or bf16 after its FP8 round trip."""
+    dim, inter = act.shape[1], w13.shape[1] // 2
+    a_fp8 = act.dtype == torch.float8_e4m3fn
+    capacity = row_slot.numel()
+    h = torch.empty((capacity, inter), dtype=act.dtype, device=act.device)
+    hs = torch.empty((capacity, inter // group if a_fp8 else 1), dtype=torch.float32,
+                     device=act.device)  # fmt: skip
+    w13s = w13_scale.view(torch.uint8)
+    weights = topk_weights.float().contiguous().view(-1)
+    moe_stream_gate_up_kernel[(block_expert.numel(), inter // block_n)](
+        act, act_scale, w13, w13s, h, hs, row_slot, block_expert, weights,
+        act.shape[0] * top_k, top_k, dim, inter, limit,
+        act.stride(0), act_scale.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0),
+        w13s.stride(1), h.stride(0), hs.stride(0),
+        OUT_GROUP=group or 0, OUT_DEQUANT=not a_fp8, BLOCK_N=block_n,
+        BLOCK_K=stream_block_k(dim, group, tiles.block_k),
+        **_launch_flags(dim, group, a_fp8, tiles, upcast, on_cpu),
+    )  # fmt: skip
+    return h, hs
+
+
+def launch_down(
+    h, hs, row_slot, block_expert, w2, w2_scale, *, num_slots, group, tiles, upcast, block_n,
+    on_cpu,
+):  # fmt: skip
+    """``moe_stream_down_kernel``: bf16 ``y [num_slots, D]``, each row at its (token, slot)."""
+    inter, dim = h.shape[1], w2.shape[1]
+    a_fp8 = h.dtype == torch.float8_e4m3fn
+    y = torch.empty((num_slots, dim), dtype=torch.bfloat16, device=h.device)
+    w2s = w2_scale.view(torch.uint8)
+    moe_stream_down_kernel[(block_expert.numel(), dim // block_n)](
+        h, hs, w2, w2s, y, row_slot, block_expert, num_slots, inter,
+        h.stride(0), hs.stride(0), w2.stride(0), w2.stride(1), w2s.stride(0), w2s.stride(1),
+        y.stride(0), BLOCK_N=block_n, BLOCK_K=stream_block_k(inter, group, tiles.block_k),
+        **_launch_flags(inter, group, a_fp8, tiles, upcast, on_cpu),
+    )  # fmt: skip
+    return y
+
+
+def _launch_flags(k, group, a_fp8, tiles, upcast, on_cpu) -> dict:
+    return dict(
+        A_FP8=a_fp8, GROUP=group or 1, SOFT_ROUND=on_cpu, SWAP_AB=tiles.swap_ab, UPCAST=upcast,
+        USE_ASM=tiles.use_asm and not on_cpu, BLOCK_M=tiles.block_m,
+        KG_P2=triton.next_power_of_2(k // 32), KA_P2=triton.next_power_of_2(k // (group or k)),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+
+
+def stream_block_k(k: int, group: int | None, wanted: int) -> int:
+    """The K step: ``wanted`` if it divides ``k``, else the largest of 256..32 that does."""
+    for block_k in (wanted, 256, 128, 64, 32):
+        if k % block_k == 0 and block_k >= 32 and (group is None or k % group == 0):
+            return block_k
+    raise ValueError(f"K={k}: expected a multiple of 32 (and of act_quant_group={group})")
