@@ -2,24 +2,29 @@
 2048, act group 128) and V4.1-Flash (384 experts, hidden 5120, inter 2304, group 32) shapes, for a
 decode batch (64 tokens) and a prefill batch (8,192 tokens), in one run:
 
-- ours: the default tiles (``choose_tiles``: for decode ``moe_stream``'s chained MXFP4 kernels,
-  for prefill the bf16-upcast family ``moe_gemm``), the batch-invariant tiles and a sweep of
-  variants (the previous decode default ``old-default-bf16-16x64``, ``moe_fp8``'s FP8 / fp16
-  tensor-core family, ``moe_stream``'s tile shapes); decode also times the launches around the
+- ours: the default tiles (``choose_tiles``: ``moe_stream``'s chained MXFP4 kernels, with row
+  blocks of 16 rows for decode up to 128 for prefill), the batch-invariant tiles and a sweep of
+  variants: the previous defaults (``old_default`` for a middle / prefill batch, both models,
+  and ``old-default-bf16-16x64`` for decode: ``moe_gemm``'s bf16-upcast family), ``moe_fp8``'s FP8 / fp16 tensor-core
+  family (decode), ``moe_stream``'s tile shapes (decode: ``SWEEP["decode"]``; a middle batch of
+  up to 96 rows per expert: ``SWEEP["middle"]``, V4-Flash; prefill: ``SWEEP["prefill"]``, both
+  models); decode also times the launches around the
   expert GEMMs alone (``part_*``: permutation, input round trip / quantisation, combine);
   decode also replayed from a CUDA graph (device events around the replay: the kernels' rate
   without the host's launch cost);
 - the best torch built-in compositions: ``torch_fp4`` dequantises the experts the batch uses to
   bf16 and runs ``torch._grouped_mm``; ``torch_bf16`` does the same on experts dequantised ahead
   of time (not possible for the whole model: 277 B parameters; an upper bound for torch);
-- the reference (decode only; prefill once, for the error).
+- the reference (decode: 3 runs; larger batches: one run after one warm-up).
 
-Effective TFLOP/s counts ``6 * T * k * D * I``; TB/s counts the FP4 expert bytes touched (packed
+Effective TFLOP/s counts ``6 * T * k * D * I`` (the padding rows of each expert's last block not
+counted); the bf16 tensor-core ceiling measured on the H200 is 786 TFLOP/s. TB/s counts the FP4 expert bytes touched (packed
 weights + scales of every expert used at least once). Errors: max and mean of |ours - reference|
 over the output's standard deviation. Every variant is compiled first in parallel subprocesses
 (``--warm-only`` does only that), then timed one after the other.
 
     python benchmarks/kernels/bench_moe.py --out bench-out/moe.json
+    python benchmarks/kernels/bench_moe.py --tokens 512,2048,8192 --out bench-out/moe-prefill.json
 """
 
 from __future__ import annotations
@@ -44,6 +49,14 @@ from deepinfer.kernels_nvidia.quant import quantize_rows  # noqa: E402
 
 MODELS = {"V4-Flash": (256, 4096, 2048, 128), "V4.1-Flash": (384, 5120, 2304, 32)}
 TOP_K, LIMIT = 6, 10.0
+BF16_CEILING_TFLOPS = 786  # measured bf16 tensor-core rate on the H200 (toolchain.md)
+
+
+def _mx(block_m, block_k, warps, stages, group_m=4, down_block_n=0):
+    return MoeTiles(block_m, 128, warps, stages, mma="mx", block_k=block_k, group_m=group_m,
+                    down_block_n=down_block_n)  # fmt: skip
+
+
 SWEEP = {
     "decode": {
         "old-default-bf16-16x64": moe_experts.BF16_TILES["decode"],
@@ -57,15 +70,26 @@ SWEEP = {
         "mx-swap-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="mx", swap_ab=True, block_k=128),
         "fp16-stream-n128-k128-w8s4": MoeTiles(16, 128, 8, 4, mma="fp16-stream", block_k=128),
     },
+    "middle": {
+        "mx-16-k256-w8s3": moe_experts.DECODE_TILES,
+        "mx-32-k256-w8s3": _mx(32, 256, 8, 3),
+        "mx-32-k128-w8s4": _mx(32, 128, 8, 4),
+        "mx-64-k128-w8s3": _mx(64, 128, 8, 3),
+        "mx-64-k64-w8s4": _mx(64, 64, 8, 4),
+    },
     "prefill": {
-        "fp8-128-n64-w8s2": MoeTiles(128, 64, 8, 2, mma="fp8", down_block_n=128),
-        "fp8-128-n64-w8s3": MoeTiles(128, 64, 8, 3, mma="fp8", down_block_n=128),
-        "fp8-64-w8s3": MoeTiles(64, 128, 8, 3, mma="fp8"),
-        "fp16-128-n64-w8s2": MoeTiles(128, 64, 8, 2, mma="fp16", down_block_n=128),
-        "bf16-64x128-w4s3": MoeTiles(64, 128, 4, 3),
+        "mx-128-k64-w8s4": _mx(128, 64, 8, 4),
+        "mx-128-k64-w8s3": _mx(128, 64, 8, 3),
+        "mx-128-k128-w8s3": _mx(128, 128, 8, 3),
+        "mx-128-k64-w8s4-down256": _mx(128, 64, 8, 4, down_block_n=256),
+        "mx-128-k64-w8s4-grid2d": _mx(128, 64, 8, 4, group_m=0),
+        "mx-128-k64-w8s4-g8": _mx(128, 64, 8, 4, group_m=8),
+        "mx-64-k128-w8s3": _mx(64, 128, 8, 3),
+        "mx-64-k64-w8s4": _mx(64, 64, 8, 4),
     },
 }  # fmt: skip
-SWEEP_MODELS = ("V4-Flash",)  # V4.1-Flash prefill: default and batch-invariant tiles only
+# the sweep's models per phase (the others: default and batch-invariant tiles only)
+SWEEP_MODELS = {"decode": tuple(MODELS), "middle": ("V4-Flash",), "prefill": tuple(MODELS)}
 
 
 def weights_for(model, num_experts=None):
@@ -89,12 +113,20 @@ def inputs_for(model, tokens, weights):
 def variants(model, tokens):
     """name -> tiles (None: choose_tiles's default) for this model and batch."""
     experts = MODELS[model][0]
-    phase = "decode" if tokens <= 256 else "prefill"
+    phase = _phase(tokens, experts)
     bi = moe_experts.choose_tiles(tokens * TOP_K, experts, batch_invariant=True, on_cpu=False)
     out = {"default": None, "batch_invariant": bi}
-    if model in SWEEP_MODELS or phase == "decode":
+    if phase != "decode":  # the bf16-upcast tiles, the default here before (moe_gemm)
+        out["old_default"] = moe_experts.BF16_TILES[phase]
+    if model in SWEEP_MODELS[phase]:
         out.update(SWEEP[phase])
     return out
+
+
+def _phase(tokens, experts):
+    if tokens <= 256:
+        return "decode"
+    return "middle" if tokens * TOP_K / experts <= 96 else "prefill"
 
 
 def run_ours(args, group, tiles):
@@ -146,9 +178,9 @@ def torch_moe_from_fp4(x, weights, ids, w13, s13, w2, s2):
     return torch_moe(x, weights, local, w13_bf16, w2_bf16)
 
 
-def _time(row, name, fn, flops, nbytes, *, iters=20, graph=False):
+def _time(row, name, fn, flops, nbytes, *, iters=20, warmup=2, graph=False):
     try:
-        ms = time_graph(fn, iters=iters) if graph else time_cuda(fn, warmup=2, iters=iters)
+        ms = time_graph(fn, iters=iters) if graph else time_cuda(fn, warmup=warmup, iters=iters)
     except Exception as e:  # one failing variant must not hide the others
         row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[-600:]}"
         return
@@ -179,16 +211,17 @@ def bench(model, tokens, weights, torch_bf16_weights):
             row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[-600:]}"
             continue
         fn = lambda t=tiles: run_ours(args, group, t)  # noqa: E731
-        _time(row, name, fn, flops, nbytes)
+        _time(row, name, fn, flops, nbytes, iters=20 if tokens <= 2048 else 10)
         if tokens <= 256:
             _time(row, f"{name}_graph", fn, flops, nbytes, iters=50, graph=True)
     _time(row, "torch_fp4", lambda: torch_moe_from_fp4(*args), flops, nbytes, iters=5)
     if torch_bf16_weights is not None:
         pre = lambda: torch_moe(*args[:3], *torch_bf16_weights)  # noqa: E731
         _time(row, "torch_bf16", pre, flops, nbytes)
+    kw = dict(swiglu_limit=LIMIT, act_quant_group=group)
+    runs = dict(iters=3) if tokens <= 256 else dict(iters=1, warmup=1)
+    _time(row, "reference", lambda: reference(*args, **kw), flops, nbytes, **runs)
     if tokens <= 256:
-        kw = dict(swiglu_limit=LIMIT, act_quant_group=group)
-        _time(row, "reference", lambda: reference(*args, **kw), flops, nbytes, iters=3)
         _parts(row, model, args)
     _speedups(row, tokens)
     return row
@@ -276,18 +309,27 @@ def _speedups(row, tokens):
 def warm(model, tokens, name):
     """Compile one variant (run in a subprocess; the Triton cache is shared) on 8 experts of the
     model's shapes: the same specialisations as the whole layer."""
-    experts = MODELS[model][0]
-    tiles = variants(model, tokens)[name] or moe_experts.choose_tiles(
-        tokens * TOP_K, experts, batch_invariant=False, on_cpu=False
-    )
+    tiles = variants(model, tokens)[name] or _default_tiles(model, tokens)
     weights = weights_for(model, num_experts=8)
-    run_ours(inputs_for(model, tokens, weights), MODELS[model][3], tiles)
+    run_ours(inputs_for(model, min(tokens, 512), weights), MODELS[model][3], tiles)
     torch.cuda.synchronize()
 
 
+def _default_tiles(model, tokens):
+    experts = MODELS[model][0]
+    return moe_experts.choose_tiles(tokens * TOP_K, experts, batch_invariant=False, on_cpu=False)
+
+
 def warm_all(token_counts, parallel=24):
-    jobs = [[sys.executable, __file__, "--warm", f"{m}:{t}:{n}"]
-            for m in MODELS for t in token_counts for n in variants(m, t)]  # fmt: skip
+    """Compile each (model, tile shape) once, in parallel subprocesses."""
+    seen, jobs = set(), []
+    for m in MODELS:
+        for t in token_counts:
+            for n, tiles in variants(m, t).items():
+                key = (m, tiles or _default_tiles(m, t))
+                if key not in seen:
+                    seen.add(key)
+                    jobs.append([sys.executable, __file__, "--warm", f"{m}:{t}:{n}"])
     failed = []
     for start in range(0, len(jobs), parallel):
         procs = [subprocess.Popen(cmd) for cmd in jobs[start : start + parallel]]
@@ -343,7 +385,16 @@ def main() -> None:
                              "part_fp8_round_trip_bf16_us", "part_combine_us",
                              "part_gate_up_us", "part_gate_up_TB/s", "part_down_us",
                              "part_down_TB/s"])  # fmt: skip
-    print("ceilings: copy", f"{ceiling:.2f} TB/s; FP8 _scaled_mm 1,449 TFLOP/s; bf16 786 TFLOP/s")
+    larger = [r for r in rows if r["tokens"] > 256]
+    if larger:
+        print(f"middle / prefill (effective TFLOP/s; bf16 ceiling {BF16_CEILING_TFLOPS}):")
+        print_table(larger, ["model", "tokens", "default_us", "default_TFLOP/s", "old_default_us",
+                             "old_default_TFLOP/s", "best", "best_us", "torch_fp4_TFLOP/s",
+                             "torch_bf16_TFLOP/s", "reference_TFLOP/s",
+                             "default_speedup_vs_torch_fp4", "default_speedup_vs_torch_bf16",
+                             "default_max_err", "default_mean_err"])  # fmt: skip
+    print("ceilings: copy", f"{ceiling:.2f} TB/s; FP8 _scaled_mm 1,449 TFLOP/s; bf16",
+          f"{BF16_CEILING_TFLOPS} TFLOP/s")  # fmt: skip
 
 
 def _print_row(row):

@@ -1,13 +1,15 @@
 """``fp4_moe_experts``: the routed experts of an MoE layer, as four launches.
 
-1. FP8 quantisation of the expert input per group (``quant.quantize_rows``), once per token.
+1. FP8 quantisation of the expert input per group, once per token (``quant.quantize_rows``; for
+   the ``"mx"`` kernels its round trip back to bf16, ``quant.fp8_sim``).
 2. Permutation (:func:`align_by_expert`, no host sync; one launch of ``moe_align`` for up to
    2,048 pairs, device-side torch ops above): the ``T * k`` (token, slot) pairs sorted by
    expert, each expert's rows padded to whole ``BLOCK_M`` blocks.
-3. ``moe_gate_up_kernel`` then ``moe_down_kernel`` (``moe_gemm``): grouped GEMMs over the FP4
-   weights, SwiGLU, router weight and FP8 re-quantisation fused in the first one's epilogue.
-   Decode batches (``MoeTiles.mma="mx"``, the default there; or ``"fp16-stream"``, opt-in):
-   ``moe_stream``'s kernels, one accumulator chained over K.
+3. Gate/up then down grouped GEMMs over the FP4 weights, SwiGLU, router weight and FP8
+   re-quantisation fused in the first one's epilogue.
+   ``MoeTiles.mma="mx"`` (the default for every batch, decode to prefill; ``"fp16-stream"``
+   opt-in): ``moe_stream``'s kernels, one accumulator chained over K. ``"bf16"`` (the
+   batch-invariant tiles, and the former prefill default): ``moe_gemm``'s.
    Opt-in (``MoeTiles.mma="fp8"/"fp16"``, FP8 activations only): ``moe_fp8``'s kernels, which
    expand the weights to e4m3 / fp16 for the FP8 / fp16 tensor cores (slower on the H200).
 4. ``moe_combine_kernel``: each token's ``k`` expert outputs summed in slot order (fp32).
@@ -50,7 +52,9 @@ class MoeTiles:
     swap_ab: bool = False
     down_block_n: int = 0  # 0: block_n
     use_asm: bool = True  # moe_fp8's inline-PTX nibble expansion (GPU only)
-    group_m: int = 4  # moe_fp8: row blocks that sweep the column tiles together (L2 reuse)
+    # row blocks that sweep the column tiles together (L2 reuse; moe_fp8, and moe_stream where
+    # 0 means a 2-D grid: axis 0 the row blocks, axis 1 the column tiles)
+    group_m: int = 4
     block_k: int = 128  # moe_stream's K step
 
 
@@ -64,6 +68,8 @@ class ExpertLayout:
     block_m: int
 
 
+# moe_gemm's bf16-upcast tiles: the prefill / middle defaults before the MXFP4 kernels (kept for
+# comparison in bench_moe.py and as the only family the PAIRS layout has).
 BF16_TILES = {"decode": MoeTiles(16, 64, 4, 4), "middle": MoeTiles(64, 128, 4, 3),
               "prefill": MoeTiles(128, 128, 8, 2)}  # fmt: skip
 # Opt-in (pass ``tiles=``): correct on the H200 but slower than the bf16 family there
@@ -77,7 +83,15 @@ BATCH_INVARIANT_TILES = MoeTiles(64, 128, 4, 3)
 # Not swap_ab: Triton then splits each K step into 16-deep MMAs that overlap the next upcast.
 # H200, 64 tokens (bench_moe.py, 0aa26a9): V4-Flash 2.23 ms, V4.1-Flash 3.85 ms (graph replay);
 # 16x128 / K step 128 / 4 warps / 4 stages measured 2.25 / 3.70 ms, the other shapes slower.
-DECODE_TILES = MoeTiles(16, 128, 8, 3, mma="mx", block_k=256)
+DECODE_TILES = MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0)
+# More rows per expert: the same MXFP4 kernels with taller row blocks, programs in grouped order
+# (``group_m`` row blocks sweep the column tiles together, so each weight tile is read from HBM
+# once for the expert's blocks). (max rows per expert, tiles), first match wins.
+STREAM_TILES = (
+    (24, MoeTiles(32, 128, 8, 3, mma="mx", block_k=256)),
+    (96, MoeTiles(64, 128, 8, 3, mma="mx", block_k=128)),
+    (float("inf"), MoeTiles(128, 128, 8, 4, mma="mx", block_k=64)),
+)
 # moe_stream's families: MoeTiles.mma -> its UPCAST ("mx": tl.dot_scaled; "fp16": own unpacking)
 STREAM_FAMILIES = {"mx": "mx", "fp16-stream": "fp16"}
 
@@ -86,8 +100,8 @@ def choose_tiles(
     num_slots: int, num_experts: int, *, batch_invariant: bool, on_cpu: bool
 ) -> MoeTiles:
     """Tiles by rows per expert (decode: a few, prefill: many); batch-invariant mode uses one
-    shape for every batch size. Decode: ``moe_stream``'s chained MXFP4 kernels; otherwise the
-    bf16 family (``moe_gemm``), the fastest measured on the H200 there (bench_moe.py)."""
+    shape (the bf16 family) for every batch size. Otherwise ``moe_stream``'s chained MXFP4
+    kernels: ``DECODE_TILES`` for up to 4 rows per expert, then ``STREAM_TILES``."""
     if on_cpu:
         return MoeTiles(16, 64, 4, 1)
     if batch_invariant:
@@ -95,7 +109,7 @@ def choose_tiles(
     rows_per_expert = num_slots / num_experts
     if rows_per_expert <= 4:
         return DECODE_TILES
-    return BF16_TILES["middle"] if rows_per_expert <= 96 else BF16_TILES["prefill"]
+    return next(tiles for limit, tiles in STREAM_TILES if rows_per_expert <= limit)
 
 
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertLayout:

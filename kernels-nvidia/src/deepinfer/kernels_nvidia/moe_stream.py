@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.kernels_nvidia.moe_fp8 import nibbles_to_f16
+from deepinfer.kernels_nvidia.moe_fp8 import block_and_tile, nibbles_to_f16
 from deepinfer.kernels_nvidia.moe_gemm import _store_hidden
 from deepinfer.kernels_nvidia.quant import pow2_scale, to_bf16, to_e4m3
 
@@ -124,6 +124,18 @@ def fp4_block_dot(
 
 
 @triton.jit
+def _program_block_tile(num_blocks, num_tiles, GROUP_M: tl.constexpr):
+    """(row block, column tile) of this program: a 2-D grid (``GROUP_M == 0``: axis 0 the row
+    blocks, axis 1 the column tiles) or ``block_and_tile``'s grouped order over a 1-D grid."""
+    if GROUP_M == 0:
+        block = tl.program_id(0)
+        tile = tl.program_id(1)
+    else:
+        block, tile = block_and_tile(num_blocks, num_tiles, GROUP_M)
+    return block, tile
+
+
+@triton.jit
 def _block_rows(row_slot_ptr, block, num_slots, BLOCK_M: tl.constexpr):
     rows = block.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     slots = tl.load(row_slot_ptr + rows)
@@ -183,26 +195,26 @@ def _store_hidden_dequantised(
     tl.store(h_ptr + rows[:, None] * stride_hm + cols[None, :], hidden.to(tl.bfloat16))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots", "num_blocks"])
 def moe_stream_gate_up_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, h_ptr, hs_ptr, row_slot_ptr, block_expert_ptr, topk_w_ptr,
-    num_slots, top_k, K, inter, limit,
+    num_slots, top_k, K, inter, limit, num_blocks,
     stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_hm, stride_hsm,
     A_FP8: tl.constexpr, GROUP: tl.constexpr, OUT_GROUP: tl.constexpr, OUT_DEQUANT: tl.constexpr,
     SOFT_ROUND: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, USE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    KG_P2: tl.constexpr, KA_P2: tl.constexpr,
+    KG_P2: tl.constexpr, KA_P2: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """``h = q(bf16(silu(min(x w1^T, L)) * clamp(x w3^T, -L, L) * router_w))`` for one block of
     an expert's rows and ``BLOCK_N`` hidden columns; gate and up rows in the same K loop."""
-    block = tl.program_id(0)
+    block, tile = _program_block_tile(num_blocks, inter // BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
     if expert < 0:
         return
     rows, slots, valid = _block_rows(row_slot_ptr, block, num_slots, BLOCK_M)
     tokens = tl.where(valid, slots // top_k, 0).to(tl.int64)
-    col0 = tl.program_id(1) * BLOCK_N
+    col0 = tile * BLOCK_N
     gate_rows = (col0 + tl.arange(0, BLOCK_N)).to(tl.int64)
     up_rows = gate_rows + inter
     w_e = w_ptr + expert * stride_we
@@ -241,22 +253,23 @@ def moe_stream_gate_up_kernel(
                       OUT_GROUP, SOFT_ROUND, BLOCK_M, BLOCK_N, False)  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots", "num_blocks"])
 def moe_stream_down_kernel(
-    h_ptr, hs_ptr, w_ptr, ws_ptr, y_ptr, row_slot_ptr, block_expert_ptr, num_slots, K,
-    stride_hm, stride_hsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_ym,
+    h_ptr, hs_ptr, w_ptr, ws_ptr, y_ptr, row_slot_ptr, block_expert_ptr, num_slots, K, N,
+    num_blocks, stride_hm, stride_hsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_ym,
     A_FP8: tl.constexpr, GROUP: tl.constexpr, SOFT_ROUND: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, USE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    KG_P2: tl.constexpr, KA_P2: tl.constexpr,
+    KG_P2: tl.constexpr, KA_P2: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """``y[slot] = bf16(h w2^T)`` for one block of an expert's rows and ``BLOCK_N`` columns."""
-    block = tl.program_id(0)
+    """``y[slot] = bf16(h w2^T)`` for one block of an expert's rows and ``BLOCK_N`` of the
+    ``N`` output columns."""
+    block, tile = _program_block_tile(num_blocks, N // BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
     if expert < 0:
         return
     rows, slots, valid = _block_rows(row_slot_ptr, block, num_slots, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     w_rows = cols.to(tl.int64)
     w_e = w_ptr + expert * stride_we
     ws_e = ws_ptr + expert * stride_wse
@@ -294,9 +307,10 @@ def launch_gate_up(
                      device=act.device)  # fmt: skip
     w13s = w13_scale.view(torch.uint8)
     weights = topk_weights.float().contiguous().view(-1)
-    moe_stream_gate_up_kernel[(block_expert.numel(), inter // block_n)](
+    num_blocks = block_expert.numel()
+    moe_stream_gate_up_kernel[_grid(num_blocks, inter // block_n, tiles.group_m)](
         act, act_scale, w13, w13s, h, hs, row_slot, block_expert, weights,
-        act.shape[0] * top_k, top_k, dim, inter, limit,
+        act.shape[0] * top_k, top_k, dim, inter, limit, num_blocks,
         act.stride(0), act_scale.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0),
         w13s.stride(1), h.stride(0), hs.stride(0),
         OUT_GROUP=group or 0, OUT_DEQUANT=not a_fp8, BLOCK_N=block_n,
@@ -315,8 +329,9 @@ def launch_down(
     a_fp8 = h.dtype == torch.float8_e4m3fn
     y = torch.empty((num_slots, dim), dtype=torch.bfloat16, device=h.device)
     w2s = w2_scale.view(torch.uint8)
-    moe_stream_down_kernel[(block_expert.numel(), dim // block_n)](
-        h, hs, w2, w2s, y, row_slot, block_expert, num_slots, inter,
+    num_blocks = block_expert.numel()
+    moe_stream_down_kernel[_grid(num_blocks, dim // block_n, tiles.group_m)](
+        h, hs, w2, w2s, y, row_slot, block_expert, num_slots, inter, dim, num_blocks,
         h.stride(0), hs.stride(0), w2.stride(0), w2.stride(1), w2s.stride(0), w2s.stride(1),
         y.stride(0), BLOCK_N=block_n, BLOCK_K=stream_block_k(inter, group, tiles.block_k),
         **_launch_flags(inter, group, a_fp8, tiles, upcast, on_cpu),
@@ -324,8 +339,13 @@ def launch_down(
     return y
 
 
+def _grid(num_blocks: int, num_tiles: int, group_m: int) -> tuple[int, ...]:
+    """2-D (blocks x tiles) for ``group_m == 0``, else 1-D in ``block_and_tile``'s order."""
+    return (num_blocks, num_tiles) if group_m == 0 else (num_blocks * num_tiles,)
+
+
 def _launch_flags(k, group, a_fp8, tiles, upcast, on_cpu) -> dict:
-    return dict(
+    return dict(GROUP_M=tiles.group_m,
         A_FP8=a_fp8, GROUP=group or 1, SOFT_ROUND=on_cpu, SWAP_AB=tiles.swap_ab, UPCAST=upcast,
         USE_ASM=tiles.use_asm and not on_cpu, BLOCK_M=tiles.block_m,
         KG_P2=triton.next_power_of_2(k // 32), KA_P2=triton.next_power_of_2(k // (group or k)),
