@@ -5,11 +5,11 @@ decode batch (64 tokens) and a prefill batch (8,192 tokens), in one run:
 - ours: the default tiles (``choose_tiles``: ``moe_stream``'s chained MXFP4 kernels, with row
   blocks of 16 rows for decode up to 128 for prefill), the batch-invariant tiles and a sweep of
   variants: the previous defaults (``old_default`` for a middle / prefill batch, both models,
-  and ``old-default-bf16-16x64`` for decode: ``moe_gemm``'s bf16-upcast family), ``moe_fp8``'s FP8 / fp16 tensor-core
-  family (decode), ``moe_stream``'s tile shapes (decode: ``SWEEP["decode"]``; a middle batch of
-  up to 96 rows per expert: ``SWEEP["middle"]``, V4-Flash; prefill: ``SWEEP["prefill"]``, both
-  models); decode also times the launches around the
-  expert GEMMs alone (``part_*``: permutation, input round trip / quantisation, combine);
+  and ``old-default-bf16-16x64`` for decode: ``moe_gemm``'s bf16-upcast family), ``moe_fp8``'s
+  FP8 / fp16 tensor-core family (decode), ``moe_stream``'s tile shapes (decode:
+  ``SWEEP["decode"]``; a middle batch of up to 96 rows per expert: ``SWEEP["middle"]``,
+  V4-Flash; prefill: ``SWEEP["prefill"]``, both models); decode also times the launches around
+  the expert GEMMs alone (``part_*``: permutation, input round trip / quantisation, combine);
   decode also replayed from a CUDA graph (device events around the replay: the kernels' rate
   without the host's launch cost);
 - the best torch built-in compositions: ``torch_fp4`` dequantises the experts the batch uses to
@@ -18,10 +18,10 @@ decode batch (64 tokens) and a prefill batch (8,192 tokens), in one run:
 - the reference (decode: 3 runs; larger batches: one run after one warm-up).
 
 Effective TFLOP/s counts ``6 * T * k * D * I`` (the padding rows of each expert's last block not
-counted); the bf16 tensor-core ceiling measured on the H200 is 786 TFLOP/s. TB/s counts the FP4 expert bytes touched (packed
-weights + scales of every expert used at least once). Errors: max and mean of |ours - reference|
-over the output's standard deviation. Every variant is compiled first in parallel subprocesses
-(``--warm-only`` does only that), then timed one after the other.
+counted); the bf16 tensor-core ceiling measured on the H200 is 786 TFLOP/s. TB/s counts the FP4
+expert bytes touched (packed weights + scales of every expert used at least once). Errors: max and
+mean of |ours - reference| over the output's standard deviation. Every tile shape is compiled
+first in parallel subprocesses (``--warm-only`` does only that), then timed one after another.
 
     python benchmarks/kernels/bench_moe.py --out bench-out/moe.json
     python benchmarks/kernels/bench_moe.py --tokens 512,2048,8192 --out bench-out/moe-prefill.json
@@ -52,9 +52,9 @@ TOP_K, LIMIT = 6, 10.0
 BF16_CEILING_TFLOPS = 786  # measured bf16 tensor-core rate on the H200 (toolchain.md)
 
 
-def _mx(block_m, block_k, warps, stages, group_m=4, down_block_n=0):
+def _mx(block_m, block_k, warps, stages, group_m=4, down_block_n=0, split_tail=False):
     return MoeTiles(block_m, 128, warps, stages, mma="mx", block_k=block_k, group_m=group_m,
-                    down_block_n=down_block_n)  # fmt: skip
+                    down_block_n=down_block_n, split_tail=split_tail)  # fmt: skip
 
 
 SWEEP = {
@@ -76,6 +76,7 @@ SWEEP = {
         "mx-32-k128-w8s4": _mx(32, 128, 8, 4),
         "mx-64-k128-w8s3": _mx(64, 128, 8, 3),
         "mx-64-k64-w8s4": _mx(64, 64, 8, 4),
+        "mx-64-k128-w8s3-split": _mx(64, 128, 8, 3, split_tail=True),
     },
     "prefill": {
         "mx-128-k64-w8s4": _mx(128, 64, 8, 4),
@@ -86,6 +87,8 @@ SWEEP = {
         "mx-128-k64-w8s4-g8": _mx(128, 64, 8, 4, group_m=8),
         "mx-64-k128-w8s3": _mx(64, 128, 8, 3),
         "mx-64-k64-w8s4": _mx(64, 64, 8, 4),
+        "mx-128-k64-w8s4-split": _mx(128, 64, 8, 4, split_tail=True),
+        "mx-128-k128-w8s3-split": _mx(128, 128, 8, 3, split_tail=True),
     },
 }  # fmt: skip
 # the sweep's models per phase (the others: default and batch-invariant tiles only)

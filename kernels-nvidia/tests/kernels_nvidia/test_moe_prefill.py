@@ -13,7 +13,7 @@ import torch
 
 from deepinfer.kernels.testing import Case, cases_for, check_case
 from deepinfer.kernels.testing.cases.moe_kernels import random_fp4_weight
-from deepinfer.kernels_nvidia import moe_experts
+from deepinfer.kernels_nvidia import moe_align, moe_experts
 from deepinfer.kernels_nvidia.moe_experts import MoeTiles
 
 HAS_CUDA = torch.cuda.is_available()
@@ -24,9 +24,9 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
 ATOL, RTOL = 4e-2, 2e-2
 
 
-def _mx(block_m, block_k, warps, stages, group_m=4, down_block_n=0):
+def _mx(block_m, block_k, warps, stages, group_m=4, down_block_n=0, split_tail=False):
     return MoeTiles(block_m, 128, warps, stages, mma="mx", block_k=block_k, group_m=group_m,
-                    down_block_n=down_block_n)  # fmt: skip
+                    down_block_n=down_block_n, split_tail=split_tail)  # fmt: skip
 
 
 # Interpreter-sized variants: 16/32-row blocks, grouped order over 2 or 3 blocks, 2-D grid.
@@ -34,6 +34,10 @@ SMALL = {
     "mx-32-g2": MoeTiles(32, 64, 4, 1, mma="mx", block_k=64, group_m=2, down_block_n=32),
     "mx-16-g3": MoeTiles(16, 32, 4, 1, mma="mx", block_k=32, group_m=3),
     "mx-32-grid2d": MoeTiles(32, 64, 4, 1, mma="mx", block_k=32, group_m=0),
+    "mx-32-split": MoeTiles(32, 64, 4, 1, mma="mx", block_k=64, group_m=2, split_tail=True),
+    "mx-32-split-grid2d": MoeTiles(
+        32, 32, 4, 1, mma="mx", block_k=32, group_m=0, split_tail=True
+    ),  # fmt: skip
 }
 # Every prefill / middle variant bench_moe.py sweeps (the defaults come from STREAM_TILES).
 PREFILL = {
@@ -45,11 +49,14 @@ PREFILL = {
     "mx-128-k64-w8s4-g8": _mx(128, 64, 8, 4, group_m=8),
     "mx-64-k128-w8s3": _mx(64, 128, 8, 3),
     "mx-64-k64-w8s4": _mx(64, 64, 8, 4),
+    "mx-128-k64-w8s4-split": _mx(128, 64, 8, 4, split_tail=True),
+    "mx-128-k128-w8s3-split": _mx(128, 128, 8, 3, split_tail=True),
 }
 MIDDLE = {
     "mx-64-k128-w8s3": _mx(64, 128, 8, 3),
     "mx-32-k256-w8s3": _mx(32, 256, 8, 3),
     "mx-32-k128-w8s4": _mx(32, 128, 8, 4),
+    "mx-64-k128-w8s3-split": _mx(64, 128, 8, 3, split_tail=True),
 }
 for _limit, _tiles in moe_experts.STREAM_TILES:  # the defaults are always among the tested
     assert _tiles in {*PREFILL.values(), *MIDDLE.values()}, _tiles
@@ -130,3 +137,45 @@ def test_choose_tiles_picks_row_blocks_by_rows_per_expert(tokens, experts, block
     assert tiles.block_m == block_m
     invariant = moe_experts.choose_tiles(tokens * 6, experts, batch_invariant=True, on_cpu=False)
     assert invariant == moe_experts.BATCH_INVARIANT_TILES
+
+
+def _programs_brute_force(block_expert, num_experts):
+    """Per expert run of blocks: pairs from its first block on, a single for an odd last one."""
+    pairs, singles, b = [], [], 0
+    experts = block_expert.tolist()
+    while b < len(experts):
+        if experts[b] < 0:
+            b += 1
+            continue
+        end = b
+        while end < len(experts) and experts[end] == experts[b]:
+            end += 1
+        pairs += list(range(b, end - 1, 2))
+        singles += [end - 1] if (end - b) % 2 else []
+        b = end
+    n = len(experts)
+    return pairs + [-1] * (n // 2 + 1 - len(pairs)), singles + [-1] * (
+        min(num_experts, n) - len(singles)
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_split_programs_cover_each_block_once(seed):
+    gen = torch.Generator().manual_seed(seed)
+    experts = 7
+    ids = torch.randint(
+        0, experts, (int(torch.randint(1, 90, (1,), generator=gen)),), generator=gen
+    )
+    layout = moe_experts.align_by_expert(ids, experts, 4)
+    pairs, singles = moe_align.split_programs(layout.block_expert, experts)
+    want_pairs, want_singles = _programs_brute_force(layout.block_expert, experts)
+    assert pairs.tolist() == want_pairs
+    assert singles.tolist() == want_singles
+
+
+def test_split_tail_needs_a_stream_family():
+    args, kwargs = _inputs(torch.Generator().manual_seed(0), DEVICE, tokens=4, experts=3, top_k=2,
+                           dim=64, inter=64, group=32)  # fmt: skip
+    with pytest.raises(ValueError, match="split_tail"):
+        moe_experts.fp4_moe_experts_tiles(*args, **kwargs,
+                                          tiles=MoeTiles(32, 64, 4, 1, split_tail=True))  # fmt: skip

@@ -110,3 +110,38 @@ def test_one_launch_alignment_equals_the_torch_composition(num_slots, num_expert
     want = moe_experts._align_by_expert_torch(ids, num_experts, block_m, capacity)
     assert torch.equal(row_slot, want.row_slot)
     assert torch.equal(block_expert, want.block_expert)
+
+
+def _capacity(num_slots, num_experts, block_m):
+    return -(-(num_slots + min(num_experts, num_slots) * (block_m - 1)) // block_m) * block_m
+
+
+def _check_multi(num_slots, num_experts, block_m, slot_chunk, device):
+    gen = torch.Generator().manual_seed(num_slots + slot_chunk)
+    ids = torch.randint(0, num_experts, (num_slots,), generator=gen).to(device)
+    capacity = _capacity(num_slots, num_experts, block_m)
+    row_slot, block_expert = moe_align.align_multi(ids, num_experts, block_m, capacity, slot_chunk)
+    want = moe_experts._align_by_expert_torch(ids.long(), num_experts, block_m, capacity)
+    assert torch.equal(row_slot, want.row_slot)
+    assert torch.equal(block_expert, want.block_expert)
+
+
+@pytest.mark.parametrize(
+    ("num_slots", "num_experts", "block_m", "slot_chunk"),
+    [(39, 9, 4, 16), (384, 256, 16, 64), (20, 384, 16, 16), (600, 8, 64, 32), (1, 3, 16, 16)],
+)
+def test_multi_program_alignment_equals_the_torch_composition(
+    num_slots, num_experts, block_m, slot_chunk
+):
+    _check_multi(num_slots, num_experts, block_m, slot_chunk, DEVICE)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    ("num_slots", "num_experts", "block_m", "slot_chunk"),
+    [(384, 256, 16, 64), (384, 384, 16, 64), (2048, 256, 16, 64), (1536, 384, 16, 32),
+     (2048, 256, 64, 128), (6, 256, 16, 64)],
+)  # fmt: skip
+def test_multi_program_alignment_real(num_slots, num_experts, block_m, slot_chunk):
+    _check_multi(num_slots, num_experts, block_m, slot_chunk, DEVICE)

@@ -5,6 +5,13 @@ CUDA graph, more eagerly): a tenth of a decode step's expert time. For up to ``M
 (token, slot) pairs one program does the same work: an expert histogram, padded offsets by a
 prefix sum, each slot's rank among the earlier slots of its expert (stable), the scatter, and
 each row block's expert. The layout is identical to the torch composition's.
+
+``align_multi`` (opt-in, not yet timed on the GPU) spreads the same work over
+``cdiv(num_slots, SLOT_CHUNK)`` programs: each one recomputes the histogram and the padded
+offsets (cheap: every id is in registers), ranks and scatters its own ``SLOT_CHUNK`` slots
+(comparing them only with the slots before them), and writes the padding rows and the experts of
+its own share of the row blocks. Real rows are written only by the scatter and padding rows only
+by their block's program, so no two programs write the same row.
 """
 
 from __future__ import annotations
@@ -55,6 +62,93 @@ def moe_align_kernel(
         tl.store(block_expert_ptr + blocks, expert, mask=blocks < capacity // BLOCK_M)
 
 
+@triton.jit
+def _padded_offsets(ids_ptr, num_slots, SLOTS_P2: tl.constexpr, EXPERTS_P2: tl.constexpr,
+                    BLOCK_M: tl.constexpr):  # fmt: skip
+    """Per expert: its slot count and its first row (rows padded to whole ``BLOCK_M`` blocks)."""
+    slots = tl.arange(0, SLOTS_P2)
+    ids = tl.load(ids_ptr + slots, mask=slots < num_slots, other=0).to(tl.int32)
+    counts = tl.histogram(ids, EXPERTS_P2, mask=slots < num_slots)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    padded_end = tl.cumsum(padded, 0)
+    return counts, padded_end - padded, padded_end
+
+
+@triton.jit
+def moe_align_multi_kernel(
+    ids_ptr, row_slot_ptr, block_expert_ptr, scratch_ptr, num_slots, num_experts, capacity,
+    blocks_per_program,
+    BLOCK_M: tl.constexpr, SLOTS_P2: tl.constexpr, EXPERTS_P2: tl.constexpr,
+    SLOT_CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
+):  # fmt: skip
+    """``moe_align_kernel``'s layout from ``cdiv(num_slots, SLOT_CHUNK)`` programs; ``scratch
+    [programs, 2, EXPERTS_P2]`` int32 (each program's own copy of the starts and counts)."""
+    pid = tl.program_id(0)
+    counts, starts, padded_end = _padded_offsets(ids_ptr, num_slots, SLOTS_P2, EXPERTS_P2,
+                                                 BLOCK_M)  # fmt: skip
+    experts = tl.arange(0, EXPERTS_P2)
+    own = scratch_ptr + pid.to(tl.int64) * 2 * EXPERTS_P2
+    tl.store(own + experts, starts)
+    tl.store(own + EXPERTS_P2 + experts, counts)
+    tl.debug_barrier()  # this program's starts and counts before the gathers below
+    # this program's slots: rank among the earlier slots of the same expert (stable), scatter
+    slots = pid * SLOT_CHUNK + tl.arange(0, SLOT_CHUNK)
+    is_slot = slots < num_slots
+    ids = tl.load(ids_ptr + slots, mask=is_slot, other=0).to(tl.int32)
+    rank = tl.zeros((SLOT_CHUNK,), dtype=tl.int32)
+    for c0 in range(0, pid * SLOT_CHUNK + SLOT_CHUNK, SLOT_CHUNK):
+        others = c0 + tl.arange(0, SLOT_CHUNK)
+        other_ids = tl.load(ids_ptr + others, mask=others < num_slots, other=-1).to(tl.int32)
+        same = (ids[:, None] == other_ids[None, :]) & (others[None, :] < slots[:, None])
+        rank += tl.sum(same.to(tl.int32), axis=1)
+    start = tl.load(own + ids, mask=is_slot, other=0)
+    tl.store(row_slot_ptr + start + rank, slots, mask=is_slot)
+    # this program's row blocks: their expert, and the padding rows
+    real_end = tl.where(experts < num_experts, padded_end, capacity + 1)
+    num_blocks = capacity // BLOCK_M
+    first_block = pid * blocks_per_program
+    for b0 in range(first_block, first_block + blocks_per_program, BLOCK_CHUNK):
+        blocks = b0 + tl.arange(0, BLOCK_CHUNK)
+        in_range = (blocks < num_blocks) & (blocks < first_block + blocks_per_program)
+        first_row = blocks * BLOCK_M
+        expert = tl.sum((real_end[None, :] <= first_row[:, None]).to(tl.int32), axis=1)
+        expert = tl.where(expert < num_experts, expert, -1)
+        tl.store(block_expert_ptr + blocks, expert, mask=in_range)
+        has_expert = in_range & (expert >= 0)
+        e_start = tl.load(own + expert, mask=has_expert, other=0)
+        e_count = tl.load(own + EXPERTS_P2 + expert, mask=has_expert, other=0)
+        rows = first_row[:, None] + tl.arange(0, BLOCK_M)[None, :]
+        pad = (expert[:, None] < 0) | (rows - e_start[:, None] >= e_count[:, None])
+        tl.store(row_slot_ptr + rows, num_slots + rows * 0, mask=in_range[:, None] & pad)
+
+
+def align_multi(
+    flat_ids: torch.Tensor, num_experts: int, block_m: int, capacity: int, slot_chunk: int = 64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`align_small`'s ``(row_slot, block_expert)`` from ``cdiv(num_slots, slot_chunk)``
+    programs (same limits: ``<= MAX_SLOTS`` ids, ``<= MAX_EXPERTS`` experts)."""
+    num_slots = flat_ids.numel()
+    if not 0 < num_slots <= MAX_SLOTS or num_experts > MAX_EXPERTS:
+        raise ValueError(
+            f"align_multi: {num_slots} slots / {num_experts} experts, expected 1 to "
+            f"{MAX_SLOTS} / at most {MAX_EXPERTS}"
+        )
+    device = flat_ids.device
+    row_slot = torch.empty(capacity, dtype=torch.int32, device=device)
+    num_blocks = capacity // block_m
+    block_expert = torch.empty(num_blocks, dtype=torch.int32, device=device)
+    experts_p2 = triton.next_power_of_2(num_experts + 1)
+    programs = triton.cdiv(num_slots, slot_chunk)
+    scratch = torch.empty((programs, 2, experts_p2), dtype=torch.int32, device=device)
+    moe_align_multi_kernel[(programs,)](
+        flat_ids, row_slot, block_expert, scratch, num_slots, num_experts, capacity,
+        triton.cdiv(num_blocks, programs), BLOCK_M=block_m,
+        SLOTS_P2=triton.next_power_of_2(max(num_slots, 16)), EXPERTS_P2=experts_p2,
+        SLOT_CHUNK=slot_chunk, BLOCK_CHUNK=16, num_warps=4,
+    )  # fmt: skip
+    return row_slot, block_expert
+
+
 def align_small(
     flat_ids: torch.Tensor, num_experts: int, block_m: int, capacity: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,3 +171,29 @@ def align_small(
         EXPERTS_P2=experts_p2, CHUNK=16, FILL=1024, num_warps=8,
     )  # fmt: skip
     return row_slot, block_expert
+
+
+def split_programs(
+    block_expert: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row blocks of a layout (``block_expert [num_blocks]``, -1: unused) as programs twice as
+    tall where an expert has two blocks left, one block where it has one: ``(pairs, singles)``,
+    int32 lists of each program's first block (-1 past the end), ``[num_blocks // 2 + 1]`` and
+    ``[min(num_experts, num_blocks)]``. Device-side torch ops only (no host sync)."""
+    num_blocks = block_expert.numel()
+    index = torch.arange(num_blocks, device=block_expert.device)
+    previous = torch.cat([block_expert.new_full((1,), -2), block_expert[:-1]])
+    following = torch.cat([block_expert[1:], block_expert.new_full((1,), -2)])
+    run_start = torch.cummax(torch.where(block_expert != previous, index, 0), 0).values
+    leads = (block_expert >= 0) & ((index - run_start) % 2 == 0)
+    pairs = leads & (following == block_expert)
+    singles = _compact(leads & ~pairs, index, min(num_experts, num_blocks))
+    return _compact(pairs, index, num_blocks // 2 + 1), singles
+
+
+def _compact(mask: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
+    """The ``index`` entries where ``mask`` holds, in order, then -1, as ``[size]`` int32."""
+    position = torch.where(mask, torch.cumsum(mask, 0) - 1, index.numel())
+    out = torch.full((index.numel() + 1,), -1, dtype=torch.int32, device=index.device)
+    out.scatter_(0, position, torch.where(mask, index, -1).to(torch.int32))
+    return out[:size]

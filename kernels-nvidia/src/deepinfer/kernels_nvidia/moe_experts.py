@@ -20,6 +20,7 @@ other rows share its block; with ``DEEPINFER_BATCH_INVARIANT=1`` the tile shape 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +57,9 @@ class MoeTiles:
     # 0 means a 2-D grid: axis 0 the row blocks, axis 1 the column tiles)
     group_m: int = 4
     block_k: int = 128  # moe_stream's K step
+    # moe_stream: rows padded per expert to block_m / 2 only; block_m-row programs take the
+    # expert's block pairs and block_m / 2-row programs its odd last block (a second launch)
+    split_tail: bool = False
 
 
 @dataclass(frozen=True)
@@ -232,7 +236,12 @@ def fp4_moe_experts_tiles(
     if tiles is None:
         invariant = envs.batch_invariant()
         tiles = choose_tiles(num_slots, experts, batch_invariant=invariant, on_cpu=on_cpu)
-    layout = align_by_expert(topk_ids, experts, tiles.block_m)
+    if tiles.split_tail and (tiles.mma not in STREAM_FAMILIES or tiles.block_m % 32):
+        raise ValueError(f"tiles.split_tail: needs mma in {list(STREAM_FAMILIES)} and block_m a "
+                         f"multiple of 32, got mma={tiles.mma!r}, block_m={tiles.block_m}")  # fmt: skip
+    layout = align_by_expert(
+        topk_ids, experts, tiles.block_m // 2 if tiles.split_tail else tiles.block_m
+    )
     num_blocks = layout.block_expert.numel()
     if tiles.mma in STREAM_FAMILIES and (group is not None or tiles.mma == "mx"):
         y = _stream_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k, group,
@@ -293,16 +302,32 @@ def _stream_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k,
     else:
         act, act_scale = _round_trip_bf16(x, group), x.new_empty((1, 1), dtype=torch.float32)
     inter, dim = w13.shape[1] // 2, x.shape[1]
-    h, hs = moe_stream.launch_gate_up(
-        act, act_scale, topk_weights, layout.row_slot, layout.block_expert, w13, w13_scale,
-        top_k=top_k, group=group, limit=limit, tiles=tiles, upcast=upcast,
-        block_n=_block_n(inter, tiles.block_n, group), on_cpu=on_cpu,
-    )  # fmt: skip
-    return moe_stream.launch_down(
-        h, hs, layout.row_slot, layout.block_expert, w2, w2_scale, num_slots=x.shape[0] * top_k,
-        group=group, tiles=tiles, upcast=upcast,
-        block_n=_block_n(dim, tiles.down_block_n or tiles.block_n, None), on_cpu=on_cpu,
-    )  # fmt: skip
+    common = dict(group=group, upcast=upcast, on_cpu=on_cpu)
+    gate_up = dict(
+        top_k=top_k, limit=limit, block_n=_block_n(inter, tiles.block_n, group), **common
+    )
+    down_n = _block_n(dim, tiles.down_block_n or tiles.block_n, None)
+    down = dict(num_slots=x.shape[0] * top_k, block_n=down_n, **common)
+    rows = (layout.row_slot, layout.block_expert)
+    if not tiles.split_tail:
+        h, hs = moe_stream.launch_gate_up(act, act_scale, topk_weights, *rows, w13, w13_scale,
+                                          tiles=tiles, **gate_up)  # fmt: skip
+        return moe_stream.launch_down(h, hs, *rows, w2, w2_scale, tiles=tiles, **down)
+    pairs, singles = moe_align.split_programs(layout.block_expert, w13.shape[0])
+    half = dataclasses.replace(tiles, block_m=layout.block_m)
+    launches = ((tiles, pairs), (half, singles))
+    h = hs = y = None
+    for launch_tiles, block_list in launches:
+        h, hs = moe_stream.launch_gate_up(
+            act, act_scale, topk_weights, *rows, w13, w13_scale, tiles=launch_tiles,
+            block_list=block_list, row_unit=layout.block_m, out=None if h is None else (h, hs),
+            **gate_up,
+        )  # fmt: skip
+    for launch_tiles, block_list in launches:
+        y = moe_stream.launch_down(h, hs, *rows, w2, w2_scale, tiles=launch_tiles,
+                                   block_list=block_list, row_unit=layout.block_m, out=y,
+                                   **down)  # fmt: skip
+    return y
 
 
 def _round_trip_bf16(x: torch.Tensor, group: int | None) -> torch.Tensor:

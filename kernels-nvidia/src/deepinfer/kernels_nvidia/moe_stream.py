@@ -136,8 +136,24 @@ def _program_block_tile(num_blocks, num_tiles, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _block_rows(row_slot_ptr, block, num_slots, BLOCK_M: tl.constexpr):
-    rows = block.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+def _block_start(block_list_ptr, block_expert_ptr, block, BLOCK_M: tl.constexpr,
+                 ROW_UNIT: tl.constexpr):  # fmt: skip
+    """(first row, expert; -1: nothing to do) of row block ``block``: ``ROW_UNIT == 0``: the
+    layout's block ``block``; else the layout block ``block_list[block]`` (-1: none) of
+    ``ROW_UNIT`` rows, where this program's ``BLOCK_M`` rows start (a multiple of it)."""
+    if ROW_UNIT == 0:
+        unit = block.to(tl.int64)
+        first_row = unit * BLOCK_M
+    else:
+        unit = tl.load(block_list_ptr + block).to(tl.int64)
+        first_row = unit * ROW_UNIT
+    expert = tl.load(block_expert_ptr + tl.maximum(unit, 0)).to(tl.int64)
+    return first_row, tl.where(unit >= 0, expert, -1)
+
+
+@triton.jit
+def _block_rows(row_slot_ptr, first_row, num_slots, BLOCK_M: tl.constexpr):
+    rows = first_row + tl.arange(0, BLOCK_M)
     slots = tl.load(row_slot_ptr + rows)
     return rows, slots, slots < num_slots
 
@@ -197,22 +213,22 @@ def _store_hidden_dequantised(
 
 @triton.jit(do_not_specialize=["num_slots", "num_blocks"])
 def moe_stream_gate_up_kernel(
-    x_ptr, xs_ptr, w_ptr, ws_ptr, h_ptr, hs_ptr, row_slot_ptr, block_expert_ptr, topk_w_ptr,
-    num_slots, top_k, K, inter, limit, num_blocks,
+    x_ptr, xs_ptr, w_ptr, ws_ptr, h_ptr, hs_ptr, row_slot_ptr, block_expert_ptr, block_list_ptr,
+    topk_w_ptr, num_slots, top_k, K, inter, limit, num_blocks,
     stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_hm, stride_hsm,
     A_FP8: tl.constexpr, GROUP: tl.constexpr, OUT_GROUP: tl.constexpr, OUT_DEQUANT: tl.constexpr,
     SOFT_ROUND: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, USE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    KG_P2: tl.constexpr, KA_P2: tl.constexpr, GROUP_M: tl.constexpr,
+    KG_P2: tl.constexpr, KA_P2: tl.constexpr, GROUP_M: tl.constexpr, ROW_UNIT: tl.constexpr,
 ):  # fmt: skip
     """``h = q(bf16(silu(min(x w1^T, L)) * clamp(x w3^T, -L, L) * router_w))`` for one block of
     an expert's rows and ``BLOCK_N`` hidden columns; gate and up rows in the same K loop."""
     block, tile = _program_block_tile(num_blocks, inter // BLOCK_N, GROUP_M)
-    expert = tl.load(block_expert_ptr + block).to(tl.int64)
+    first_row, expert = _block_start(block_list_ptr, block_expert_ptr, block, BLOCK_M, ROW_UNIT)
     if expert < 0:
         return
-    rows, slots, valid = _block_rows(row_slot_ptr, block, num_slots, BLOCK_M)
+    rows, slots, valid = _block_rows(row_slot_ptr, first_row, num_slots, BLOCK_M)
     tokens = tl.where(valid, slots // top_k, 0).to(tl.int64)
     col0 = tile * BLOCK_N
     gate_rows = (col0 + tl.arange(0, BLOCK_N)).to(tl.int64)
@@ -255,20 +271,20 @@ def moe_stream_gate_up_kernel(
 
 @triton.jit(do_not_specialize=["num_slots", "num_blocks"])
 def moe_stream_down_kernel(
-    h_ptr, hs_ptr, w_ptr, ws_ptr, y_ptr, row_slot_ptr, block_expert_ptr, num_slots, K, N,
-    num_blocks, stride_hm, stride_hsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_ym,
+    h_ptr, hs_ptr, w_ptr, ws_ptr, y_ptr, row_slot_ptr, block_expert_ptr, block_list_ptr,
+    num_slots, K, N, num_blocks, stride_hm, stride_hsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_ym,
     A_FP8: tl.constexpr, GROUP: tl.constexpr, SOFT_ROUND: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, USE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    KG_P2: tl.constexpr, KA_P2: tl.constexpr, GROUP_M: tl.constexpr,
+    KG_P2: tl.constexpr, KA_P2: tl.constexpr, GROUP_M: tl.constexpr, ROW_UNIT: tl.constexpr,
 ):  # fmt: skip
     """``y[slot] = bf16(h w2^T)`` for one block of an expert's rows and ``BLOCK_N`` of the
     ``N`` output columns."""
     block, tile = _program_block_tile(num_blocks, N // BLOCK_N, GROUP_M)
-    expert = tl.load(block_expert_ptr + block).to(tl.int64)
+    first_row, expert = _block_start(block_list_ptr, block_expert_ptr, block, BLOCK_M, ROW_UNIT)
     if expert < 0:
         return
-    rows, slots, valid = _block_rows(row_slot_ptr, block, num_slots, BLOCK_M)
+    rows, slots, valid = _block_rows(row_slot_ptr, first_row, num_slots, BLOCK_M)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     w_rows = cols.to(tl.int64)
     w_e = w_ptr + expert * stride_we
@@ -294,26 +310,31 @@ def moe_stream_down_kernel(
 
 def launch_gate_up(
     act, act_scale, topk_weights, row_slot, block_expert, w13, w13_scale, *, top_k, group, limit,
-    tiles, upcast, block_n, on_cpu,
+    tiles, upcast, block_n, on_cpu, block_list=None, row_unit=0, out=None,
 ):  # fmt: skip
     """``moe_stream_gate_up_kernel`` over the rows grouped by expert: ``act [T, D]`` (e4m3 with
     fp32 ``act_scale [T, D / group]`` for the fp16 upcast, else bf16). Returns ``(h, hs)``:
-    ``h [capacity, I]`` e4m3 + fp32 scales (fp16 upcast) or bf16 after its FP8 round trip."""
+    ``h [capacity, I]`` e4m3 + fp32 scales (fp16 upcast) or bf16 after its FP8 round trip
+    (``out``: written into, only the rows of the programs' blocks). ``block_list``: the
+    programs' first layout blocks of ``row_unit`` rows (-1: none), else one program per block."""
     dim, inter = act.shape[1], w13.shape[1] // 2
     a_fp8 = act.dtype == torch.float8_e4m3fn
     capacity = row_slot.numel()
-    h = torch.empty((capacity, inter), dtype=act.dtype, device=act.device)
-    hs = torch.empty((capacity, inter // group if a_fp8 else 1), dtype=torch.float32,
-                     device=act.device)  # fmt: skip
+    if out is None:
+        out = (torch.empty((capacity, inter), dtype=act.dtype, device=act.device),
+               torch.empty((capacity, inter // group if a_fp8 else 1), dtype=torch.float32,
+                           device=act.device))  # fmt: skip
+    h, hs = out
     w13s = w13_scale.view(torch.uint8)
     weights = topk_weights.float().contiguous().view(-1)
-    num_blocks = block_expert.numel()
+    num_blocks = (block_expert if block_list is None else block_list).numel()
     moe_stream_gate_up_kernel[_grid(num_blocks, inter // block_n, tiles.group_m)](
-        act, act_scale, w13, w13s, h, hs, row_slot, block_expert, weights,
+        act, act_scale, w13, w13s, h, hs, row_slot, block_expert,
+        block_expert if block_list is None else block_list, weights,
         act.shape[0] * top_k, top_k, dim, inter, limit, num_blocks,
         act.stride(0), act_scale.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0),
         w13s.stride(1), h.stride(0), hs.stride(0),
-        OUT_GROUP=group or 0, OUT_DEQUANT=not a_fp8, BLOCK_N=block_n,
+        OUT_GROUP=group or 0, OUT_DEQUANT=not a_fp8, BLOCK_N=block_n, ROW_UNIT=row_unit,
         BLOCK_K=stream_block_k(dim, group, tiles.block_k),
         **_launch_flags(dim, group, a_fp8, tiles, upcast, on_cpu),
     )  # fmt: skip
@@ -322,18 +343,21 @@ def launch_gate_up(
 
 def launch_down(
     h, hs, row_slot, block_expert, w2, w2_scale, *, num_slots, group, tiles, upcast, block_n,
-    on_cpu,
+    on_cpu, block_list=None, row_unit=0, out=None,
 ):  # fmt: skip
-    """``moe_stream_down_kernel``: bf16 ``y [num_slots, D]``, each row at its (token, slot)."""
+    """``moe_stream_down_kernel``: bf16 ``y [num_slots, D]``, each row at its (token, slot)
+    (``out``: written into); ``block_list`` and ``row_unit`` as for :func:`launch_gate_up`."""
     inter, dim = h.shape[1], w2.shape[1]
     a_fp8 = h.dtype == torch.float8_e4m3fn
-    y = torch.empty((num_slots, dim), dtype=torch.bfloat16, device=h.device)
+    y = torch.empty((num_slots, dim), dtype=torch.bfloat16, device=h.device) if out is None else out
     w2s = w2_scale.view(torch.uint8)
-    num_blocks = block_expert.numel()
+    num_blocks = (block_expert if block_list is None else block_list).numel()
     moe_stream_down_kernel[_grid(num_blocks, dim // block_n, tiles.group_m)](
-        h, hs, w2, w2s, y, row_slot, block_expert, num_slots, inter, dim, num_blocks,
+        h, hs, w2, w2s, y, row_slot, block_expert,
+        block_expert if block_list is None else block_list, num_slots, inter, dim, num_blocks,
         h.stride(0), hs.stride(0), w2.stride(0), w2.stride(1), w2s.stride(0), w2s.stride(1),
         y.stride(0), BLOCK_N=block_n, BLOCK_K=stream_block_k(inter, group, tiles.block_k),
+        ROW_UNIT=row_unit,
         **_launch_flags(inter, group, a_fp8, tiles, upcast, on_cpu),
     )  # fmt: skip
     return y
@@ -345,9 +369,9 @@ def _grid(num_blocks: int, num_tiles: int, group_m: int) -> tuple[int, ...]:
 
 
 def _launch_flags(k, group, a_fp8, tiles, upcast, on_cpu) -> dict:
-    return dict(GROUP_M=tiles.group_m,
+    return dict(
         A_FP8=a_fp8, GROUP=group or 1, SOFT_ROUND=on_cpu, SWAP_AB=tiles.swap_ab, UPCAST=upcast,
-        USE_ASM=tiles.use_asm and not on_cpu, BLOCK_M=tiles.block_m,
+        USE_ASM=tiles.use_asm and not on_cpu, BLOCK_M=tiles.block_m, GROUP_M=tiles.group_m,
         KG_P2=triton.next_power_of_2(k // 32), KA_P2=triton.next_power_of_2(k // (group or k)),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
