@@ -323,7 +323,7 @@ def _default_tiles(model, tokens):
     return moe_experts.choose_tiles(tokens * TOP_K, experts, batch_invariant=False, on_cpu=False)
 
 
-def warm_all(token_counts, parallel=24):
+def warm_all(token_counts, parallel=32):
     """Compile each (model, tile shape) once, in parallel subprocesses."""
     seen, jobs = set(), []
     for m in MODELS:
