@@ -39,22 +39,16 @@ SMALL = {
         32, 32, 4, 1, mma="mx", block_k=32, group_m=0, split_tail=True
     ),  # fmt: skip
 }
-# Every prefill / middle variant bench_moe.py sweeps (the defaults come from STREAM_TILES).
+# Every prefill / middle variant bench_moe.py sweeps (the defaults come from STREAM_TILES). Shapes
+# whose machine code leaves wgmmas in flight across the K loop (moe_stream's "Hazard") are not
+# candidates: 128 x 128 with K step 64 failed here on the H200 at 8,192 tokens (174611d).
 PREFILL = {
-    "mx-128-k64-w8s4": _mx(128, 64, 8, 4),
-    "mx-128-k64-w8s3": _mx(128, 64, 8, 3),
     "mx-128-k128-w8s3": _mx(128, 128, 8, 3),
-    "mx-128-k64-w8s4-down256": _mx(128, 64, 8, 4, down_block_n=256),
-    "mx-128-k64-w8s4-grid2d": _mx(128, 64, 8, 4, group_m=0),
-    "mx-128-k64-w8s4-g8": _mx(128, 64, 8, 4, group_m=8),
-    "mx-64-k128-w8s3": _mx(64, 128, 8, 3),
-    "mx-64-k64-w8s4": _mx(64, 64, 8, 4),
-    "mx-128-k64-w8s4-split": _mx(128, 64, 8, 4, split_tail=True),
     "mx-128-k128-w8s3-split": _mx(128, 128, 8, 3, split_tail=True),
+    "mx-64-k128-w8s3": _mx(64, 128, 8, 3),
 }
 MIDDLE = {
     "mx-64-k128-w8s3": _mx(64, 128, 8, 3),
-    "mx-32-k256-w8s3": _mx(32, 256, 8, 3),
     "mx-32-k128-w8s4": _mx(32, 128, 8, 4),
     "mx-64-k128-w8s3-split": _mx(64, 128, 8, 3, split_tail=True),
 }

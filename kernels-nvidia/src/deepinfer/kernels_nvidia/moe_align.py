@@ -6,7 +6,9 @@ CUDA graph, more eagerly): a tenth of a decode step's expert time. For up to ``M
 prefix sum, each slot's rank among the earlier slots of its expert (stable), the scatter, and
 each row block's expert. The layout is identical to the torch composition's.
 
-``align_multi`` (opt-in, not yet timed on the GPU) spreads the same work over
+``align_multi`` (``align_by_expert``'s choice; H200 at 174611d, graph replay, 32 slots per
+program: 8.8 us for 64 tokens x top-6 against ``align_small``'s 39 us, 15 us for 256 tokens
+against 662 us) spreads the same work over
 ``cdiv(num_slots, SLOT_CHUNK)`` programs: each one recomputes the histogram and the padded
 offsets (cheap: every id is in registers), ranks and scatters its own ``SLOT_CHUNK`` slots
 (comparing them only with the slots before them), and writes the padding rows and the experts of

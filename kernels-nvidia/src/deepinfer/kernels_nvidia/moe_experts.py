@@ -2,8 +2,8 @@
 
 1. FP8 quantisation of the expert input per group, once per token (``quant.quantize_rows``; for
    the ``"mx"`` kernels its round trip back to bf16, ``quant.fp8_sim``).
-2. Permutation (:func:`align_by_expert`, no host sync; one launch of ``moe_align`` for up to
-   2,048 pairs, device-side torch ops above): the ``T * k`` (token, slot) pairs sorted by
+2. Permutation (:func:`align_by_expert`, no host sync; one launch of ``moe_align.align_multi``
+   for up to 2,048 pairs, device-side torch ops above): the ``T * k`` (token, slot) pairs sorted by
    expert, each expert's rows padded to whole ``BLOCK_M`` blocks.
 3. Gate/up then down grouped GEMMs over the FP4 weights, SwiGLU, router weight and FP8
    re-quantisation fused in the first one's epilogue.
@@ -90,11 +90,18 @@ BATCH_INVARIANT_TILES = MoeTiles(64, 128, 4, 3)
 DECODE_TILES = MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0)
 # More rows per expert: the same MXFP4 kernels with taller row blocks, programs in grouped order
 # (``group_m`` row blocks sweep the column tiles together, so each weight tile is read from HBM
-# once for the expert's blocks). (max rows per expert, tiles), first match wins.
+# once for the expert's blocks). (max rows per expert, tiles), first match wins. H200, bench_moe.py
+# at 174611d (results/2026-11-30-h200-moe-v4.json), V4-Flash / V4.1-Flash: 8,192 tokens 11.54 /
+# 17.38 ms = 214 / 200 TFLOP/s effective (the bf16 moe_gemm default before: 22.5 / 33.2 ms);
+# 2,048 tokens 4.68 / 9.10 ms (7.67 / 15.75 before); 512 tokens (V4-Flash) 4.29 ms (7.63 before).
+# Only shapes whose sm_90 machine code (Triton 3.6) waits for each wgmma before the next K step
+# overwrites its register operands: shapes that leave wgmmas in flight across the loop's back-edge
+# (K step 64 at 128 rows, K step 256 at 32 rows, ...) were up to 7% faster but gave wrong rows on
+# the H200 (128 x 128, K step 64: 8 GPU test failures at 8,192 tokens).
 STREAM_TILES = (
-    (24, MoeTiles(32, 128, 8, 3, mma="mx", block_k=256)),
+    (24, MoeTiles(32, 128, 8, 4, mma="mx", block_k=128)),
     (96, MoeTiles(64, 128, 8, 3, mma="mx", block_k=128)),
-    (float("inf"), MoeTiles(128, 128, 8, 4, mma="mx", block_k=64)),
+    (float("inf"), MoeTiles(128, 128, 8, 3, mma="mx", block_k=128)),
 )
 # moe_stream's families: MoeTiles.mma -> its UPCAST ("mx": tl.dot_scaled; "fp16": own unpacking)
 STREAM_FAMILIES = {"mx": "mx", "fp16-stream": "fp16"}
@@ -119,15 +126,17 @@ def choose_tiles(
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertLayout:
     """Sort the flat (token, slot) pairs by expert (stable) into ``block_m``-row blocks, with
     device-side ops only (no host sync, so it can run inside a CUDA graph): one launch
-    (``moe_align``) for a decode-sized batch, a torch composition above that."""
+    (``moe_align.align_multi``, 32 slots per program) for up to 2,048 pairs, a torch composition
+    above that. H200 (sweep at 174611d, graph replay): 64 tokens 8.8 us (one program: 39 us,
+    torch: 82 us); 256 tokens 15 us (662 / 89 us)."""
     flat = topk_ids.reshape(-1)
     num_slots = flat.numel()
     capacity = (
         triton.cdiv(num_slots + min(num_experts, num_slots) * (block_m - 1), block_m) * block_m
     )
     if 0 < num_slots <= moe_align.MAX_SLOTS and num_experts <= moe_align.MAX_EXPERTS:
-        row_slot, block_expert = moe_align.align_small(
-            flat.contiguous(), num_experts, block_m, capacity
+        row_slot, block_expert = moe_align.align_multi(
+            flat.contiguous(), num_experts, block_m, capacity, slot_chunk=32
         )
         return ExpertLayout(row_slot, block_expert, block_m)
     return _align_by_expert_torch(flat.to(torch.int64), num_experts, block_m, capacity)

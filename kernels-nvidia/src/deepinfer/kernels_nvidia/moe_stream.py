@@ -26,6 +26,27 @@ K loop moves them straight from global to shared memory and into the MMA.
 Rows arrive grouped by expert in ``BLOCK_M`` blocks as in ``moe_gemm``: ``block_expert[b]``
 (-1: unused block) and ``row_slot[r]`` (``num_slots``: padding).
 
+Prefill and the middle regime use the same kernels with 32- to 128-row blocks
+(``moe_experts.STREAM_TILES``) and ``GROUP_M`` > 0: a 1-D grid in ``block_and_tile``'s order, so an
+expert's row blocks sweep the column tiles together and each weight tile comes from HBM once.
+``ROW_UNIT`` > 0 (``MoeTiles.split_tail``): each program's first row comes from a list of layout
+blocks (``moe_align.split_programs``), so 128-row programs and a 64-row launch share one layout
+padded to 64 rows. H200 at 174611d (results/2026-11-30-h200-moe-v4.json), 8,192 tokens, 128 x 128,
+K step 128: V4-Flash 11.5 ms = 214 TFLOP/s effective, V4.1-Flash 17.4 ms = 200 (22.5 / 33.2 ms
+before); gate/up 223, down 279 TFLOP/s on the real rows of a 75%-filled layout (K step 64), i.e.
+~300-370 executed: under half the bf16 rate (786). What bounds it: the e2m1 -> bf16 upcast on the
+wgmma's register side (~240 instructions per thread per 64-deep K step at 128 x 128) and ptxas
+waiting for each wgmma before the next (at K step 128), so upcast and MMA do not overlap; the
+padding of each expert's last block (192 rows per expert -> 256).
+
+Hazard (sm_90 machine code of Triton 3.6, found from the GPU failures): where the K loop leaves
+wgmmas in flight across its back-edge (``WARPGROUP.DEPBAR.LE gsb0, N`` with N > 0), the next
+step's upcast overwrites their register A operands before they complete (undefined in PTX). At
+128 x 128 with K step 64 this gave wrong rows on the H200 (max error 0.8 of the output spread);
+the prefill / middle defaults are shapes whose machine code waits for every wgmma (N = 0).
+The decode default's down kernel (16 x 128, K step 256) has the same pattern; its tests pass
+(slow HBM loads hide it) but it is not safe by construction.
+
 Status (H200, 64 tokens, bench_moe.py at 0aa26a9, results/2026-11-30-h200-moe-v3-decode.json):
 ``"mx"`` 16x128, K step 256, 8 warps, 3 stages (the decode default): V4-Flash 2.23 ms from a
 CUDA graph = 1.24 TB/s of FP4 expert bytes (the bf16-upcast default before: 5.15 ms), V4.1-Flash
