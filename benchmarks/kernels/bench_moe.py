@@ -43,7 +43,7 @@ from deepinfer.kernels import OPS  # noqa: E402
 from deepinfer.kernels.reference import moe as ref_moe  # noqa: E402
 from deepinfer.kernels.reference import quant as ref_quant  # noqa: E402
 from deepinfer.kernels.testing.cases.moe_kernels import random_fp4_weight  # noqa: E402
-from deepinfer.kernels_nvidia import moe_experts, moe_stream  # noqa: E402
+from deepinfer.kernels_nvidia import moe_experts, moe_stream_launch  # noqa: E402
 from deepinfer.kernels_nvidia.moe_experts import MoeTiles  # noqa: E402
 from deepinfer.kernels_nvidia.quant import quantize_rows  # noqa: E402
 
@@ -52,9 +52,11 @@ TOP_K, LIMIT = 6, 10.0
 BF16_CEILING_TFLOPS = 786  # measured bf16 tensor-core rate on the H200 (toolchain.md)
 
 
-def _mx(block_m, block_k, warps, stages, group_m=4, down_block_n=0, split_tail=False):
+def _mx(block_m, block_k, warps, stages, group_m=4, down_block_n=0, split_tail=False,
+        wgmma_fence=False):  # fmt: skip
     return MoeTiles(block_m, 128, warps, stages, mma="mx", block_k=block_k, group_m=group_m,
-                    down_block_n=down_block_n, split_tail=split_tail)  # fmt: skip
+                    down_block_n=down_block_n, split_tail=split_tail,
+                    wgmma_fence=wgmma_fence)  # fmt: skip
 
 
 SWEEP = {
@@ -69,9 +71,11 @@ SWEEP = {
                                                 down_block_n=256),
         "mx-swap-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="mx", swap_ab=True, block_k=128),
         "fp16-stream-n128-k128-w8s4": MoeTiles(16, 128, 8, 4, mma="fp16-stream", block_k=128),
+        "mx-n128-k256-w8s3-fence": MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0,
+                                            wgmma_fence=True),
     },
-    # moe_stream shapes whose machine code waits for every wgmma (see its "Hazard"); the default
-    # of each regime is timed as "default"
+    # moe_stream shapes whose machine code waits for every wgmma (see its "Hazard"; "-fence":
+    # made so by MoeTiles.wgmma_fence); the default of each regime is timed as "default"
     "middle": {
         "mx-32-k128-w8s4": _mx(32, 128, 8, 4),
         "mx-64-k128-w8s3": _mx(64, 128, 8, 3),
@@ -80,6 +84,8 @@ SWEEP = {
     "prefill": {
         "mx-128-k128-w8s3-split": _mx(128, 128, 8, 3, split_tail=True),
         "mx-64-k128-w8s3": _mx(64, 128, 8, 3),
+        "mx-128-k64-w8s4-fence": _mx(128, 64, 8, 4, wgmma_fence=True),
+        "mx-128-k64-w8s4-split-fence": _mx(128, 64, 8, 4, split_tail=True, wgmma_fence=True),
     },
 }  # fmt: skip
 # the sweep's models per phase (the others: default and batch-invariant tiles only)
@@ -259,7 +265,7 @@ def _gemm_parts(row, args, group, experts):
     used = torch.unique(ids).numel()
 
     def gate_up():
-        return moe_stream.launch_gate_up(
+        return moe_stream_launch.launch_gate_up(
             act, none_scale, topk_weights, layout.row_slot, layout.block_expert, w13, s13,
             top_k=top_k, group=group, limit=LIMIT, tiles=tiles, upcast="mx",
             block_n=moe_experts._block_n(inter, tiles.block_n, group), on_cpu=False,
@@ -272,7 +278,7 @@ def _gemm_parts(row, args, group, experts):
         return
 
     def down():
-        return moe_stream.launch_down(
+        return moe_stream_launch.launch_down(
             h, hs, layout.row_slot, layout.block_expert, w2, s2, num_slots=ids.numel(),
             group=group, tiles=tiles, upcast="mx",
             block_n=moe_experts._block_n(dim, tiles.down_block_n or tiles.block_n, None),

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_moe import LIMIT, MODELS, TOP_K, inputs_for, weights_for  # noqa: E402
 from common import environment, time_cuda, time_graph, write_json  # noqa: E402
 
-from deepinfer.kernels_nvidia import moe_align, moe_experts, moe_stream  # noqa: E402
+from deepinfer.kernels_nvidia import moe_align, moe_experts, moe_stream_launch  # noqa: E402
 
 ALIGN_SHAPES = [(64, 256), (64, 384), (256, 256), (341, 384), (1, 256)]  # (tokens, experts)
 
@@ -79,14 +79,14 @@ def prefill_parts(model, tokens=8192):
                  block_n=moe_experts._block_n(inter, tiles.block_n, group), on_cpu=False)  # fmt: skip
 
     def gate_up():
-        return moe_stream.launch_gate_up(act, none_scale, topk_weights, layout.row_slot,
+        return moe_stream_launch.launch_gate_up(act, none_scale, topk_weights, layout.row_slot,
                                          layout.block_expert, w13, s13, **gu_kw)  # fmt: skip
 
     h, hs = gate_up()
     dn_block = moe_experts._block_n(dim, tiles.down_block_n or tiles.block_n, None)
 
     def down():
-        return moe_stream.launch_down(h, hs, layout.row_slot, layout.block_expert, w2, s2,
+        return moe_stream_launch.launch_down(h, hs, layout.row_slot, layout.block_expert, w2, s2,
                                       num_slots=real, group=group, tiles=tiles, upcast="mx",
                                       block_n=dn_block, on_cpu=False)  # fmt: skip
 

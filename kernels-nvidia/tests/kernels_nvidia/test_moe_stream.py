@@ -35,6 +35,9 @@ REAL = {
     "mx-n128-k256-w8s3-down-n256": MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, down_block_n=256),
     "mx-swap-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="mx", swap_ab=True, block_k=128),
     "fp16-stream-n128-k128-w8s4": MoeTiles(16, 128, 8, 4, mma="fp16-stream", block_k=128),
+    "mx-n128-k256-w8s3-fence": MoeTiles(
+        16, 128, 8, 3, mma="mx", block_k=256, group_m=0, wgmma_fence=True
+    ),  # fmt: skip
 }
 
 

@@ -27,7 +27,7 @@ import torch
 import triton
 
 from deepinfer.kernels import envs
-from deepinfer.kernels_nvidia import moe_align, moe_stream
+from deepinfer.kernels_nvidia import moe_align, moe_stream_launch
 from deepinfer.kernels_nvidia.moe_fp8 import moe_fp8_down_kernel, moe_fp8_gate_up_kernel
 from deepinfer.kernels_nvidia.moe_gemm import (
     moe_combine_kernel,
@@ -60,6 +60,8 @@ class MoeTiles:
     # moe_stream: rows padded per expert to block_m / 2 only; block_m-row programs take the
     # expert's block pairs and block_m / 2-row programs its odd last block (a second launch)
     split_tail: bool = False
+    # moe_stream: wait for the previous K step's wgmmas before the next upcast (GPU only)
+    wgmma_fence: bool = False
 
 
 @dataclass(frozen=True)
@@ -319,21 +321,21 @@ def _stream_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k,
     down = dict(num_slots=x.shape[0] * top_k, block_n=down_n, **common)
     rows = (layout.row_slot, layout.block_expert)
     if not tiles.split_tail:
-        h, hs = moe_stream.launch_gate_up(act, act_scale, topk_weights, *rows, w13, w13_scale,
+        h, hs = moe_stream_launch.launch_gate_up(act, act_scale, topk_weights, *rows, w13, w13_scale,
                                           tiles=tiles, **gate_up)  # fmt: skip
-        return moe_stream.launch_down(h, hs, *rows, w2, w2_scale, tiles=tiles, **down)
+        return moe_stream_launch.launch_down(h, hs, *rows, w2, w2_scale, tiles=tiles, **down)
     pairs, singles = moe_align.split_programs(layout.block_expert, w13.shape[0])
     half = dataclasses.replace(tiles, block_m=layout.block_m)
     launches = ((tiles, pairs), (half, singles))
     h = hs = y = None
     for launch_tiles, block_list in launches:
-        h, hs = moe_stream.launch_gate_up(
+        h, hs = moe_stream_launch.launch_gate_up(
             act, act_scale, topk_weights, *rows, w13, w13_scale, tiles=launch_tiles,
             block_list=block_list, row_unit=layout.block_m, out=None if h is None else (h, hs),
             **gate_up,
         )  # fmt: skip
     for launch_tiles, block_list in launches:
-        y = moe_stream.launch_down(h, hs, *rows, w2, w2_scale, tiles=launch_tiles,
+        y = moe_stream_launch.launch_down(h, hs, *rows, w2, w2_scale, tiles=launch_tiles,
                                    block_list=block_list, row_unit=layout.block_m, out=y,
                                    **down)  # fmt: skip
     return y

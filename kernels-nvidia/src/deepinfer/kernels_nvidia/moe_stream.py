@@ -26,26 +26,22 @@ K loop moves them straight from global to shared memory and into the MMA.
 Rows arrive grouped by expert in ``BLOCK_M`` blocks as in ``moe_gemm``: ``block_expert[b]``
 (-1: unused block) and ``row_slot[r]`` (``num_slots``: padding).
 
-Prefill and the middle regime use the same kernels with 32- to 128-row blocks
-(``moe_experts.STREAM_TILES``) and ``GROUP_M`` > 0: a 1-D grid in ``block_and_tile``'s order, so an
-expert's row blocks sweep the column tiles together and each weight tile comes from HBM once.
-``ROW_UNIT`` > 0 (``MoeTiles.split_tail``): each program's first row comes from a list of layout
-blocks (``moe_align.split_programs``), so 128-row programs and a 64-row launch share one layout
-padded to 64 rows. H200 at 174611d (results/2026-11-30-h200-moe-v4.json), 8,192 tokens, 128 x 128,
-K step 128: V4-Flash 11.5 ms = 214 TFLOP/s effective, V4.1-Flash 17.4 ms = 200 (22.5 / 33.2 ms
-before); gate/up 223, down 279 TFLOP/s on the real rows of a 75%-filled layout (K step 64), i.e.
-~300-370 executed: under half the bf16 rate (786). What bounds it: the e2m1 -> bf16 upcast on the
-wgmma's register side (~240 instructions per thread per 64-deep K step at 128 x 128) and ptxas
-waiting for each wgmma before the next (at K step 128), so upcast and MMA do not overlap; the
-padding of each expert's last block (192 rows per expert -> 256).
+Prefill / middle batches: 32- to 128-row blocks (``moe_experts.STREAM_TILES``), ``GROUP_M`` > 0
+(1-D grid in ``block_and_tile``'s order: each weight tile read from HBM once for an expert's
+blocks); ``ROW_UNIT`` > 0 (``MoeTiles.split_tail``): first rows from a list of layout blocks
+(``moe_align.split_programs``). H200 at 174611d, 8,192 tokens, 128 x 128, K step 128: V4-Flash
+11.5 ms = 214 TFLOP/s effective, V4.1-Flash 17.4 ms = 200 (22.5 / 33.2 ms before), i.e. ~285
+TFLOP/s executed on a layout 75% real rows: what bounds it is the e2m1 -> bf16 upcast on the
+wgmma's register side (~240 instructions per thread per 64-deep K step), not overlapped with
+the MMAs where ptxas waits for each wgmma, and the padding of each expert's last block.
 
-Hazard (sm_90 machine code of Triton 3.6, found from the GPU failures): where the K loop leaves
-wgmmas in flight across its back-edge (``WARPGROUP.DEPBAR.LE gsb0, N`` with N > 0), the next
-step's upcast overwrites their register A operands before they complete (undefined in PTX). At
-128 x 128 with K step 64 this gave wrong rows on the H200 (max error 0.8 of the output spread);
-the prefill / middle defaults are shapes whose machine code waits for every wgmma (N = 0).
-The decode default's down kernel (16 x 128, K step 256) has the same pattern; its tests pass
-(slow HBM loads hide it) but it is not safe by construction.
+Hazard (sm_90 machine code, Triton 3.6): where the K loop leaves wgmmas in flight across its
+back-edge (``WARPGROUP.DEPBAR.LE gsb0, N``, N > 0), the next step's upcast overwrites their
+register A operands before they complete (undefined in PTX): 128 x 128 with K step 64 gave wrong
+rows on the H200. The prefill / middle defaults are shapes where ptxas waits for every wgmma;
+the decode default's down kernel has the pattern (its tests pass). ``MoeTiles.wgmma_fence``
+(opt-in, not yet run on a GPU) waits at the top of each K step (``wgmma_fence``), which removes
+the pattern from the machine code of every shape checked.
 
 Status (H200, 64 tokens, bench_moe.py at 0aa26a9, results/2026-11-30-h200-moe-v3-decode.json):
 ``"mx"`` 16x128, K step 256, 8 warps, 3 stages (the decode default): V4-Flash 2.23 ms from a
@@ -59,7 +55,6 @@ MMA fragment layout, so wide loads need a shuffled weight layout (not this op's 
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -198,6 +193,15 @@ def _refs(
 
 
 @triton.jit
+def wgmma_fence(x):
+    """Wait until every wgmma this warpgroup issued has completed (``wgmma.wait_group 0``);
+    returns ``x``. At the top of the K loop it keeps the next step's upcast from overwriting
+    the register operands of wgmmas still in flight (the "Hazard" above)."""
+    return tl.inline_asm_elementwise("wgmma.wait_group.sync.aligned 0;\n mov.b32 $0, $1;", "=r,r",
+                                     [x], dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
+
+
+@triton.jit
 def _zero_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -242,6 +246,7 @@ def moe_stream_gate_up_kernel(
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, USE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     KG_P2: tl.constexpr, KA_P2: tl.constexpr, GROUP_M: tl.constexpr, ROW_UNIT: tl.constexpr,
+    WGMMA_FENCE: tl.constexpr,
 ):  # fmt: skip
     """``h = q(bf16(silu(min(x w1^T, L)) * clamp(x w3^T, -L, L) * router_w))`` for one block of
     an expert's rows and ``BLOCK_N`` hidden columns; gate and up rows in the same K loop."""
@@ -263,6 +268,8 @@ def moe_stream_gate_up_kernel(
     acc_gate = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     acc_up = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k0 in range(0, K, BLOCK_K):
+        if WGMMA_FENCE:
+            wgmma_fence(k0)
         a = act_block(x_ptr, xs_ptr, tokens, valid, x_ref, k0, stride_xm, stride_xsm,
                       A_FP8, GROUP, UPCAST, BLOCK_K)  # fmt: skip
         acc_gate = fp4_block_dot(acc_gate, a, w_e, ws_e, gate_rows, gate_ref, k0, stride_wn,
@@ -298,6 +305,7 @@ def moe_stream_down_kernel(
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, USE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     KG_P2: tl.constexpr, KA_P2: tl.constexpr, GROUP_M: tl.constexpr, ROW_UNIT: tl.constexpr,
+    WGMMA_FENCE: tl.constexpr,
 ):  # fmt: skip
     """``y[slot] = bf16(h w2^T)`` for one block of an expert's rows and ``BLOCK_N`` of the
     ``N`` output columns."""
@@ -314,6 +322,8 @@ def moe_stream_down_kernel(
                          A_FP8, GROUP, UPCAST, KG_P2, KA_P2)  # fmt: skip
     acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k0 in range(0, K, BLOCK_K):
+        if WGMMA_FENCE:
+            wgmma_fence(k0)
         a = act_block(h_ptr, hs_ptr, rows, valid, h_ref, k0, stride_hm, stride_hsm,
                       A_FP8, GROUP, UPCAST, BLOCK_K)  # fmt: skip
         acc = fp4_block_dot(acc, a, w_e, ws_e, w_rows, w_ref, k0, stride_wn, stride_wsn,
@@ -327,80 +337,3 @@ def moe_stream_down_kernel(
     out_rows = tl.where(valid, slots, 0).to(tl.int64)
     ptrs = y_ptr + out_rows[:, None] * stride_ym + cols[None, :]
     tl.store(ptrs, to_bf16(out, SOFT_ROUND), mask=valid[:, None])
-
-
-def launch_gate_up(
-    act, act_scale, topk_weights, row_slot, block_expert, w13, w13_scale, *, top_k, group, limit,
-    tiles, upcast, block_n, on_cpu, block_list=None, row_unit=0, out=None,
-):  # fmt: skip
-    """``moe_stream_gate_up_kernel`` over the rows grouped by expert: ``act [T, D]`` (e4m3 with
-    fp32 ``act_scale [T, D / group]`` for the fp16 upcast, else bf16). Returns ``(h, hs)``:
-    ``h [capacity, I]`` e4m3 + fp32 scales (fp16 upcast) or bf16 after its FP8 round trip
-    (``out``: written into, only the rows of the programs' blocks). ``block_list``: the
-    programs' first layout blocks of ``row_unit`` rows (-1: none), else one program per block."""
-    dim, inter = act.shape[1], w13.shape[1] // 2
-    a_fp8 = act.dtype == torch.float8_e4m3fn
-    capacity = row_slot.numel()
-    if out is None:
-        out = (torch.empty((capacity, inter), dtype=act.dtype, device=act.device),
-               torch.empty((capacity, inter // group if a_fp8 else 1), dtype=torch.float32,
-                           device=act.device))  # fmt: skip
-    h, hs = out
-    w13s = w13_scale.view(torch.uint8)
-    weights = topk_weights.float().contiguous().view(-1)
-    num_blocks = (block_expert if block_list is None else block_list).numel()
-    moe_stream_gate_up_kernel[_grid(num_blocks, inter // block_n, tiles.group_m)](
-        act, act_scale, w13, w13s, h, hs, row_slot, block_expert,
-        block_expert if block_list is None else block_list, weights,
-        act.shape[0] * top_k, top_k, dim, inter, limit, num_blocks,
-        act.stride(0), act_scale.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0),
-        w13s.stride(1), h.stride(0), hs.stride(0),
-        OUT_GROUP=group or 0, OUT_DEQUANT=not a_fp8, BLOCK_N=block_n, ROW_UNIT=row_unit,
-        BLOCK_K=stream_block_k(dim, group, tiles.block_k),
-        **_launch_flags(dim, group, a_fp8, tiles, upcast, on_cpu),
-    )  # fmt: skip
-    return h, hs
-
-
-def launch_down(
-    h, hs, row_slot, block_expert, w2, w2_scale, *, num_slots, group, tiles, upcast, block_n,
-    on_cpu, block_list=None, row_unit=0, out=None,
-):  # fmt: skip
-    """``moe_stream_down_kernel``: bf16 ``y [num_slots, D]``, each row at its (token, slot)
-    (``out``: written into); ``block_list`` and ``row_unit`` as for :func:`launch_gate_up`."""
-    inter, dim = h.shape[1], w2.shape[1]
-    a_fp8 = h.dtype == torch.float8_e4m3fn
-    y = torch.empty((num_slots, dim), dtype=torch.bfloat16, device=h.device) if out is None else out
-    w2s = w2_scale.view(torch.uint8)
-    num_blocks = (block_expert if block_list is None else block_list).numel()
-    moe_stream_down_kernel[_grid(num_blocks, dim // block_n, tiles.group_m)](
-        h, hs, w2, w2s, y, row_slot, block_expert,
-        block_expert if block_list is None else block_list, num_slots, inter, dim, num_blocks,
-        h.stride(0), hs.stride(0), w2.stride(0), w2.stride(1), w2s.stride(0), w2s.stride(1),
-        y.stride(0), BLOCK_N=block_n, BLOCK_K=stream_block_k(inter, group, tiles.block_k),
-        ROW_UNIT=row_unit,
-        **_launch_flags(inter, group, a_fp8, tiles, upcast, on_cpu),
-    )  # fmt: skip
-    return y
-
-
-def _grid(num_blocks: int, num_tiles: int, group_m: int) -> tuple[int, ...]:
-    """2-D (blocks x tiles) for ``group_m == 0``, else 1-D in ``block_and_tile``'s order."""
-    return (num_blocks, num_tiles) if group_m == 0 else (num_blocks * num_tiles,)
-
-
-def _launch_flags(k, group, a_fp8, tiles, upcast, on_cpu) -> dict:
-    return dict(
-        A_FP8=a_fp8, GROUP=group or 1, SOFT_ROUND=on_cpu, SWAP_AB=tiles.swap_ab, UPCAST=upcast,
-        USE_ASM=tiles.use_asm and not on_cpu, BLOCK_M=tiles.block_m, GROUP_M=tiles.group_m,
-        KG_P2=triton.next_power_of_2(k // 32), KA_P2=triton.next_power_of_2(k // (group or k)),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )  # fmt: skip
-
-
-def stream_block_k(k: int, group: int | None, wanted: int) -> int:
-    """The K step: ``wanted`` if it divides ``k``, else the largest of 256..32 that does."""
-    for block_k in (wanted, 256, 128, 64, 32):
-        if k % block_k == 0 and block_k >= 32 and (group is None or k % group == 0):
-            return block_k
-    raise ValueError(f"K={k}: expected a multiple of 32 (and of act_quant_group={group})")
