@@ -1,8 +1,9 @@
 """Throwaway sweep (issue 7, MoE prefill, HD): (1) the expert permutation for decode-sized
 batches: the one-program ``moe_align.align_small`` against the multi-program
 ``moe_align.align_multi`` and the torch composition (graph replay); (2) the launches of the
-prefill default alone at 8,192 tokens (V4-Flash and V4.1-Flash): permutation, input round trip,
-gate/up GEMM, down GEMM and combine, each GEMM with its effective TFLOP/s.
+prefill default alone at 8,192 tokens (V4-Flash and V4.1-Flash): permutation (the torch
+composition and the chunked ``moe_align.align_large``), input round trip, gate/up GEMM, down
+GEMM and combine, each GEMM with its effective TFLOP/s.
 
     python benchmarks/kernels/sweep_moe.py --out bench-out/sweep_moe.json
 """
@@ -93,6 +94,13 @@ def prefill_parts(model, tokens=8192):
     y = down()
     out = torch.empty((tokens, dim), dtype=torch.float32, device="cuda")
     _timed(row, "align", lambda: moe_experts.align_by_expert(ids, experts, tiles.block_m),
+           graph=False)  # fmt: skip
+    flat, cap = ids.reshape(-1), layout.row_slot.numel()
+    got = moe_align.align_large(flat, experts, tiles.block_m, cap)
+    row["align_large_equal"] = bool(
+        torch.equal(got[0], layout.row_slot) and torch.equal(got[1], layout.block_expert)
+    )
+    _timed(row, "align_large", lambda: moe_align.align_large(flat, experts, tiles.block_m, cap),
            graph=False)  # fmt: skip
     _timed(row, "round_trip", lambda: moe_experts._round_trip_bf16(x, group), graph=False)
     _timed(row, "gate_up", gate_up, graph=False, flops=4 * real * dim * inter)

@@ -178,3 +178,32 @@ def test_split_tail_needs_a_stream_family():
     with pytest.raises(ValueError, match="split_tail"):
         moe_experts.fp4_moe_experts_tiles(*args, **kwargs,
                                           tiles=MoeTiles(32, 64, 4, 1, split_tail=True))  # fmt: skip
+
+
+def _check_large(num_slots, num_experts, block_m, chunk):
+    gen = torch.Generator().manual_seed(num_slots + block_m)
+    ids = torch.randint(0, num_experts, (num_slots,), generator=gen).to(DEVICE)
+    capacity = -(-(num_slots + min(num_experts, num_slots) * (block_m - 1)) // block_m) * block_m
+    row_slot, block_expert = moe_align.align_large(ids, num_experts, block_m, capacity, chunk)
+    want = moe_experts._align_by_expert_torch(ids.long(), num_experts, block_m, capacity)
+    assert torch.equal(row_slot, want.row_slot)
+    assert torch.equal(block_expert, want.block_expert)
+
+
+@pytest.mark.parametrize(
+    ("num_slots", "num_experts", "block_m", "chunk"),
+    [(300, 9, 4, 16), (1000, 40, 16, 64), (1, 5, 16, 16), (257, 300, 32, 32)],
+)
+def test_chunked_alignment_equals_the_torch_composition(num_slots, num_experts, block_m, chunk):
+    _check_large(num_slots, num_experts, block_m, chunk)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    ("num_slots", "num_experts", "block_m", "chunk"),
+    [(8192 * 6, 256, 128, 64), (8192 * 6, 384, 128, 64), (2048 * 6, 256, 64, 64),
+     (3001, 384, 32, 32)],
+)  # fmt: skip
+def test_chunked_alignment_real(num_slots, num_experts, block_m, chunk):
+    _check_large(num_slots, num_experts, block_m, chunk)

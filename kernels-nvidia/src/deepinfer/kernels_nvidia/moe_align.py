@@ -199,3 +199,86 @@ def _compact(mask: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor
     out = torch.full((index.numel() + 1,), -1, dtype=torch.int32, device=index.device)
     out.scatter_(0, position, torch.where(mask, index, -1).to(torch.int32))
     return out[:size]
+
+
+@triton.jit
+def moe_chunk_histogram_kernel(
+    ids_ptr, counts_ptr, num_slots, CHUNK: tl.constexpr, EXPERTS_P2: tl.constexpr
+):  # fmt: skip
+    """``counts [chunks, EXPERTS_P2]`` int32: the expert histogram of each ``CHUNK`` slots."""
+    pid = tl.program_id(0)
+    slots = pid * CHUNK + tl.arange(0, CHUNK)
+    ids = tl.load(ids_ptr + slots, mask=slots < num_slots, other=0).to(tl.int32)
+    counts = tl.histogram(ids, EXPERTS_P2, mask=slots < num_slots)
+    tl.store(counts_ptr + pid.to(tl.int64) * EXPERTS_P2 + tl.arange(0, EXPERTS_P2), counts)
+
+
+@triton.jit
+def moe_chunk_scatter_kernel(
+    ids_ptr, before_ptr, starts_ptr, totals_ptr, padded_end_ptr, row_slot_ptr, block_expert_ptr,
+    num_slots, num_experts, capacity, blocks_per_program,
+    BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, EXPERTS_P2: tl.constexpr,
+    BLOCK_CHUNK: tl.constexpr,
+):  # fmt: skip
+    """Scatter chunk ``pid``'s slots to ``starts[e] + before[pid, e] + rank in chunk``, then the
+    padding rows and experts of this program's share of the row blocks (as ``align_multi``)."""
+    pid = tl.program_id(0)
+    slots = pid * CHUNK + tl.arange(0, CHUNK)
+    is_slot = slots < num_slots
+    ids = tl.load(ids_ptr + slots, mask=is_slot, other=0).to(tl.int32)
+    same = (ids[:, None] == ids[None, :]) & (slots[None, :] < slots[:, None])
+    rank = tl.sum(same.to(tl.int32), axis=1)
+    before = tl.load(before_ptr + pid.to(tl.int64) * EXPERTS_P2 + ids, mask=is_slot, other=0)
+    start = tl.load(starts_ptr + ids, mask=is_slot, other=0)
+    tl.store(row_slot_ptr + start + before + rank, slots, mask=is_slot)
+    experts = tl.arange(0, EXPERTS_P2)
+    padded_end = tl.load(padded_end_ptr + experts)
+    real_end = tl.where(experts < num_experts, padded_end, capacity + 1)
+    num_blocks = capacity // BLOCK_M
+    first_block = pid * blocks_per_program
+    for b0 in range(first_block, first_block + blocks_per_program, BLOCK_CHUNK):
+        blocks = b0 + tl.arange(0, BLOCK_CHUNK)
+        in_range = (blocks < num_blocks) & (blocks < first_block + blocks_per_program)
+        first_row = blocks * BLOCK_M
+        expert = tl.sum((real_end[None, :] <= first_row[:, None]).to(tl.int32), axis=1)
+        expert = tl.where(expert < num_experts, expert, -1)
+        tl.store(block_expert_ptr + blocks, expert, mask=in_range)
+        has_expert = in_range & (expert >= 0)
+        e_start = tl.load(starts_ptr + expert, mask=has_expert, other=0)
+        e_count = tl.load(totals_ptr + expert, mask=has_expert, other=0)
+        rows = first_row[:, None] + tl.arange(0, BLOCK_M)[None, :]
+        pad = (expert[:, None] < 0) | (rows - e_start[:, None] >= e_count[:, None])
+        tl.store(row_slot_ptr + rows, num_slots + rows * 0, mask=in_range[:, None] & pad)
+
+
+def align_large(
+    flat_ids: torch.Tensor, num_experts: int, block_m: int, capacity: int, chunk: int = 64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`align_small`'s layout for any number of slots (opt-in, not yet run on a GPU): a
+    histogram per ``chunk`` slots, exclusive sums over the chunks and the experts in torch, then
+    one program per chunk scatters its slots (rank by a ``chunk x chunk`` comparison) and fills
+    its share of the padding rows and block experts. Device-side only (no host sync)."""
+    num_slots = flat_ids.numel()
+    if num_slots == 0 or num_experts > MAX_EXPERTS:
+        raise ValueError(f"align_large: {num_slots} slots / {num_experts} experts, expected at "
+                         f"least 1 / at most {MAX_EXPERTS}")  # fmt: skip
+    device = flat_ids.device
+    experts_p2 = triton.next_power_of_2(num_experts + 1)
+    chunks = triton.cdiv(num_slots, chunk)
+    counts = torch.empty((chunks, experts_p2), dtype=torch.int32, device=device)
+    moe_chunk_histogram_kernel[(chunks,)](flat_ids, counts, num_slots, CHUNK=chunk,
+                                          EXPERTS_P2=experts_p2)  # fmt: skip
+    totals = counts.sum(0, dtype=torch.int32)
+    before = (torch.cumsum(counts, 0, dtype=torch.int32) - counts).contiguous()
+    padded = (totals + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0, dtype=torch.int32)
+    starts = padded_end - padded
+    row_slot = torch.empty(capacity, dtype=torch.int32, device=device)
+    num_blocks = capacity // block_m
+    block_expert = torch.empty(num_blocks, dtype=torch.int32, device=device)
+    moe_chunk_scatter_kernel[(chunks,)](
+        flat_ids, before, starts, totals, padded_end, row_slot, block_expert, num_slots,
+        num_experts, capacity, triton.cdiv(num_blocks, chunks), BLOCK_M=block_m, CHUNK=chunk,
+        EXPERTS_P2=experts_p2, BLOCK_CHUNK=16, num_warps=4,
+    )  # fmt: skip
+    return row_slot, block_expert
