@@ -37,8 +37,9 @@ the MMAs where ptxas waits for each wgmma, and the padding of each expert's last
 
 Hazard (sm_90 machine code, Triton 3.6): where the K loop leaves wgmmas in flight across its
 back-edge (``WARPGROUP.DEPBAR.LE gsb0, N``, N > 0), the next step's upcast overwrites their
-register A operands before they complete (undefined in PTX): 128 x 128 with K step 64 gave wrong
-rows on the H200. The prefill / middle defaults are shapes where ptxas waits for every wgmma;
+register A operands before they complete (undefined in PTX; triton-lang/triton#9433, fixed after
+3.6: the CPU venv's Triton 3.9 waits at the loop top): 128 x 128 with K step 64 gave wrong rows
+on the H200. The prefill / middle defaults are shapes where ptxas waits for every wgmma;
 the decode default's down kernel has the pattern (its tests pass). ``MoeTiles.wgmma_fence``
 (opt-in, not yet run on a GPU) waits at the top of each K step (``wgmma_fence``), which removes
 the pattern from the machine code of every shape checked.
