@@ -71,8 +71,8 @@ SWEEP = {
                                                 down_block_n=256),
         "mx-swap-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="mx", swap_ab=True, block_k=128),
         "fp16-stream-n128-k128-w8s4": MoeTiles(16, 128, 8, 4, mma="fp16-stream", block_k=128),
-        "mx-n128-k256-w8s3-fence": MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0,
-                                            wgmma_fence=True),
+        # the default before the fence (0aa26a9): wgmmas in flight across the K loop's back-edge
+        "mx-n128-k256-w8s3-unfenced": MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0),
     },
     # moe_stream shapes whose machine code waits for every wgmma (see its "Hazard"; "-fence":
     # made so by MoeTiles.wgmma_fence); the default of each regime is timed as "default"

@@ -89,7 +89,11 @@ BATCH_INVARIANT_TILES = MoeTiles(64, 128, 4, 3)
 # Not swap_ab: Triton then splits each K step into 16-deep MMAs that overlap the next upcast.
 # H200, 64 tokens (bench_moe.py, 0aa26a9): V4-Flash 2.23 ms, V4.1-Flash 3.85 ms (graph replay);
 # 16x128 / K step 128 / 4 warps / 4 stages measured 2.25 / 3.70 ms, the other shapes slower.
-DECODE_TILES = MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0)
+# ``wgmma_fence``: without it the down kernel's sm_90 machine code (Triton 3.6) leaves wgmmas in
+# flight across the K loop's back-edge while the next upcast overwrites their register operands
+# (the race that failed prefill shapes on the H200, see STREAM_TILES); its tests passed, but it
+# is not safe by construction, so the decode default waits for every wgmma at each K step.
+DECODE_TILES = MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0, wgmma_fence=True)
 # More rows per expert: the same MXFP4 kernels with taller row blocks, programs in grouped order
 # (``group_m`` row blocks sweep the column tiles together, so each weight tile is read from HBM
 # once for the expert's blocks). (max rows per expert, tiles), first match wins. H200, bench_moe.py
