@@ -330,9 +330,12 @@ def test_one_training_step_is_the_same_with_the_dense_and_moe_twins():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_dense_attention_twin_on_cuda_at_the_training_shapes():
+def test_dense_attention_twin_on_cuda_at_the_training_shapes(monkeypatch):
     """The twin's CUDA path at the real layout (512 tokens, ring 128, a ratio-2 arena of 256
-    per sequence), fp32 without TF32, against the gather twin."""
+    per sequence), fp32 without TF32, against the gather twin. Training runs the reference
+    slot (the twins), never a backend's kernel (no backward): on CUDA that takes
+    ``DEEPINFER_REFERENCE_OPS=1`` (train.py selects the CPU backend instead)."""
+    monkeypatch.setenv("DEEPINFER_REFERENCE_OPS", "1")
     from dense_attention import SequenceBlocks
     from training_ops import sparse_mqa_sink as gather
     from training_ops import training_ops
