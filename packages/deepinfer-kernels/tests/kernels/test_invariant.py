@@ -51,6 +51,32 @@ def test_indexer_scores_restore_padding_columns():
     assert torch.equal(scores[1:2, :5], alone)
 
 
+@pytest.mark.parametrize("deferred", [False, True], ids=["v4", "v41-deferred"])
+def test_hc_pre_rows_do_not_depend_on_the_batch(deferred):
+    """The fused mHC pre site runs row by row like its two component ops (``collapse_pre``,
+    V4.1's deferred weights, split with the rows when given)."""
+    g = torch.Generator().manual_seed(4)
+    nc, dim, rows = 4, 48, 11
+    x = _rows(g, rows, nc, dim).to(torch.bfloat16)
+    fn = torch.randn((2 + nc) * nc, nc * dim, generator=g) * dim**-0.5
+    base, scale = torch.randn((2 + nc) * nc, generator=g), torch.rand(3, generator=g) + 0.5
+    collapse_pre = torch.rand(rows, nc, generator=g) if deferred else None
+    args = dict(norm_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20)
+
+    def site(lo, hi):
+        pre = None if collapse_pre is None else collapse_pre[lo:hi]
+        return K.hc_pre(x[lo:hi], fn, base, scale, collapse_pre=pre, **args)
+
+    batched = site(0, rows)
+    for i in (0, 6, 10):
+        for alone, full in zip(site(i, i + 1), batched, strict=True):
+            assert torch.equal(alone, full[i : i + 1])
+    pre, post, comb = K.hc_mix_coefficients(x, fn, base, scale, **args)
+    y = K.hc_collapse(x, pre if collapse_pre is None else collapse_pre)
+    for got, want in zip(batched, (y, pre, post, comb), strict=True):
+        assert torch.equal(got, want)
+
+
 def test_outputs_match_the_plain_reference_numerically(monkeypatch):
     g = torch.Generator().manual_seed(3)
     x, weight = _rows(g, 9, 64), torch.rand(64, generator=g) + 0.5

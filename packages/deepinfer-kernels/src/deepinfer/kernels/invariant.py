@@ -51,6 +51,7 @@ ROW_WISE: dict[str, RowSplit] = {
     "fp4_moe_experts": RowSplit(("x", "topk_weights", "topk_ids")),
     "hc_mix_coefficients": RowSplit(("x",)),
     "hc_head_coefficients": RowSplit(("x",)),
+    "hc_pre": RowSplit(("x", "collapse_pre")),
     "hadamard_rotate": RowSplit(("x",)),
     "compress_pool": RowSplit(("kv", "score")),
     # Small inner reductions (top-k weights, stream sums, per-block amax) may be vectorised
@@ -122,7 +123,8 @@ def call_rowwise(name: str, contract: Callable, impl: Callable, *args: Any, **kw
     for t in range(num_rows):
         row = dict(arguments)
         for key in split.rows:
-            row[key] = arguments[key][t : t + 1]
+            if arguments.get(key) is not None:  # optional per-row arguments may be absent
+                row[key] = arguments[key][t : t + 1]
         valid = None
         if split.index is not None and row[split.index].shape[1] > 0:
             valid = row[split.index][0] >= 0
