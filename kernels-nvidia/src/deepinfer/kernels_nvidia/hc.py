@@ -104,6 +104,20 @@ def _sum_mix(part_ptr, rows, mask, first, j, NPAD: tl.constexpr):
 
 
 @triton.jit
+def sinkhorn_comb(logits, hc_eps, sinkhorn_iters):
+    """``[BT, nc, nc]`` comb from its logits: a row softmax (+ eps), then Sinkhorn rounds that
+    normalise columns and rows in turn (``sinkhorn_iters`` column passes in all)."""
+    peak = tl.max(logits, axis=2)
+    comb = tl.exp(logits - peak[:, :, None])
+    comb = comb / tl.sum(comb, axis=2)[:, :, None] + hc_eps
+    comb = comb / (tl.sum(comb, axis=1)[:, None, :] + hc_eps)
+    for _ in range(sinkhorn_iters - 1):
+        comb = comb / (tl.sum(comb, axis=2)[:, :, None] + hc_eps)
+        comb = comb / (tl.sum(comb, axis=1)[:, None, :] + hc_eps)
+    return comb
+
+
+@triton.jit
 def _hc_mix_finish_kernel(
     part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
     num_tokens, num_chunks, width, norm_eps, hc_eps, sinkhorn_iters,
@@ -132,13 +146,7 @@ def _hc_mix_finish_kernel(
     logits = tl.sum(comb_part, axis=1) * rms[:, None, None]
     m3 = tmask[:, None, None]
     logits = logits * s2 + tl.load(base_ptr + 2 * NC + jk)[None, :, :]
-    peak = tl.max(logits, axis=2)
-    comb = tl.exp(logits - peak[:, :, None])
-    comb = comb / tl.sum(comb, axis=2)[:, :, None] + hc_eps
-    comb = comb / (tl.sum(comb, axis=1)[:, None, :] + hc_eps)
-    for _ in range(sinkhorn_iters - 1):
-        comb = comb / (tl.sum(comb, axis=2)[:, :, None] + hc_eps)
-        comb = comb / (tl.sum(comb, axis=1)[:, None, :] + hc_eps)
+    comb = sinkhorn_comb(logits, hc_eps, sinkhorn_iters)
     tl.store(comb_ptr + tokens[:, None, None] * (NC * NC) + jk[None, :, :], comb, mask=m3)
 
 

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.kernels_nvidia.hc import _split_dot, hc_collapse
+from deepinfer.kernels_nvidia.hc import _split_dot, hc_collapse, sinkhorn_comb
 from deepinfer.kernels_nvidia.registry import implements
 
 NC_FUSED = 4  # streams the fused kernel handles (V4 / V4.1 hc_mult)
@@ -113,13 +113,7 @@ def _post_comb(
     logits = tl.load(mix_ptr + tokens[:, None, None] * NPAD + COMB_COL + jk[None, :, :],
                      mask=m3, other=0.0)  # fmt: skip
     logits = logits * tl.load(scale_ptr + 2) + tl.load(base_ptr + 8 + jk)[None, :, :]
-    peak = tl.max(logits, axis=2)
-    comb = tl.exp(logits - peak[:, :, None])
-    comb = comb / tl.sum(comb, axis=2)[:, :, None] + hc_eps
-    comb = comb / (tl.sum(comb, axis=1)[:, None, :] + hc_eps)
-    for _ in range(sinkhorn_iters - 1):
-        comb = comb / (tl.sum(comb, axis=2)[:, :, None] + hc_eps)
-        comb = comb / (tl.sum(comb, axis=1)[:, None, :] + hc_eps)
+    comb = sinkhorn_comb(logits, hc_eps, sinkhorn_iters)
     tl.store(comb_ptr + tokens[:, None, None] * 16 + jk[None, :, :], comb, mask=m3)
 
 

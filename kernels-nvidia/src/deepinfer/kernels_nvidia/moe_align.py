@@ -77,6 +77,33 @@ def _padded_offsets(ids_ptr, num_slots, SLOTS_P2: tl.constexpr, EXPERTS_P2: tl.c
 
 
 @triton.jit
+def _fill_row_blocks(
+    experts, padded_end, starts_ptr, counts_ptr, row_slot_ptr, block_expert_ptr, num_slots,
+    num_experts, capacity, pid, blocks_per_program,
+    BLOCK_M: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
+):  # fmt: skip
+    """Program ``pid``'s share of the row blocks: each block's expert (-1: unused) and the
+    padding rows (``num_slots``); ``padded_end`` [EXPERTS_P2] per expert, ``starts_ptr`` /
+    ``counts_ptr`` each expert's first row and slot count."""
+    real_end = tl.where(experts < num_experts, padded_end, capacity + 1)
+    num_blocks = capacity // BLOCK_M
+    first_block = pid * blocks_per_program
+    for b0 in range(first_block, first_block + blocks_per_program, BLOCK_CHUNK):
+        blocks = b0 + tl.arange(0, BLOCK_CHUNK)
+        in_range = (blocks < num_blocks) & (blocks < first_block + blocks_per_program)
+        first_row = blocks * BLOCK_M
+        expert = tl.sum((real_end[None, :] <= first_row[:, None]).to(tl.int32), axis=1)
+        expert = tl.where(expert < num_experts, expert, -1)
+        tl.store(block_expert_ptr + blocks, expert, mask=in_range)
+        has_expert = in_range & (expert >= 0)
+        e_start = tl.load(starts_ptr + expert, mask=has_expert, other=0)
+        e_count = tl.load(counts_ptr + expert, mask=has_expert, other=0)
+        rows = first_row[:, None] + tl.arange(0, BLOCK_M)[None, :]
+        pad = (expert[:, None] < 0) | (rows - e_start[:, None] >= e_count[:, None])
+        tl.store(row_slot_ptr + rows, num_slots + rows * 0, mask=in_range[:, None] & pad)
+
+
+@triton.jit
 def moe_align_multi_kernel(
     ids_ptr, row_slot_ptr, block_expert_ptr, scratch_ptr, num_slots, num_experts, capacity,
     blocks_per_program,
@@ -106,22 +133,10 @@ def moe_align_multi_kernel(
     start = tl.load(own + ids, mask=is_slot, other=0)
     tl.store(row_slot_ptr + start + rank, slots, mask=is_slot)
     # this program's row blocks: their expert, and the padding rows
-    real_end = tl.where(experts < num_experts, padded_end, capacity + 1)
-    num_blocks = capacity // BLOCK_M
-    first_block = pid * blocks_per_program
-    for b0 in range(first_block, first_block + blocks_per_program, BLOCK_CHUNK):
-        blocks = b0 + tl.arange(0, BLOCK_CHUNK)
-        in_range = (blocks < num_blocks) & (blocks < first_block + blocks_per_program)
-        first_row = blocks * BLOCK_M
-        expert = tl.sum((real_end[None, :] <= first_row[:, None]).to(tl.int32), axis=1)
-        expert = tl.where(expert < num_experts, expert, -1)
-        tl.store(block_expert_ptr + blocks, expert, mask=in_range)
-        has_expert = in_range & (expert >= 0)
-        e_start = tl.load(own + expert, mask=has_expert, other=0)
-        e_count = tl.load(own + EXPERTS_P2 + expert, mask=has_expert, other=0)
-        rows = first_row[:, None] + tl.arange(0, BLOCK_M)[None, :]
-        pad = (expert[:, None] < 0) | (rows - e_start[:, None] >= e_count[:, None])
-        tl.store(row_slot_ptr + rows, num_slots + rows * 0, mask=in_range[:, None] & pad)
+    _fill_row_blocks(
+        experts, padded_end, own, own + EXPERTS_P2, row_slot_ptr, block_expert_ptr, num_slots,
+        num_experts, capacity, pid, blocks_per_program, BLOCK_M, BLOCK_CHUNK,
+    )  # fmt: skip
 
 
 def align_multi(
@@ -233,22 +248,10 @@ def moe_chunk_scatter_kernel(
     tl.store(row_slot_ptr + start + before + rank, slots, mask=is_slot)
     experts = tl.arange(0, EXPERTS_P2)
     padded_end = tl.load(padded_end_ptr + experts)
-    real_end = tl.where(experts < num_experts, padded_end, capacity + 1)
-    num_blocks = capacity // BLOCK_M
-    first_block = pid * blocks_per_program
-    for b0 in range(first_block, first_block + blocks_per_program, BLOCK_CHUNK):
-        blocks = b0 + tl.arange(0, BLOCK_CHUNK)
-        in_range = (blocks < num_blocks) & (blocks < first_block + blocks_per_program)
-        first_row = blocks * BLOCK_M
-        expert = tl.sum((real_end[None, :] <= first_row[:, None]).to(tl.int32), axis=1)
-        expert = tl.where(expert < num_experts, expert, -1)
-        tl.store(block_expert_ptr + blocks, expert, mask=in_range)
-        has_expert = in_range & (expert >= 0)
-        e_start = tl.load(starts_ptr + expert, mask=has_expert, other=0)
-        e_count = tl.load(totals_ptr + expert, mask=has_expert, other=0)
-        rows = first_row[:, None] + tl.arange(0, BLOCK_M)[None, :]
-        pad = (expert[:, None] < 0) | (rows - e_start[:, None] >= e_count[:, None])
-        tl.store(row_slot_ptr + rows, num_slots + rows * 0, mask=in_range[:, None] & pad)
+    _fill_row_blocks(
+        experts, padded_end, starts_ptr, totals_ptr, row_slot_ptr, block_expert_ptr, num_slots,
+        num_experts, capacity, pid, blocks_per_program, BLOCK_M, BLOCK_CHUNK,
+    )  # fmt: skip
 
 
 def align_large(
