@@ -1,5 +1,7 @@
 """FP8 x FP8 block-scaled GEMM on the GPU at the V4-Flash (128x128 blocks) and V4.1-Flash
-(32x32 blocks) linear shapes: the Triton op (its default plan and the batch-invariant tiles) vs
+(32x32 blocks) linear shapes: the op (``op``: its default plan, which for V4 blocks at prefill M
+is cuBLAS's blockwise GEMM, see ``gemm_cublas.py``; ``tiles``: the Triton prefill tiles; ``triton_bi``:
+the batch-invariant tiles) vs
 torch's blockwise-scaled built-in (``torch.nn.functional.scaled_mm`` with ``BlockWise1x128`` x
 ``BlockWise128x128``: the same math, V4 blocks only; torch has no 1x32 recipe on SM90), vs
 ``torch._scaled_mm`` with per-tensor scales (less work: no block scales; the FP8 ceiling) vs the
@@ -137,10 +139,13 @@ def bench_prefill(model, n, k, block, m):
     want = OPS["fp8_gemm_nt"].reference(a, sa, w, ws, block, out_dtype=torch.float32)
     call = functools.partial(gemm.fp8_gemm_nt_tiles, a, sa, w, ws, block, out_dtype=torch.bfloat16)
     row["plan"] = str(gemm.choose_plan(m, n, k, min(block), torch.bfloat16, batch_invariant=False,
-                                       on_cpu=False))  # fmt: skip
-    triton = functools.partial(gemm.fp8_gemm_nt, a, sa, w, ws, block)
-    _time(row, "triton", triton, flops, nbytes, want=want)
-    _time_graph(row, "triton", [triton], flops, nbytes)
+                                       on_cpu=False, cublas=block == (128, 128)))  # fmt: skip
+    op = functools.partial(gemm.fp8_gemm_nt, a, sa, w, ws, block)
+    _time(row, "op", op, flops, nbytes, want=want)
+    _time_graph(row, "op", [op], flops, nbytes)
+    tiles = gemm.choose_plan(m, n, k, min(block), torch.bfloat16, batch_invariant=False,
+                             on_cpu=False).tiles  # fmt: skip
+    _time(row, "tiles", functools.partial(call, tiles=tiles), flops, nbytes, want=want)
     bi = functools.partial(call, tiles=gemm.UNIFORM_TILES)
     _time(row, "triton_bi", bi, flops, nbytes)
     _time_graph(row, "triton_bi", [bi], flops, nbytes)
@@ -176,7 +181,7 @@ def bench_decode(model, n, k, block, m):
     weights = [(w.clone(), ws.clone()) for _ in range(copies)]
     row["copies"] = copies
     row["plan"] = str(gemm.choose_plan(m, n, k, min(block), torch.bfloat16, batch_invariant=False,
-                                       on_cpu=False))  # fmt: skip
+                                       on_cpu=False, cublas=block == (128, 128)))  # fmt: skip
     triton = [functools.partial(gemm.fp8_gemm_nt, a, sa, wi, si, block) for wi, si in weights]
     _time(row, "triton", triton[0], flops, nbytes, want=want)
     _time_graph(row, "triton", triton, flops, nbytes)
@@ -230,10 +235,10 @@ def main() -> None:
     print_table(payload["decode"], ["model", "M", "N", "K", "triton_us", "triton_graph_us",
                 "triton_graph_TB/s", "triton_bi_graph_TB/s", "torch_blockwise_graph_TB/s",
                 "scaled_mm_graph_TB/s", "triton_rel_err"])  # fmt: skip
-    print_table(payload["prefill"], ["model", "M", "N", "K", "triton_TFLOP/s",
-                "triton_graph_TFLOP/s", "triton_bi_graph_TFLOP/s", "torch_blockwise_TFLOP/s",
+    print_table(payload["prefill"], ["model", "M", "N", "K", "op_TFLOP/s", "tiles_TFLOP/s",
+                "op_graph_TFLOP/s", "triton_bi_graph_TFLOP/s", "torch_blockwise_TFLOP/s",
                 "torch_blockwise_graph_TFLOP/s", "scaled_mm_TFLOP/s", "bf16_mm_only_TFLOP/s",
-                "triton_rel_err", "reference_us"])  # fmt: skip
+                "op_rel_err", "tiles_rel_err", "reference_us"])  # fmt: skip
     sweep = sorted({key for r in payload["prefill"] for key in r
                     if key.endswith("graph_TFLOP/s") and key.startswith("sweep_")})  # fmt: skip
     print_table(payload["prefill"], ["model", "N", "K", *sweep])

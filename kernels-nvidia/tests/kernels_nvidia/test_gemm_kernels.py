@@ -10,7 +10,7 @@ from deepinfer.kernels import OPS
 from deepinfer.kernels.reference import quant as ref_quant
 from deepinfer.kernels.testing import cases_for, check_case
 from deepinfer.kernels.testing.cases.gemm import random_fp8_weight
-from deepinfer.kernels_nvidia import gemm, gemm_bf16, gemm_stream
+from deepinfer.kernels_nvidia import gemm, gemm_bf16, gemm_cublas, gemm_stream
 from deepinfer.kernels_nvidia.registry import IMPLEMENTATIONS
 
 HAS_CUDA = torch.cuda.is_available()
@@ -135,6 +135,65 @@ def test_plan_policy():
     assert plan(4096, sub_k=32, out=torch.float32).kind == "tiles"
     assert all(plan(m, sub_k=sk, invariant=True) == gemm.GemmPlan("tiles", gemm.UNIFORM_TILES)
                for m in (1, 64, 4096) for sk in (32, 128))  # fmt: skip
+
+
+def test_plan_policy_cublas():
+    def plan(m, invariant=False, out=torch.bfloat16):
+        return gemm.choose_plan(
+            m, 4096, 2048, 128, out, batch_invariant=invariant, on_cpu=False, cublas=True
+        )
+
+    assert plan(gemm_cublas.MIN_M).kind == plan(8192).kind == "cublas"
+    assert plan(gemm_cublas.MIN_M - 1).kind == "tiles" and plan(16).kind == "stream"
+    assert plan(4096, out=torch.float32).kind == "tiles"
+    assert plan(4096, invariant=True) == gemm.GemmPlan("tiles", gemm.UNIFORM_TILES)
+    assert gemm.choose_plan(4096, 4096, 2048, 128, torch.bfloat16, batch_invariant=False,
+                            on_cpu=True, cublas=True).kind == "tiles"  # fmt: skip
+    assert gemm_cublas.recipe_fits(4096, 2048, 128, (128, 128))
+    assert not gemm_cublas.recipe_fits(4096, 2048, 32, (32, 32))
+    assert not gemm_cublas.recipe_fits(4000, 2048, 128, (128, 128))
+
+
+needs_hopper = pytest.mark.skipif(
+    not HAS_CUDA or torch.cuda.get_device_capability() != (9, 0), reason="needs a Hopper GPU"
+)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("m", [1024, 1037, 4096])
+@pytest.mark.parametrize("n, k", [(4096, 2048), (512, 4096), (32768, 1024)])
+def test_cublas_route_matches_the_reference(m, n, k):
+    """Prefill-sized V4 products take cuBLAS's blockwise FP8 GEMM (or, where it refuses a
+    shape, the tiles) and match the reference to bf16 rounding."""
+    assert gemm_cublas.available(torch.cuda.current_device())
+    args, want = _product(m, n, k, (128, 128), seed=m + n)
+    got = gemm.fp8_gemm_nt(*args)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=1.6e-2)
+    a, sa, w, s, _ = args
+    direct = gemm_cublas.fp8_gemm_cublas(a, sa, w, s.view(torch.uint8))
+    if m % 16 == 0:
+        assert direct is not None, "cuBLAS refused an aligned V4 shape"
+    if direct is not None:
+        assert torch.equal(got, direct)  # the default plan ran cuBLAS
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_cublas_refusal_falls_back_to_the_tiles():
+    args, want = _product(1024, 512, 4096, (128, 128), seed=3)
+    key = (torch.cuda.current_device(), 512, 4096, 0)
+    had = key in gemm_cublas._REFUSED
+    gemm_cublas._REFUSED.add(key)
+    try:
+        got = gemm.fp8_gemm_nt(*args)
+    finally:
+        if not had:
+            gemm_cublas._REFUSED.discard(key)
+    tiles = gemm.fp8_gemm_nt_tiles(*args, out_dtype=torch.bfloat16, tiles=gemm.PREFILL_TILES)
+    assert torch.equal(got, tiles)
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=1.6e-2)
 
 
 def test_rejects_scale_of_the_wrong_shape():

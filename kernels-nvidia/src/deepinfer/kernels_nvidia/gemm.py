@@ -10,6 +10,9 @@ by :func:`choose_plan`:
 - ``bf16`` (:mod:`gemm_bf16`): 32-column scale blocks (V4.1) at large M with a bf16 output:
   both operands dequantised to bf16 (exact) and one bf16 GEMM, which beats promoting an FP8
   accumulator every 32 columns.
+- ``cublas`` (:mod:`gemm_cublas`): V4's 1 x 128 / 128 x 128 recipe at prefill-sized M with a
+  bf16 output on Hopper: cuBLAS's blockwise-scaled FP8 GEMM through torch, about twice the
+  Triton tiles' rate there; a shape cuBLAS refuses runs the tiles.
 
 ``DEEPINFER_BATCH_INVARIANT=1`` uses one ``tiles`` configuration for every M, so a row's result
 does not depend on the batch.
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.kernels import OPS, envs
+from deepinfer.kernels_nvidia import gemm_cublas
 from deepinfer.kernels_nvidia.gemm_bf16 import fp8_gemm_via_bf16
 from deepinfer.kernels_nvidia.gemm_stream import MAX_M as STREAM_MAX_M
 from deepinfer.kernels_nvidia.gemm_stream import StreamTiles, fp8_gemm_stream
@@ -65,7 +69,8 @@ CPU_TILES = GemmTiles(32, 64, 8, 4, 1)  # the interpreter: few big programs
 
 @dataclass(frozen=True)
 class GemmPlan:
-    """Which kernel runs a product: ``kind`` in ``tiles`` | ``stream`` | ``bf16``, and its tiles."""
+    """Which kernel runs a product: ``kind`` in ``tiles`` | ``stream`` | ``bf16`` | ``cublas``, and
+    its tiles."""
 
     kind: str
     tiles: GemmTiles | StreamTiles | None = None
@@ -73,14 +78,16 @@ class GemmPlan:
 
 def choose_plan(
     m: int, n: int, k: int, sub_k: int, out_dtype: torch.dtype, *, batch_invariant: bool,
-    on_cpu: bool,
+    on_cpu: bool, cublas: bool = False,
 ) -> GemmPlan:  # fmt: skip
     """The kernel for an ``m x n x k`` product whose scales change every ``sub_k`` columns.
 
     Batch-invariant mode (and the CPU interpreter) always takes one ``tiles`` configuration;
     otherwise M picks the kernel: ``stream`` up to 64 rows (32 with 128-column scales), ``bf16``
-    for 32-column scales from ``BF16_MIN_M`` rows (bf16 output only), prefill tiles from
-    ``PREFILL_MIN_M`` rows (TMA loads from ``K = PREFILL_TMA_MIN_K``).
+    for 32-column scales from ``BF16_MIN_M`` rows (bf16 output only), ``cublas`` from
+    ``gemm_cublas.MIN_M`` rows with a bf16 output where ``cublas`` says the device and the
+    scale recipe allow it, prefill tiles from ``PREFILL_MIN_M`` rows (TMA loads from
+    ``K = PREFILL_TMA_MIN_K``).
     """
     if on_cpu:
         return GemmPlan("tiles", CPU_TILES)
@@ -88,6 +95,8 @@ def choose_plan(
         return GemmPlan("tiles", UNIFORM_TILES)
     if m <= (STREAM_MAX_M if sub_k < 128 else STREAM_MAX_M_COARSE):
         return GemmPlan("stream", StreamTiles())
+    if cublas and m >= gemm_cublas.MIN_M and out_dtype == torch.bfloat16:
+        return GemmPlan("cublas")
     if sub_k < 128 and m >= BF16_MIN_M and out_dtype == torch.bfloat16 and k % 128 == 0:
         return GemmPlan("bf16")
     if m < PREFILL_MIN_M:
@@ -132,7 +141,19 @@ def fp8_gemm_nt_plan(a, a_scale, b, b_scale, block_size, *, out_dtype, plan=None
     if plan is None:
         on_cpu = a.device.type == "cpu"
         invariant = envs.batch_invariant()
-        plan = choose_plan(m, n, k, sub_k, out_dtype, batch_invariant=invariant, on_cpu=on_cpu)
+        cublas = (
+            not on_cpu
+            and gemm_cublas.recipe_fits(n, k, a_group, block_size)
+            and gemm_cublas.available(a.device.index or 0)
+        )
+        plan = choose_plan(
+            m, n, k, sub_k, out_dtype, batch_invariant=invariant, on_cpu=on_cpu, cublas=cublas
+        )
+    if plan.kind == "cublas":
+        c = gemm_cublas.fp8_gemm_cublas(a, a_scale, b, b_scale)
+        if c is not None:
+            return c
+        plan = GemmPlan("tiles", PREFILL_TMA_TILES if k >= PREFILL_TMA_MIN_K else PREFILL_TILES)
     if plan.kind == "stream":
         a_scale = a_scale.contiguous()
         return fp8_gemm_stream(
@@ -149,9 +170,12 @@ def fp8_gemm_nt_plan(a, a_scale, b, b_scale, block_size, *, out_dtype, plan=None
 
 def fp8_gemm_nt_tiles(a, a_scale, b, b_scale, block_size, *, out_dtype, tiles):
     """:func:`fp8_gemm_nt` through one given kernel configuration: ``GemmTiles`` (tiles),
-    ``StreamTiles`` (stream) or ``None`` (bf16)."""
-    kind = {GemmTiles: "tiles", StreamTiles: "stream", type(None): "bf16"}[type(tiles)]
-    plan = GemmPlan(kind, tiles)
+    ``StreamTiles`` (stream), ``None`` (bf16) or ``"cublas"``."""
+    if tiles == "cublas":
+        plan = GemmPlan("cublas")
+    else:
+        kind = {GemmTiles: "tiles", StreamTiles: "stream", type(None): "bf16"}[type(tiles)]
+        plan = GemmPlan(kind, tiles)
     return fp8_gemm_nt_plan(a, a_scale, b, b_scale, block_size, out_dtype=out_dtype, plan=plan)
 
 

@@ -1,0 +1,74 @@
+"""FP8 block-scaled GEMM through cuBLAS's blockwise-scaled product, for prefill-sized M on Hopper.
+
+For V4's recipe (activations in 1 x 128 groups, weights in 128 x 128 blocks, power-of-two
+scales) torch exposes cuBLAS's blockwise FP8 GEMM as ``torch.nn.functional.scaled_mm`` with
+``ScalingType.BlockWise1x128`` x ``ScalingType.BlockWise128x128``. It is the same math as
+``fp8_gemm_nt`` (each 128-deep FP8 product promoted into fp32 with its two scales) and on the
+H200 it ran 918-1,294 TFLOP/s at M = 4096 on the V4 shapes, against 456-769 for our Triton tiles
+(``benchmarks/RESULTS.md``, "FP8 block GEMM v2"). There is no cuBLAS recipe for V4.1's 32-column
+blocks on SM90, and batch-invariant mode keeps the Triton tiles (cuBLAS picks its algorithm per
+shape).
+
+cuBLAS takes the activation scales M-major (``[M, K/128]`` with unit stride along M) and the
+weight scales as fp32 ``[K/128, N/128]`` with unit stride along K. A shape cuBLAS refuses (an
+M alignment, an older library) is remembered and falls back to the Triton tiles: the call never
+fails because of this route.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+MIN_M = 1024  # below this the Triton tiles' launch is as fast (measured at M = 4096 only)
+_REFUSED: set[tuple[int, int, int, int]] = set()
+
+
+@functools.cache
+def available(device_index: int) -> bool:
+    """Whether torch exposes cuBLAS's blockwise FP8 recipe and the device is a Hopper GPU (the
+    only one it was measured and tested on)."""
+    try:
+        from torch.nn.functional import ScalingType, scaled_mm  # noqa: F401
+    except ImportError:
+        return False
+    if not hasattr(ScalingType, "BlockWise1x128"):
+        return False
+    return torch.cuda.get_device_capability(device_index) == (9, 0)
+
+
+def recipe_fits(n: int, k: int, a_group: int, block_size: tuple[int, int]) -> bool:
+    """Whether a product has V4's scale recipe and whole 128-blocks (M and the device apart)."""
+    return a_group == 128 and tuple(block_size) == (128, 128) and n % 128 == 0 and k % 128 == 0
+
+
+def fp8_gemm_cublas(
+    a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor
+) -> torch.Tensor | None:
+    """``a [M, K]`` e4m3 (fp32 scales ``[M, K/128]``) times ``b [N, K]`` e4m3 (ue8m0 scales as
+    uint8 ``[N/128, K/128]``) -> bf16 ``[M, N]``; ``None`` where cuBLAS refused this shape."""
+    from torch.nn.functional import ScalingType, scaled_mm
+
+    m, k = a.shape
+    n = b.shape[0]
+    key = (a.device.index or 0, n, k, m % 16)
+    if key in _REFUSED:
+        return None
+    sa = torch.empty_strided(a_scale.shape, (1, m), dtype=torch.float32, device=a.device)
+    sa.copy_(a_scale)
+    sb = torch.exp2(b_scale.float() - 127.0).t()  # [K/128, N/128], unit stride along K
+    try:
+        return scaled_mm(
+            a, b.t(), sa, ScalingType.BlockWise1x128, sb, ScalingType.BlockWise128x128,
+            output_dtype=torch.bfloat16,
+        )  # fmt: skip
+    except (RuntimeError, ValueError, NotImplementedError) as e:
+        _REFUSED.add(key)
+        logger.info(
+            "cuBLAS blockwise FP8 GEMM refused M=%d N=%d K=%d (%s); Triton tiles", m, n, k, e
+        )
+        return None
