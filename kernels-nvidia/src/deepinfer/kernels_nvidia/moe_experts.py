@@ -112,7 +112,7 @@ STREAM_TILES = (
     (float("inf"), MoeTiles(128, 128, 8, 3, mma="mx", block_k=128)),
 )
 # moe_stream's families: MoeTiles.mma -> its UPCAST ("mx": tl.dot_scaled; "fp16": own unpacking)
-STREAM_FAMILIES = {"mx": "mx", "fp16-stream": "fp16"}
+STREAM_FAMILIES = {"mx": "mx", "fp16-stream": "fp16", "split": "split"}
 
 
 def choose_tiles(
@@ -260,7 +260,7 @@ def fp4_moe_experts_tiles(
         topk_ids, experts, tiles.block_m // 2 if tiles.split_tail else tiles.block_m
     )
     num_blocks = layout.block_expert.numel()
-    if tiles.mma in STREAM_FAMILIES and (group is not None or tiles.mma == "mx"):
+    if tiles.mma in STREAM_FAMILIES and (group is not None or tiles.mma != "fp16-stream"):
         y = _stream_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k, group,
                            float(swiglu_limit), tiles, on_cpu)  # fmt: skip
         return _combine(y, out, top_k)
@@ -314,7 +314,7 @@ def _stream_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k,
     ``"mx"`` or ``"fp16-stream"``); returns bf16 ``[T * k, D]`` slot rows."""
     upcast = STREAM_FAMILIES[tiles.mma]
     # "mx": bf16 activations after their FP8 round trip; fp16 upcasts: e4m3 + fp32 scales
-    if group is not None and upcast != "mx":
+    if group is not None and upcast == "fp16":
         act, act_scale = _quantised_input(x, group, False)
     else:
         act, act_scale = _round_trip_bf16(x, group), x.new_empty((1, 1), dtype=torch.float32)

@@ -61,6 +61,7 @@ import triton.language as tl
 
 from deepinfer.kernels_nvidia.moe_fp8 import block_and_tile, nibbles_to_f16
 from deepinfer.kernels_nvidia.moe_gemm import _store_hidden
+from deepinfer.kernels_nvidia.moe_split import split_block_dot
 from deepinfer.kernels_nvidia.quant import pow2_scale, to_bf16, to_e4m3
 
 
@@ -107,10 +108,27 @@ def _times_group_factor(half, factor, BLOCK_N: tl.constexpr, BLOCK_K: tl.constex
 def fp4_block_dot(
     acc, act, w_ptr, ws_ptr, w_rows, w_ref, k0, stride_wn, stride_wsn,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, USE_ASM: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """``acc + act @ W[w_rows, k0 : k0 + BLOCK_K]^T`` (``SWAP_AB``: ``acc + W @ act^T``) in fp32;
-    ``"fp16"`` leaves out each row's ``2^(w_ref - 127)``."""
+    ``"fp16"`` and ``"split"`` leave out each row's ``2^(w_ref - 127)``."""
+    if UPCAST == "split":
+        acc = split_block_dot(acc, act, w_ptr, ws_ptr, w_rows, w_ref, k0, stride_wn, stride_wsn,
+                              SWAP_AB, USE_ASM, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
+    else:
+        acc = _packed_block_dot(acc, act, w_ptr, ws_ptr, w_rows, w_ref, k0, stride_wn, stride_wsn,
+                                SWAP_AB, UPCAST, USE_ASM, BLOCK_N, BLOCK_K)  # fmt: skip
+    return acc
+
+
+@triton.jit
+def _packed_block_dot(
+    acc, act, w_ptr, ws_ptr, w_rows, w_ref, k0, stride_wn, stride_wsn,
+    SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, USE_ASM: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """:func:`fp4_block_dot` for ``"mx"`` and ``"fp16"``: the weights interleaved back into K
+    order."""
     packed = tl.load(
         w_ptr + w_rows[:, None] * stride_wn + (k0 // 2 + tl.arange(0, BLOCK_K // 2))[None, :]
     )
@@ -182,11 +200,15 @@ def _refs(
     KA_P2: tl.constexpr,
 ):  # fmt: skip
     """``"fp16"``: each weight row's largest scale exponent (int32) and each activation row's
-    largest group scale (fp32, 1 for padding rows); other upcasts: unused placeholders."""
+    largest group scale (fp32, 1 for padding rows); ``"split"``: the weight rows' only; other
+    upcasts: unused placeholders."""
     if UPCAST == "fp16":
         w_ref = row_max(ws_ptr, w_rows, w_rows >= 0, stride_wsn, K // 32, KG_P2).to(tl.int32)
         a_ref = row_max(as_ptr, a_rows, a_valid, stride_asm, K // GROUP, KA_P2)
         a_ref = tl.where(a_valid, a_ref, 1.0)
+    elif UPCAST == "split":
+        w_ref = row_max(ws_ptr, w_rows, w_rows >= 0, stride_wsn, K // 32, KG_P2).to(tl.int32)
+        a_ref = a_rows.to(tl.float32) * 0 + 1.0
     else:
         w_ref = w_rows.to(tl.int32) * 0
         a_ref = a_rows.to(tl.float32) * 0 + 1.0
@@ -213,7 +235,7 @@ def _zero_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexp
 
 @triton.jit
 def _row_factor(w_ref, UPCAST: tl.constexpr):
-    if UPCAST == "fp16":
+    if UPCAST == "fp16" or UPCAST == "split":
         factor = (w_ref << 23).to(tl.float32, bitcast=True)  # 2^(w_ref - 127)
     else:
         factor = w_ref.to(tl.float32) * 0 + 1.0
@@ -274,9 +296,9 @@ def moe_stream_gate_up_kernel(
         a = act_block(x_ptr, xs_ptr, tokens, valid, x_ref, k0, stride_xm, stride_xsm,
                       A_FP8, GROUP, UPCAST, BLOCK_K)  # fmt: skip
         acc_gate = fp4_block_dot(acc_gate, a, w_e, ws_e, gate_rows, gate_ref, k0, stride_wn,
-                                 stride_wsn, SWAP_AB, UPCAST, USE_ASM, BLOCK_N, BLOCK_K)  # fmt: skip
+                                 stride_wsn, SWAP_AB, UPCAST, USE_ASM, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
         acc_up = fp4_block_dot(acc_up, a, w_e, ws_e, up_rows, up_ref, k0, stride_wn, stride_wsn,
-                               SWAP_AB, UPCAST, USE_ASM, BLOCK_N, BLOCK_K)  # fmt: skip
+                               SWAP_AB, UPCAST, USE_ASM, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
     if SWAP_AB:
         gate = tl.trans(acc_gate * _row_factor(gate_ref, UPCAST)[:, None])
         up = tl.trans(acc_up * _row_factor(up_ref, UPCAST)[:, None])
@@ -328,7 +350,7 @@ def moe_stream_down_kernel(
         a = act_block(h_ptr, hs_ptr, rows, valid, h_ref, k0, stride_hm, stride_hsm,
                       A_FP8, GROUP, UPCAST, BLOCK_K)  # fmt: skip
         acc = fp4_block_dot(acc, a, w_e, ws_e, w_rows, w_ref, k0, stride_wn, stride_wsn,
-                            SWAP_AB, UPCAST, USE_ASM, BLOCK_N, BLOCK_K)  # fmt: skip
+                            SWAP_AB, UPCAST, USE_ASM, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
     if SWAP_AB:
         out = tl.trans(acc * _row_factor(w_ref, UPCAST)[:, None])
     else:

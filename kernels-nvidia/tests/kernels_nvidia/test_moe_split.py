@@ -1,0 +1,106 @@
+"""moe_split's even/odd-split MXFP4 upcast (``MoeTiles.mma="split"``): the bit-placed nibbles
+against the reference dequantisation (every byte value, scales over the whole ue8m0 range the
+upcast supports), and the expert op against the reference (small shapes under the interpreter,
+V4-Flash / V4.1-Flash decode shapes on the GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer.kernels.reference import quant as ref_quant
+from deepinfer.kernels.testing import cases_for, check_case
+from deepinfer.kernels_nvidia import moe_experts
+from deepinfer.kernels_nvidia.moe_experts import MoeTiles
+from deepinfer.kernels_nvidia.moe_split import nibbles_to_bf16_scaled, split_factor
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
+
+SMALL = {
+    "split-swap": MoeTiles(16, 64, 4, 1, mma="split", swap_ab=True, block_k=64, down_block_n=32),
+    "split": MoeTiles(16, 32, 4, 1, mma="split", block_k=32),
+}
+REAL = {
+    "split-swap-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="split", swap_ab=True, block_k=128,
+                                          group_m=0, wgmma_fence=True),
+    "split-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="split", block_k=128, group_m=0,
+                                     wgmma_fence=True),
+}  # fmt: skip
+
+
+@triton.jit
+def _upcast_kernel(p_ptr, s_ptr, r_ptr, lo_ptr, hi_ptr, USE_ASM: tl.constexpr,
+                   ROWS: tl.constexpr, BYTES: tl.constexpr):  # fmt: skip
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, BYTES)
+    offsets = rows[:, None] * BYTES + cols[None, :]
+    packed = tl.load(p_ptr + offsets).to(tl.uint8, bitcast=True)
+    scales = tl.load(s_ptr + rows[:, None] * (BYTES // 16) + tl.arange(0, BYTES // 16)[None, :])
+    factor = split_factor(scales, tl.load(r_ptr + rows))
+    factor = tl.reshape(tl.broadcast_to(factor[:, :, None], (ROWS, BYTES // 16, 16)),
+                        (ROWS, BYTES))  # fmt: skip
+    lo, hi = nibbles_to_bf16_scaled(packed, factor, USE_ASM)
+    tl.store(lo_ptr + offsets, lo)
+    tl.store(hi_ptr + offsets, hi)
+
+
+def _check_upcast(scale_low, scale_high, use_asm, seed):
+    """Every byte value; scale exponents drawn from ``[scale_low, scale_high]``; each row's
+    reference exponent is its largest scale."""
+    rows, nbytes = 16, 256
+    gen = torch.Generator().manual_seed(seed)
+    packed = torch.arange(256, dtype=torch.int32)[torch.randperm(256, generator=gen)]
+    packed = packed.repeat(rows, 1)[:, :nbytes].to(torch.uint8).view(torch.int8)
+    scales = torch.randint(scale_low, scale_high + 1, (rows, nbytes // 16), generator=gen)
+    scales = scales.to(torch.uint8)
+    row_ref = scales.int().amax(1)
+    lo = torch.empty(rows, nbytes, dtype=torch.bfloat16, device=DEVICE)
+    hi = torch.empty_like(lo)
+    _upcast_kernel[(1,)](packed.to(DEVICE), scales.to(DEVICE), row_ref.to(DEVICE), lo, hi,
+                         USE_ASM=use_asm, ROWS=rows, BYTES=nbytes)  # fmt: skip
+    want = ref_quant.fp4_dequant(packed, scales.view(torch.float8_e8m0fnu), 32).double()
+    want = want * torch.exp2(127.0 - row_ref[:, None].double())
+    got = torch.stack([lo.cpu().double(), hi.cpu().double()], -1).reshape(rows, 2 * nbytes)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(("low", "high"), [(110, 125), (2, 12), (236, 250), (100, 110)])
+def test_split_upcast_is_exact(low, high):
+    _check_upcast(low, high, use_asm=False, seed=low)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(("low", "high"), [(110, 125), (2, 12), (236, 250), (100, 110)])
+def test_split_upcast_inline_asm_is_exact(low, high):
+    """The GPU's bit placement and bf16x2 multiply: subnormal nibbles (0.5) kept, not flushed."""
+    _check_upcast(low, high, use_asm=True, seed=low)
+
+
+def _with_tiles(tiles):
+    def run(*args, **kwargs):
+        return moe_experts.fp4_moe_experts_tiles(*args, **kwargs, tiles=tiles)
+
+    return run
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+@pytest.mark.parametrize("case", cases_for(["fp4_moe_experts"], "small"), ids=str)
+def test_split_small(case, name):
+    check_case(_with_tiles(SMALL[name]), case, DEVICE)
+
+
+def _decode_cases():
+    return [c for c in cases_for(["fp4_moe_experts"], "real") if "64t-" in c.name]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("name", list(REAL))
+@pytest.mark.parametrize("case", _decode_cases(), ids=str)
+def test_split_real(case, name):
+    check_case(_with_tiles(REAL[name]), case, DEVICE)
