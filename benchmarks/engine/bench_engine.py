@@ -13,7 +13,10 @@ weight except the embedding, plus the routed experts a batch of that size touche
 expectation, ``E (1 - (1 - k/E)^B)`` per layer; KV reads of 128-token contexts are negligible)
 over the copy rate measured in the same run. ``--reference-ops-batches`` then repeats decode
 rows with ``DEEPINFER_REFERENCE_OPS=1`` (every op's plain-PyTorch reference on the GPU, the
-engine's reference-op baseline) in the same process and model.
+engine's reference-op baseline) in the same process and model. ``--modes graphs,eager`` runs
+the decode rows with the engine's decode CUDA graphs and again with every step eager (same
+model and cache); ``--profile-batches`` adds ``profile_decode.py``'s breakdown of the decode
+steps (GPU busy time, launches, host time by part of the step) in each mode.
 
     python benchmarks/engine/bench_engine.py --out bench-out/engine.json
     python benchmarks/engine/bench_engine.py --layers 28 --prefill-prompts 1,8 \
@@ -23,6 +26,7 @@ engine's reference-op baseline) in the same process and model.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -34,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "model"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth_tbs, environment, print_table, write_json  # noqa: E402
 from dummy_forward import v4_flash_config  # noqa: E402
 
@@ -99,33 +104,34 @@ def _decode_row(llm, model, gen, vocab, batch, tokens, copy_tbs, ops) -> dict:
             "of_floor": floor_ms / (step_s * 1e3)}  # fmt: skip
 
 
-def _profile(llm: LLM, gen, vocab: int, batch: int, tokens: int = 6) -> None:
-    """Print where a decode of ``batch`` x ``tokens`` spends device time (torch.profiler) and
-    host time (cProfile: the Python functions with the most own time)."""
-    import cProfile
-    import pstats
+def _profiles(llm: LLM, vocab: int, batches: list[int], modes: list[str]) -> list[dict]:
+    """``profile_decode``'s breakdown of decode steps of each batch, in each mode."""
+    from profile_decode import print_result, profile_batch
 
-    from torch.profiler import ProfilerActivity, profile
+    options = argparse.Namespace(prompt_len=128, tokens=6, top=30)
+    results = []
+    for mode in modes:
+        with _mode(llm, mode):
+            for batch in batches:
+                result = profile_batch(llm, vocab, batch, options)
+                result["mode"] = mode
+                print_result(mode, result, 15)
+                results.append(result)
+    return results
 
-    prompts = torch.randint(3, vocab, (batch, 128), generator=gen).tolist()
-    _run(llm, prompts, tokens)
-    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
-    with profile(activities=activities) as prof:
-        llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
-        torch.cuda.synchronize()
-    print(f"profile: decode batch {batch} x {tokens} tokens (prefill included)")
-    table = prof.key_averages().table(
-        sort_by="cuda_time_total", row_limit=14, max_name_column_width=48
-    )
-    print(table)
-    host = cProfile.Profile()
-    host.runcall(llm.generate, prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
-    stats = pstats.Stats(host)
-    print(f"host: {stats.total_tt:.3f} s in Python for the same decode; most own time:")
-    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:18]
-    for (file, line, name), (_, calls, own, cum, _) in rows:
-        print(f"  {own:7.3f} s own {cum:7.3f} s cum {calls:7d}  {Path(file).name}:{line}({name})")
+
+@contextlib.contextmanager
+def _mode(llm: LLM, mode: str):
+    """``graphs``: the engine's decode graphs (as loaded); ``eager``: none, every step eager."""
+    runner = llm._core.executor
+    graphs = runner.graphs
+    if mode == "graphs" and graphs is None:
+        raise RuntimeError("mode graphs: the engine loaded without decode graphs")
+    runner.graphs = graphs if mode == "graphs" else None
+    try:
+        yield
+    finally:
+        runner.graphs = graphs
 
 
 def _batches(text: str) -> list[int]:
@@ -143,8 +149,10 @@ def main() -> None:
                         help="decode batches to repeat with DEEPINFER_REFERENCE_OPS=1")  # fmt: skip
     parser.add_argument("--reference-ops-tokens", type=int, default=5)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
-    parser.add_argument("--profile-batch", type=int, default=0,
-                        help="profile decode of a batch this size (torch.profiler, top ops)")  # fmt: skip
+    parser.add_argument("--profile-batches", default="",
+                        help="profile decode steps of these batches (profile_decode.py)")  # fmt: skip
+    parser.add_argument("--modes", default="graphs,eager",
+                        help="decode rows with the decode CUDA graphs and/or eagerly")  # fmt: skip
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if not 1 <= args.layers <= len(RATIOS):
@@ -170,14 +178,18 @@ def main() -> None:
         rows.append({"phase": "prefill", "ops": "kernels", "batch": n,
                      "tokens": n * args.prompt_len, "seconds": seconds,
                      "tok/s": n * args.prompt_len / seconds})  # fmt: skip
-    for b in _batches(args.decode_batches):
-        rows.append(_decode_row(llm, model, gen, vocab, b, args.decode_tokens, copy_tbs, "kernels"))
-    if args.profile_batch:
-        _profile(llm, gen, vocab, args.profile_batch)
+    modes = [m for m in args.modes.split(",") if m]
+    for mode in modes:
+        with _mode(llm, mode):
+            for b in _batches(args.decode_batches):
+                rows.append(_decode_row(llm, model, gen, vocab, b, args.decode_tokens, copy_tbs,
+                                        f"kernels, {mode}"))  # fmt: skip
+    profiles = _profiles(llm, vocab, _batches(args.profile_batches), modes)
     os.environ["DEEPINFER_REFERENCE_OPS"] = "1"
-    for b in _batches(args.reference_ops_batches):
-        tokens = args.reference_ops_tokens
-        rows.append(_decode_row(llm, model, gen, vocab, b, tokens, copy_tbs, "reference"))
+    with _mode(llm, "eager"):
+        for b in _batches(args.reference_ops_batches):
+            tokens = args.reference_ops_tokens
+            rows.append(_decode_row(llm, model, gen, vocab, b, tokens, copy_tbs, "reference"))
     os.environ.pop("DEEPINFER_REFERENCE_OPS")
     print(f"V4-Flash-shaped dummy model, {args.layers} of 43 layers, load {load_s:.1f} s, "
           f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")  # fmt: skip
@@ -185,7 +197,7 @@ def main() -> None:
     columns = ["phase", "ops", "batch", "tokens", "seconds", "tok/s", "tok/s/user", "step_ms"]
     print_table(rows, columns + ["floor_ms", "of_floor"])
     payload = {"env": environment(), "layers": args.layers, "load_s": load_s,
-               "copy_tbs": copy_tbs, "rows": rows}  # fmt: skip
+               "copy_tbs": copy_tbs, "rows": rows, "profiles": profiles}  # fmt: skip
     write_json(args.out, payload)
 
 

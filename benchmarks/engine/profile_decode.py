@@ -45,7 +45,7 @@ PARTS = {
     "runner _apply (diffs)": ("model_runner.py", "_apply"),
     "metadata (build_metadata)": ("metadata.py", "build_metadata"),
     "step_context": ("model.py", "step_context"),
-    "graph replay": ("cuda_graphs.py", "replay"),
+    "decode graphs (fill + replay)": ("cuda_graphs.py", "run"),
     "layers (Block.forward)": ("block.py", "forward"),
     "layers (Block.forward_v41)": ("block.py", "forward_v41"),
     "logits": ("model.py", "logits"),

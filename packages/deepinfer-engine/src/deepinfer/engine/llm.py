@@ -83,6 +83,9 @@ class LLM:
             measures one at start-up.
         return_draft_confidences: report each verified draft's confidence in
             ``RequestOutput.metrics.draft_confidences``.
+        enforce_eager: run every step eagerly. By default, on a CUDA device without
+            speculation, decode-only steps (one token per sequence) replay CUDA graphs
+            captured on first use per (batch size, context bucket); outputs are identical.
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class LLM:
         spec_varlen: bool | None = None,
         spec_cost_curve: Any = None,
         return_draft_confidences: bool = False,
+        enforce_eager: bool = False,
     ) -> None:
         if max_num_batched_tokens is None:
             max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS
@@ -130,6 +134,7 @@ class LLM:
             spec_varlen=spec_varlen,
             spec_cost_curve=spec_cost_curve,
             return_draft_confidences=return_draft_confidences,
+            enforce_eager=enforce_eager,
         )
         loaded = self.load_model(config)
         self.config = resolve_max_model_len(config, loaded)

@@ -35,6 +35,8 @@ class EngineConfig:
     ``spec_varlen`` confidence-scheduled verification (None: ``DEEPINFER_ENABLE_MTP_VARLEN``);
     ``spec_cost_curve`` the planner's step-cost curve (None: measured at start-up);
     ``return_draft_confidences`` report the drafts' confidences in ``RequestOutput.metrics``.
+    ``enforce_eager``: never replay decode-step CUDA graphs (on a CUDA device without
+    speculation, decode-only steps replay them by default).
     """
 
     model: str
@@ -55,6 +57,7 @@ class EngineConfig:
     spec_varlen: bool | None = None
     spec_cost_curve: Any = None
     return_draft_confidences: bool = False
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("accelerator", self.accelerator, ACCELERATORS)
@@ -76,6 +79,8 @@ class EngineConfig:
                 f"quant_simulation={self.quant_simulation!r}: expected None, True or False"
             )
         self._check_speculation()
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager={self.enforce_eager!r}: expected a bool")
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"model={self.model!r}: expected a hub id or a directory")
 

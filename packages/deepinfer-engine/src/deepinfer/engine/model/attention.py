@@ -63,6 +63,22 @@ class Attention(nn.Module):
         q = K.apply_rope(q, cos, sin)
         kv = self.simulate_kv(K.apply_rope(self.kv_norm(self.wkv(x)), cos, sin))
         md = ctx.metadata
+        if md.fixed:
+            all_kv, all_idx = self.gather_fixed(x, qr, kv, ctx)
+        else:
+            all_kv, all_idx = self.assemble(x, qr, kv, ctx)
+        o = K.sparse_mqa_sink(q, all_kv, all_idx, self.attn_sink, self.head_dim**-0.5)
+        if not md.fixed:
+            window = ctx.cache[f"{self.layer_id}.window"]
+            window.index_copy_(0, md.window_write_dst, kv[md.window_write_src].to(window.dtype))
+        o = K.apply_rope(o.to(x.dtype), cos, sin, inverse=True)
+        grouped = o.reshape(o.shape[0], self.groups, -1)
+        z = K.grouped_linear(grouped, self.wo_a.weight, self.wo_a.scale, block_size=self.wo_a.block)
+        return self.wo_b(z.flatten(1))
+
+    def assemble(self, x, qr, kv, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """(kv rows ``[rings | step KV | compressed]``, index lists into them ``[T, K]``)."""
+        md = ctx.metadata
         window = ctx.cache[f"{self.layer_id}.window"]
         # the rings of the slots the step can read (all slots unless the metadata is compact)
         rings = window[: md.window_base]
@@ -72,13 +88,24 @@ class Attention(nn.Module):
             offset = rings.shape[0] + kv.shape[0]
             sources.append(arena)
             indices.append(torch.where(rows >= 0, rows + offset, rows))
-        all_kv, all_idx = torch.cat(sources), torch.cat(indices, dim=1)
-        o = K.sparse_mqa_sink(q, all_kv, all_idx, self.attn_sink, self.head_dim**-0.5)
+        return torch.cat(sources), torch.cat(indices, dim=1)
+
+    def gather_fixed(self, x, qr, kv, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fixed-shape form of :meth:`assemble` (decode graphs): write the step's KV into the
+        rings first, then gather each query's window rows and compressed rows into one buffer
+        of ``T (W + K)`` rows; the same values in the same order as :meth:`assemble`'s."""
+        md = ctx.metadata
+        window = ctx.cache[f"{self.layer_id}.window"]
         window.index_copy_(0, md.window_write_dst, kv[md.window_write_src].to(window.dtype))
-        o = K.apply_rope(o.to(x.dtype), cos, sin, inverse=True)
-        grouped = o.reshape(o.shape[0], self.groups, -1)
-        z = K.grouped_linear(grouped, self.wo_a.weight, self.wo_a.scale, block_size=self.wo_a.block)
-        return self.wo_b(z.flatten(1))
+        sources = [window[md.window_indices.clamp(min=0).flatten()]]
+        indices = [md.window_gather]
+        if self.ratio:
+            arena, rows, _ = self.compressed_entries(x, qr, ctx)
+            sources.append(arena[rows.clamp(min=0).flatten()])
+            first = md.window_gather.numel()
+            numbers = torch.arange(rows.numel(), device=rows.device).view(rows.shape) + first
+            indices.append(torch.where(rows >= 0, numbers, -1))
+        return torch.cat(sources), torch.cat(indices, dim=1)
 
     def simulate_kv(self, kv: torch.Tensor) -> torch.Tensor:
         """Reference KV rounding (spec 2.3 step 7 / 7.1): V4 FP8 on the nope dims (block 64),

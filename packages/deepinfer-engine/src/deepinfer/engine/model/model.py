@@ -14,7 +14,7 @@ from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.context import StepContext
 from deepinfer.engine.model.hc import HyperHead
 from deepinfer.engine.model.layers import Embedding, LinearFactory, RMSNorm
-from deepinfer.engine.model.metadata import ForwardBatch, build_metadata
+from deepinfer.engine.model.metadata import AttentionMetadata, ForwardBatch, build_metadata
 from deepinfer.engine.model.rope import RopeTables
 
 
@@ -80,8 +80,14 @@ class DeepseekV4Model(nn.Module):
             self.register_parameter(f"hc_head_{name}", nn.Parameter(t, requires_grad=False))
         self.hc_head = HyperHead(c)
 
-    def step_context(self, batch: ForwardBatch, cache: ModelCache) -> StepContext:
-        md = build_metadata(batch, self.config, cache.layout, cache.ring_size, compact=True)
+    def step_context(
+        self, batch: ForwardBatch, cache: ModelCache, metadata: AttentionMetadata | None = None
+    ) -> StepContext:
+        """``metadata``: index lists built elsewhere (fixed-shape decode metadata); None
+        builds them from ``batch``."""
+        md = metadata or build_metadata(
+            batch, self.config, cache.layout, cache.ring_size, compact=True
+        )
         angles = {
             compressed: RopeTables.angles(self.rope.table(compressed), batch.positions)
             for compressed in (False, True)
@@ -94,8 +100,10 @@ class DeepseekV4Model(nn.Module):
         """Logits ``[L, vocab]`` fp32 for ``batch.logits_indices`` (all tokens if None)."""
         return self.forward_step(batch, cache).logits
 
-    def forward_step(self, batch: ForwardBatch, cache: ModelCache) -> StepOutput:
-        ctx = self.step_context(batch, cache)
+    def forward_step(
+        self, batch: ForwardBatch, cache: ModelCache, metadata: AttentionMetadata | None = None
+    ) -> StepOutput:
+        ctx = self.step_context(batch, cache, metadata)
         h = self.embed(batch.input_ids)
         streams = h.unsqueeze(1).repeat(1, self.config.hc_mult, 1)
         for layer in self.layers:

@@ -96,7 +96,10 @@ class DeepseekV41Model(nn.Module):
                 "model.bind_engram(compressed_token_map(tokenizer)) before the first forward"
             )
         counts = batch.cu_seqlens_q.diff().long()
-        token_slots = batch.state_slots.long().repeat_interleave(counts)
+        # output_size: no device-to-host read of the total (capturable in a CUDA graph)
+        token_slots = batch.state_slots.long().repeat_interleave(
+            counts, output_size=batch.input_ids.shape[0]
+        )
         history = cache.extra["engram_history"]
         return self.engram_hasher.row_ids(batch.input_ids, batch.positions, token_slots, history)
 

@@ -34,6 +34,7 @@ from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.model.model import build_model
 from deepinfer.engine.model.moe import stack_grouped_experts
 from deepinfer.engine.runner.cost_profile import measure_step_cost_curve
+from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
 from deepinfer.engine.runner.drafting import DSparkDraftSource
 from deepinfer.engine.runner.grammar import GrammarManager
 from deepinfer.engine.runner.model_runner import ModelRunner
@@ -44,6 +45,7 @@ logger = logging.getLogger("deepinfer.engine")
 DEVICES = {"nvidia": "cuda", "ascend": "npu", "cpu": "cpu"}
 CPU_CACHE_BUDGET = 4 * 2**30  # bytes: the most the cache takes on a CPU
 PROFILE_TOKENS_CAP = 16384
+MAX_GRAPH_BATCH = 256  # decode steps of more sequences run eagerly
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -62,9 +64,18 @@ def load_model(config: EngineConfig) -> LoadedModel:
     model = _build_and_fill(path, model_config, config, spec is not None, device, dtype)
     tokenizer = _load_tokenizer(path)
     max_draft = spec.num_draft_tokens if spec is not None else 0
-    num_blocks, num_slots = _size_cache(model, model_config, config, device, dtype, max_draft)
+    use_graphs = not config.enforce_eager and spec is None and DecodeGraphs.supports(model, device)
+    graph_batch = min(config.max_num_seqs, MAX_GRAPH_BATCH)
+    reserve = graph_reserve_bytes(graph_batch, model_config.vocab_size) if use_graphs else 0
+    num_blocks, num_slots = _size_cache(
+        model, model_config, config, device, dtype, max_draft, reserve
+    )
     layout = CacheLayout(num_blocks, num_slots, block_size=config.block_size, max_draft=max_draft)
     cache = ModelCache(model_config, layout, dtype=dtype, device=device)
+    graphs = None
+    if use_graphs:
+        max_context = config.max_model_len or model_config.max_position_embeddings
+        graphs = DecodeGraphs(model, cache, max_batch_size=graph_batch, max_context=max_context)
     vocab = model_config.vocab_size
     grammar = GrammarManager(tokenizer, vocab) if tokenizer is not None else None
     ratios = tuple(sorted({r for r in model_config.compress_ratios if r > 0})) or (1,)
@@ -80,7 +91,9 @@ def load_model(config: EngineConfig) -> LoadedModel:
             spec.acceptance,
         )
     return LoadedModel(
-        executor=ModelRunner(model, cache, grammar=grammar, spec=spec, drafter=drafter),
+        executor=ModelRunner(
+            model, cache, grammar=grammar, spec=spec, drafter=drafter, graphs=graphs
+        ),
         tokenizer=tokenizer,
         vocab_size=vocab,
         eos_token_ids=_eos_ids(path, model_config, tokenizer),
@@ -152,8 +165,15 @@ def _eos_ids(path: Path, model_config: ModelConfig, tokenizer) -> frozenset[int]
     return frozenset(ids)
 
 
+def graph_reserve_bytes(max_batch_size: int, vocab_size: int) -> int:
+    """Device memory kept back from the cache for the decode graphs: their shared fp32 logits
+    buffer plus their pool, which holds the activations of one decode forward of at most
+    ``max_batch_size`` tokens (a few MB; 256 MiB is ample)."""
+    return max_batch_size * vocab_size * 4 + 256 * 2**20
+
+
 def _size_cache(
-    model, model_config, config: EngineConfig, device, dtype, max_draft: int = 0
+    model, model_config, config: EngineConfig, device, dtype, max_draft: int = 0, reserve: int = 0
 ) -> tuple[int, int]:
     """(num_blocks, num_state_slots), each including the reserved id 0 (see
     :func:`plan_cache_capacity`); never more blocks than ``max_num_seqs`` full-length
@@ -171,7 +191,7 @@ def _size_cache(
     if device.type == "cuda":
         activation = _profile_activation_bytes(model, model_config, config, device, dtype)
         free, total = torch.cuda.mem_get_info(device)
-        peak, utilization = (total - free) + activation, config.gpu_memory_utilization
+        peak, utilization = (total - free) + activation + reserve, config.gpu_memory_utilization
     else:  # a CPU has no device memory to fill: a fixed share of RAM
         total, peak, utilization = min(CPU_CACHE_BUDGET, int(_available_ram() * 0.25)), 0, 1.0
     capacity = plan_cache_capacity(

@@ -31,6 +31,7 @@ from deepinfer.engine.core.scheduler_output import (
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.runner.cache_ops import copy_blocks, copy_slots, reset_slot
+from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
 from deepinfer.engine.runner.drafting import DraftRequest, DraftSource, Proposal
 from deepinfer.engine.runner.grammar import GrammarManager
 from deepinfer.engine.runner.speculation import SpecConfig, verify_mode
@@ -40,7 +41,8 @@ from deepinfer.engine.runner.verify import Emitted, sample_and_verify
 
 class ModelRunner:
     """Executor over ``model`` and its :class:`ModelCache` (``grammar``: structured outputs;
-    ``spec`` + ``drafter``: speculative decoding)."""
+    ``spec`` + ``drafter``: speculative decoding; ``graphs``: decode-step CUDA graphs, used
+    for the steps they accept when there is no drafter)."""
 
     def __init__(
         self,
@@ -50,6 +52,7 @@ class ModelRunner:
         grammar: GrammarManager | None = None,
         spec: SpecConfig | None = None,
         drafter: DraftSource | None = None,
+        graphs: DecodeGraphs | None = None,
     ) -> None:
         if (spec is None) != (drafter is None):
             raise ValueError("spec and drafter: expected both or neither")
@@ -59,6 +62,7 @@ class ModelRunner:
         self.grammar = grammar
         self.spec = spec
         self.drafter = drafter
+        self.graphs = graphs
         self.state = RunnerState()
         self.proposals: dict[str, Proposal] = {}
 
@@ -75,13 +79,7 @@ class ModelRunner:
             so = trim_verification(so, self.proposals, self.spec.cost_curve)
         plan = build_step_plan(self.state, so)
         rows, sample_at, prompt_at = plan.logits_layout()
-        batch = self._batch(plan, rows)
-        if self.drafter is not None:
-            step = self.model.forward_step(batch, self.cache)
-            self.drafter.seed(step, batch)
-            logits = step.logits
-        else:
-            logits = self.model(batch, self.cache)  # writes KV even if no logits
+        logits = self._forward(plan, rows)
         if plan.prompt_logprob_rows:
             self._prompt_logprobs(plan, logits[prompt_at], out)
         if plan.sample_rows:
@@ -90,6 +88,19 @@ class ModelRunner:
             if self.drafter is not None:
                 self._propose([e for e in emitted if e.request_id not in so.fork_seeds], out)
         return out
+
+    def _forward(self, plan: StepPlan, rows: list[int]) -> torch.Tensor:
+        """Logits of ``rows``: a decode graph's replay when one takes the step, else eager."""
+        if self.graphs is not None and self.drafter is None:
+            logits = self.graphs.run(plan, rows)
+            if logits is not None:
+                return logits
+        batch = self._batch(plan, rows)
+        if self.drafter is not None:
+            step = self.model.forward_step(batch, self.cache)
+            self.drafter.seed(step, batch)
+            return step.logits
+        return self.model(batch, self.cache)  # writes KV even if no logits
 
     def _apply(self, so: SchedulerOutput, errors: dict[str, str]) -> None:
         sequences = self.state.sequences

@@ -1,0 +1,154 @@
+"""Decode CUDA graphs: the whole forward of a decode-only step captured once per shape, then
+replayed, so a step costs one graph launch instead of thousands of kernel launches.
+
+A step qualifies when every scheduled sequence has one token, no drafts are verified, no prompt
+logprobs are asked for, there are at most ``max_batch_size`` sequences and every context fits
+``max_context``. Its shape key is (number of tokens, context bucket: the smallest power of two
+at least the longest context and at least ``min_context``); the first step of a key warms the
+forward up on the fixed-shape metadata (:mod:`deepinfer.engine.model.decode_metadata`),
+captures it into a graph that shares one memory pool with the others, and replays it. Graphs
+are captured for exactly the step's token count (no padding rows), so every kernel sees the
+shapes the eager path would and the logits are bit-identical to it. Any other step, and any key
+whose capture failed (logged once), runs eagerly: a step never fails for want of a graph.
+
+Per step the host fills one pinned int64 buffer (numpy, no torch op per field) and one copy
+moves it into the graph's input buffer. Memory: the graphs' pool holds the activations of one
+decode forward of at most ``max_batch_size`` tokens (a few MB per layer-free buffer, far below
+the prefill activations the cache sizing already reserves) and one shared fp32 logits buffer
+``[max_batch_size, vocab]``.
+
+``capture=False`` runs the same fixed-shape forward eagerly (any device): the CPU tests use it
+to check that forward against the normal one.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from deepinfer.engine.core.batch_plan import StepPlan
+from deepinfer.engine.model.cache import ModelCache
+from deepinfer.engine.model.decode_metadata import DecodeLayout, context_bucket
+from deepinfer.engine.model.moe import MoE
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Graph:
+    layout: DecodeLayout
+    host: torch.Tensor  # [size] int64, pinned on CUDA
+    host_view: np.ndarray
+    device: torch.Tensor  # [size] int64, the graph's input buffer
+    graph: torch.cuda.CUDAGraph | None = None
+    logits: torch.Tensor | None = None  # graph output (a view of the shared buffer)
+
+
+class DecodeGraphs:
+    """Decode-step graphs of ``model`` over ``cache`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cache: ModelCache,
+        *,
+        max_batch_size: int,
+        max_context: int,
+        min_context: int = 1024,
+        capture: bool = True,
+    ) -> None:
+        self.model, self.cache = model, cache
+        self.device = next(iter(cache.tensors.values())).device
+        self.max_batch_size, self.max_context = max_batch_size, max_context
+        self.min_context = min(min_context, max_context)
+        self.capture = capture
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.failed: set[tuple[int, int]] = set()
+        self.num_replays = 0
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self._logits: torch.Tensor | None = None
+
+    @staticmethod
+    def supports(model: torch.nn.Module, device: torch.device) -> bool:
+        """Whether ``model``'s forward can be captured on ``device``: a CUDA device and no
+        host loop in the model (dense or FP8 experts run a loop over the routed experts)."""
+        if device.type != "cuda":
+            return False
+        moes = [m for m in model.modules() if isinstance(m, MoE)]
+        return all(m.uses_grouped_experts(device) for m in moes)
+
+    def key(self, plan: StepPlan, rows: list[int]) -> tuple[int, int] | None:
+        """The graph key of ``plan``, or None when the step must run eagerly."""
+        t = plan.num_tokens
+        if not 0 < t <= self.max_batch_size or len(plan.seq_lens) != t:
+            return None
+        if plan.prompt_logprob_rows or any(plan.num_drafts) or len(rows) != t:
+            return None
+        longest = max(plan.seq_lens)
+        if longest > self.max_context:
+            return None
+        key = (t, context_bucket(longest, self.min_context))
+        return None if key in self.failed else key
+
+    def run(self, plan: StepPlan, rows: list[int]) -> torch.Tensor | None:
+        """Logits ``[T, vocab]`` fp32 of a qualifying decode step (valid until the next step),
+        or None: the caller runs the step eagerly."""
+        key = self.key(plan, rows)
+        if key is None:
+            return None
+        entry = self.graphs.get(key) or self._new(key)
+        entry.layout.fill(entry.host_view, plan.input_ids, plan.positions, plan.block_tables,
+                          plan.state_slots)  # fmt: skip
+        entry.device.copy_(entry.host, non_blocking=True)
+        if not self.capture:
+            return self._forward(entry)
+        if entry.graph is None and not self._capture(key, entry):
+            return None
+        entry.graph.replay()
+        self.num_replays += 1
+        return entry.logits
+
+    def _new(self, key: tuple[int, int]) -> _Graph:
+        t, context = key
+        layout = DecodeLayout(self.model.config, self.cache.layout, self.cache.ring_size, t,
+                              context)  # fmt: skip
+        pin = self.device.type == "cuda"
+        host = torch.zeros(layout.size, dtype=torch.int64, pin_memory=pin)
+        device = torch.zeros(layout.size, dtype=torch.int64, device=self.device)
+        entry = _Graph(layout, host, host.numpy(), device)
+        self.graphs[key] = entry
+        return entry
+
+    def _forward(self, entry: _Graph) -> torch.Tensor:
+        batch, metadata = entry.layout.metadata(entry.device)
+        return self.model.forward_step(batch, self.cache, metadata).logits
+
+    def _capture(self, key: tuple[int, int], entry: _Graph) -> bool:
+        """Warm up and capture ``entry``'s forward (its buffers hold the current step, and the
+        forward's cache writes are idempotent, so the warm-up is harmless); False if the
+        capture failed (the key then always runs eagerly)."""
+        try:
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                self._forward(entry)  # compiles kernels, creates library handles
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            if self._logits is None:
+                vocab = self.model.config.vocab_size
+                self._logits = torch.empty((self.max_batch_size, vocab), dtype=torch.float32,
+                                           device=self.device)  # fmt: skip
+            out = self._logits[: key[0]]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out.copy_(self._forward(entry))
+        except Exception as error:  # noqa: BLE001 - any capture failure means: run eagerly
+            self.failed.add(key)
+            self.graphs.pop(key, None)
+            logger.warning("decode graph %s: capture failed, running eagerly (%s)", key, error)
+            return False
+        entry.graph, entry.logits = graph, out
+        logger.info("captured the decode graph of %d tokens, context %d", *key)
+        return True

@@ -1,0 +1,132 @@
+"""Decode graphs: the fixed-shape decode forward (what a graph captures) equals the eager one.
+
+On CPU the fixed-shape forward runs eagerly (``DecodeGraphs(capture=False)``); every decode
+step of a greedy generation is checked against the eager forward of the same step on a copy
+of the cache: logits bitwise equal, and the cache equal afterwards (but for arena row 0 of the
+null block, where the fixed form writes the entries no token completes). Small context buckets
+make the visible lists padded and make steps cross buckets. The GPU test captures and replays
+real graphs and compares greedy generations with ``enforce_eager=True`` token for token.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.engine.llm import LLM
+from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
+from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config, tiny_v41_config
+from deepinfer.sampling import SamplingParams
+
+# (architecture, block size): V4's ratio-128 layers need 128-token blocks.
+CHECKPOINTS = [("v4", 128), ("v41", 16)]
+
+
+@pytest.fixture(scope="module", params=CHECKPOINTS, ids=lambda c: c[0])
+def checkpoint(request, tmp_path_factory):
+    kind, block_size = request.param
+    directory = tmp_path_factory.mktemp(f"graphs-{kind}")
+    config = tiny_v41_config(vision=False) if kind == "v41" else tiny_v4_config()
+    make_random_checkpoint(directory, config, quantized=True, seed=0)
+    return directory, block_size
+
+
+class CheckedGraphs(DecodeGraphs):
+    """Runs every step it takes both ways and asserts they agree."""
+
+    checked = 0
+
+    def run(self, plan, rows):
+        if self.key(plan, rows) is None:
+            return None
+        runner = self.runner
+        before = _snapshot(self.cache)
+        eager = runner.model(runner._batch(plan, rows), self.cache).clone()
+        after_eager = _snapshot(self.cache)
+        _restore(self.cache, before)
+        fixed = super().run(plan, rows)
+        assert torch.equal(fixed, eager), f"logits differ at {plan.num_tokens} tokens"
+        for name, tensor in _snapshot(self.cache).items():
+            want = after_eager[name]
+            if "." in name and self.cache.is_arena(name):  # null-block row 0: scratch
+                tensor, want = tensor[1:], want[1:]
+            assert torch.equal(tensor, want), f"cache {name} differs"
+        self.checked += 1
+        return fixed
+
+
+def _snapshot(cache) -> dict[str, torch.Tensor]:
+    return {name: t.clone() for name, t in {**cache.tensors, **cache.extra}.items()}
+
+
+def _restore(cache, saved: dict[str, torch.Tensor]) -> None:
+    for name, t in {**cache.tensors, **cache.extra}.items():
+        t.copy_(saved[name])
+
+
+def _prompts(count: int, seed: int, lengths: list[int] | None = None) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = lengths or torch.randint(3, 30, (count,), generator=gen).tolist()
+    return [torch.randint(20, 250, (n,), generator=gen).tolist() for n in lengths]
+
+
+def test_fixed_decode_forward_equals_eager(checkpoint):
+    directory, block_size = checkpoint
+    llm = LLM(str(directory), dtype="float32", block_size=block_size, max_model_len=256,
+              max_num_seqs=8, speculative_tokens=0)  # fmt: skip
+    runner = llm._core.executor
+    graphs = CheckedGraphs(runner.model, runner.cache, max_batch_size=4, max_context=256,
+                           min_context=16, capture=False)  # fmt: skip
+    graphs.runner = runner
+    runner.graphs = graphs
+    params = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True)
+    outputs = llm.generate(prompt_token_ids=_prompts(3, 1, [27, 5, 12]), sampling_params=params,
+                           use_tqdm=False)  # fmt: skip
+    assert graphs.checked >= 6, "too few decode steps went through the fixed-shape forward"
+    assert len(graphs.graphs) >= 2, "no step crossed a context bucket"
+    assert all(len(o.outputs[0].token_ids) == 9 for o in outputs)
+
+
+def test_ineligible_steps_run_eagerly(checkpoint):
+    directory, block_size = checkpoint
+    llm = LLM(str(directory), dtype="float32", block_size=block_size, max_model_len=256,
+              max_num_seqs=8, speculative_tokens=0)  # fmt: skip
+    runner = llm._core.executor
+    graphs = DecodeGraphs(runner.model, runner.cache, max_batch_size=2, max_context=256,
+                          capture=False)  # fmt: skip
+    prompts = _prompts(3, 2)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    eager = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    runner.graphs = graphs
+    mixed = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in mixed] == [o.outputs[0].token_ids for o in eager]
+    assert not graphs.graphs, "a 3-sequence decode step used a graph of at most 2"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graph_replay_equals_eager_on_gpu(checkpoint):
+    directory, block_size = checkpoint
+    kwargs = dict(block_size=block_size, max_model_len=1024, max_num_seqs=16,
+                  speculative_tokens=0, gpu_memory_utilization=0.3)  # fmt: skip
+    graphs_on = LLM(str(directory), **kwargs)
+    runner = graphs_on._core.executor
+    assert runner.graphs is not None
+    runner.graphs.max_batch_size = 8  # 9+ sequences miss the graphs and run eagerly
+    runner.graphs.min_context = 64  # small buckets: steps cross them
+    eager = LLM(str(directory), enforce_eager=True, **kwargs)
+    assert eager._core.executor.graphs is None
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for count in (1, 3, 8, 12):
+        prompts = _prompts(count, count)
+        want = eager.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+        got = graphs_on.generate(prompt_token_ids=prompts, sampling_params=params,
+                                 use_tqdm=False)  # fmt: skip
+        assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    # a prefill mixed into decode steps: a long prompt arrives with short ones
+    prompts = _prompts(4, 9) + [list(range(20, 220))]
+    small = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    want = eager.generate(prompt_token_ids=prompts, sampling_params=small, use_tqdm=False)
+    got = graphs_on.generate(prompt_token_ids=prompts, sampling_params=small, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert runner.graphs.num_replays > 50 and not runner.graphs.failed
