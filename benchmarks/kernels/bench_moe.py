@@ -59,6 +59,14 @@ def _mx(block_m, block_k, warps, stages, group_m=4, down_block_n=0, split_tail=F
                     wgmma_fence=wgmma_fence)  # fmt: skip
 
 
+def _split(block_n, block_k, warps, stages):
+    return MoeTiles(16, block_n, warps, stages, mma="split", swap_ab=True, block_k=block_k,
+                    group_m=0, wgmma_fence=True)  # fmt: skip
+
+
+# (block_n, block_k, warps, stages) of the split family's decode shapes
+SPLIT_SHAPES = ((128, 128, 4, 4), (256, 128, 8, 3), (128, 256, 8, 3), (128, 128, 8, 4),
+                (128, 128, 4, 3), (64, 256, 4, 4))  # fmt: skip
 SWEEP = {
     "decode": {
         "old-default-bf16-16x64": moe_experts.BF16_TILES["decode"],
@@ -73,6 +81,8 @@ SWEEP = {
         "fp16-stream-n128-k128-w8s4": MoeTiles(16, 128, 8, 4, mma="fp16-stream", block_k=128),
         # the default before the fence (0aa26a9): wgmmas in flight across the K loop's back-edge
         "mx-n128-k256-w8s3-unfenced": MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0),
+        # moe_split's even/odd-split upcast (weights as the wgmma's M side)
+        **{f"split-n{n}-k{k}-w{w}s{s}": _split(n, k, w, s) for n, k, w, s in SPLIT_SHAPES},
     },
     # moe_stream shapes whose machine code waits for every wgmma (see its "Hazard"; "-fence":
     # made so by MoeTiles.wgmma_fence); the default of each regime is timed as "default"

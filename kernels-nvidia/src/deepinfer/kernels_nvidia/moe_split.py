@@ -57,7 +57,7 @@ mul.rn.bf16x2 $3, a, $6;
 }
 """,
             "=r,=r,=r,=r,r,r,r", [packed, factor],
-            dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4,
+            dtype=(tl.bfloat16, tl.bfloat16), is_pure=False, pack=4,
         )  # fmt: skip
     else:
         p = packed.to(tl.uint32)
