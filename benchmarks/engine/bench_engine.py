@@ -115,7 +115,7 @@ def _profiles(llm: LLM, vocab: int, batches: list[int], modes: list[str]) -> lis
             for batch in batches:
                 result = profile_batch(llm, vocab, batch, options)
                 result["mode"] = mode
-                print_result(mode, result, 15)
+                print_result(mode, result, 10)
                 results.append(result)
     return results
 
