@@ -66,7 +66,7 @@ def _split(block_n, block_k, warps, stages):
 
 # (block_n, block_k, warps, stages) of the split family's decode shapes
 SPLIT_SHAPES = ((128, 128, 4, 4), (256, 128, 8, 3), (128, 256, 8, 3), (128, 128, 8, 4),
-                (128, 128, 4, 3), (64, 256, 4, 4))  # fmt: skip
+                (128, 128, 4, 3), (256, 128, 8, 4))  # fmt: skip
 SWEEP = {
     "decode": {
         "old-default-bf16-16x64": moe_experts.BF16_TILES["decode"],

@@ -70,6 +70,19 @@ mul.rn.bf16x2 $3, a, $6;
 
 
 @triton.jit
+def row_max_exponent(ws_ptr, w_rows, stride_wsn, num_groups, CHUNK: tl.constexpr):
+    """int32 ``[BLOCK_N]``: the largest ue8m0 scale exponent of each weight row ``w_rows`` over
+    its ``num_groups`` 32-column groups, read ``CHUNK`` groups at a time (few registers)."""
+    best = w_rows.to(tl.int32) * 0
+    for g0 in range(0, num_groups, CHUNK):
+        groups = g0 + tl.arange(0, CHUNK)
+        ptrs = ws_ptr + w_rows[:, None] * stride_wsn + groups[None, :]
+        scales = tl.load(ptrs, mask=groups[None, :] < num_groups, other=0)
+        best = tl.maximum(best, tl.max(scales.to(tl.int32), axis=1))
+    return best
+
+
+@triton.jit
 def split_factor(scales, w_ref):
     """bf16 ``2^(126 - d)``, ``d = w_ref[:, None] - scales`` (0 where ``d > 252``): the
     multiplier that turns the bit-placed ``e2m1 * 2^-126`` into ``e2m1 * 2^(s - w_ref)``."""

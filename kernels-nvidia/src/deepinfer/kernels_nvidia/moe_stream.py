@@ -61,7 +61,7 @@ import triton.language as tl
 
 from deepinfer.kernels_nvidia.moe_fp8 import block_and_tile, nibbles_to_f16
 from deepinfer.kernels_nvidia.moe_gemm import _store_hidden
-from deepinfer.kernels_nvidia.moe_split import split_block_dot
+from deepinfer.kernels_nvidia.moe_split import row_max_exponent, split_block_dot
 from deepinfer.kernels_nvidia.quant import pow2_scale, to_bf16, to_e4m3
 
 
@@ -207,7 +207,7 @@ def _refs(
         a_ref = row_max(as_ptr, a_rows, a_valid, stride_asm, K // GROUP, KA_P2)
         a_ref = tl.where(a_valid, a_ref, 1.0)
     elif UPCAST == "split":
-        w_ref = row_max(ws_ptr, w_rows, w_rows >= 0, stride_wsn, K // 32, KG_P2).to(tl.int32)
+        w_ref = row_max_exponent(ws_ptr, w_rows, stride_wsn, K // 32, 32)
         a_ref = a_rows.to(tl.float32) * 0 + 1.0
     else:
         w_ref = w_rows.to(tl.int32) * 0
