@@ -65,8 +65,7 @@ def _split(block_n, block_k, warps, stages):
 
 
 # (block_n, block_k, warps, stages) of the split family's decode shapes
-SPLIT_SHAPES = ((128, 128, 4, 4), (256, 128, 8, 3), (128, 256, 8, 3), (128, 128, 8, 4),
-                (128, 128, 4, 3), (256, 128, 8, 4))  # fmt: skip
+SPLIT_SHAPES = ((128, 128, 4, 4), (256, 128, 8, 3), (128, 256, 8, 3), (128, 128, 8, 4))
 SWEEP = {
     "decode": {
         "old-default-bf16-16x64": moe_experts.BF16_TILES["decode"],
@@ -81,6 +80,9 @@ SWEEP = {
         "fp16-stream-n128-k128-w8s4": MoeTiles(16, 128, 8, 4, mma="fp16-stream", block_k=128),
         # the default before the fence (0aa26a9): wgmmas in flight across the K loop's back-edge
         "mx-n128-k256-w8s3-unfenced": MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0),
+        # the decode default of v4 (760e1cb): tl.dot_scaled's upcast, fenced
+        "mx-v4-default": MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0,
+                                  wgmma_fence=True),
         # moe_split's even/odd-split upcast (weights as the wgmma's M side)
         **{f"split-n{n}-k{k}-w{w}s{s}": _split(n, k, w, s) for n, k, w, s in SPLIT_SHAPES},
     },
@@ -273,11 +275,12 @@ def _gemm_parts(row, args, group, experts):
     none_scale = x.new_empty((1, 1), dtype=torch.float32)
     inter, dim = w13.shape[1] // 2, x.shape[1]
     used = torch.unique(ids).numel()
+    upcast = moe_experts.STREAM_FAMILIES[tiles.mma]
 
     def gate_up():
         return moe_stream_launch.launch_gate_up(
             act, none_scale, topk_weights, layout.row_slot, layout.block_expert, w13, s13,
-            top_k=top_k, group=group, limit=LIMIT, tiles=tiles, upcast="mx",
+            top_k=top_k, group=group, limit=LIMIT, tiles=tiles, upcast=upcast,
             block_n=moe_experts._block_n(inter, tiles.block_n, group), on_cpu=False,
         )  # fmt: skip
 
@@ -290,7 +293,7 @@ def _gemm_parts(row, args, group, experts):
     def down():
         return moe_stream_launch.launch_down(
             h, hs, layout.row_slot, layout.block_expert, w2, s2, num_slots=ids.numel(),
-            group=group, tiles=tiles, upcast="mx",
+            group=group, tiles=tiles, upcast=upcast,
             block_n=moe_experts._block_n(dim, tiles.down_block_n or tiles.block_n, None),
             on_cpu=False,
         )  # fmt: skip
