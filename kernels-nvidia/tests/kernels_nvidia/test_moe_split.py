@@ -24,11 +24,11 @@ SMALL = {
     "split-swap": MoeTiles(16, 64, 4, 1, mma="split", swap_ab=True, block_k=64, down_block_n=32),
     "split": MoeTiles(16, 32, 4, 1, mma="split", block_k=32),
 }
+# the split shapes bench_moe.py sweeps for decode (weights as the wgmma's M side)
 REAL = {
-    "split-swap-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="split", swap_ab=True, block_k=128,
-                                          group_m=0, wgmma_fence=True),
-    "split-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="split", block_k=128, group_m=0,
-                                     wgmma_fence=True),
+    f"split-n{n}-k{k}-w{w}s{s}": MoeTiles(16, n, w, s, mma="split", swap_ab=True, block_k=k,
+                                          group_m=0, wgmma_fence=True)
+    for n, k, w, s in ((128, 128, 4, 4), (256, 128, 8, 3))
 }  # fmt: skip
 
 
