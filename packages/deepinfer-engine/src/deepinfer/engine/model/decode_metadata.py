@@ -14,9 +14,9 @@ reads or the order it reads them in (so the logits are bit-identical):
   and ``window_indices`` are ring rows only (the row a token's KV overwrites holds a position
   ``ring >= window`` back, outside every window of the step); attention then gathers the rows
   each query reads into one fixed-size buffer instead of concatenating the pools.
-- every token row has an entry row in each compression plan: a token that completes no window
-  pools its own step row and writes the result to arena row 0 of the null block 0 (never
-  handed out), so ``E = T`` always;
+- a kind's plan has no entry rows when no token of the step completes one (a separate graph),
+  else one per token row: a token that completes no window pools its own step row and writes
+  the result to arena row 0 of the null block 0 (never handed out), so ``E = T``;
 - ``visible`` is padded with ``-1`` to ``context // ratio`` columns (the attention and indexer
   kernels skip ``-1``; trailing ones add exact zeros).
 """
@@ -42,44 +42,59 @@ class _Kind:
     state_rows: int
 
 
+def compression_kinds(config: ModelConfig, max_draft: int) -> list[_Kind]:
+    """The step's compressed-cache kinds, in the order of the metadata's plans."""
+    c = config
+    kinds = {
+        (c.compress_ratios[i], overlapped(c, i)): _Kind(
+            c.compress_ratios[i], overlapped(c, i), compressor_state_rows(c, i, max_draft)
+        )
+        for i in range(c.num_layers)
+        if c.compress_ratios[i] > 0
+    }
+    return [kinds[key] for key in sorted(kinds)]
+
+
+def emitting(kinds: list[_Kind], positions) -> tuple[bool, ...]:
+    """Per kind: whether any token at ``positions`` completes an entry of that kind."""
+    p = np.asarray(positions, dtype=np.int64)
+    return tuple(bool(((p + 1) % k.ratio == 0).any()) for k in kinds)
+
+
 @dataclass
 class DecodeLayout:
     """Shapes and flat-buffer offsets of the fixed metadata of ``num_tokens`` decode tokens
-    with contexts of at most ``context`` positions."""
+    with contexts of at most ``context`` positions. ``emits[k]`` (default: all True): whether
+    the steps of this layout may complete entries of kind ``k``; when False the kind's plan
+    emits nothing (``E = 0``, as the eager step does then) and its compressor only updates its
+    partial-window state, else every token row has an entry row (``E = T``)."""
 
     config: ModelConfig
     cache_layout: CacheLayout
     ring_size: int
     num_tokens: int
     context: int
+    emits: tuple[bool, ...] | None = None
     fields: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
     size: int = 0
 
     def __post_init__(self) -> None:
         c, t = self.config, self.num_tokens
-        self.kinds = sorted(
-            {
-                (c.compress_ratios[i], overlapped(c, i)): _Kind(
-                    c.compress_ratios[i],
-                    overlapped(c, i),
-                    compressor_state_rows(c, i, self.cache_layout.max_draft),
-                )
-                for i in range(c.num_layers)
-                if c.compress_ratios[i] > 0
-            }.values(),
-            key=lambda k: (k.ratio, k.overlap),
-        )
+        self.kinds = compression_kinds(c, self.cache_layout.max_draft)
+        if self.emits is None:
+            self.emits = (True,) * len(self.kinds)
         w = c.sliding_window
         for name, shape in (("input_ids", (t,)), ("positions", (t,)), ("seq_lens", (t,)),
                             ("state_slots", (t,)), ("rows", (t,)), ("cu_seqlens_q", (t + 1,)),
                             ("window_indices", (t, w)), ("window_gather", (t, w)),
                             ("window_write_dst", (t,))):  # fmt: skip
             self._add(name, shape)
-        for k in self.kinds:
+        for k, emits in zip(self.kinds, self.emits, strict=True):
             p = f"{k.ratio}.{int(k.overlap)}."
             width = 2 * k.ratio if k.overlap else k.ratio
-            for name, shape in (("emit_src", (t, width)), ("emit_positions", (t,)),
-                                ("emit_rows", (t,)), ("state_write_dst", (t,)),
+            e = t if emits else 0
+            for name, shape in (("emit_src", (e, width)), ("emit_positions", (e,)),
+                                ("emit_rows", (e,)), ("state_write_dst", (t,)),
                                 ("visible", (t, self.context // k.ratio)),
                                 ("visible_count", (t,))):  # fmt: skip
                 self._add(p + name, shape)
@@ -121,13 +136,24 @@ class DecodeLayout:
         v["window_indices"][:] = np.where(q >= 0, s[:, None] * ring + q % ring, -1)
         v["window_gather"][:] = np.where(q >= 0, (rows[:, None] * w + np.arange(w)), -1)
         v["window_write_dst"][:] = s * ring + p % ring
-        for k in self.kinds:
-            self._fill_kind(v, f"{k.ratio}.{int(k.overlap)}.", k, p, s, tables)
+        for k, may_emit in zip(self.kinds, self.emits, strict=True):
+            self._fill_kind(v, f"{k.ratio}.{int(k.overlap)}.", k, may_emit, p, s, tables)
 
-    def _fill_kind(self, v, prefix: str, k: _Kind, p, s, tables) -> None:
+    def _fill_kind(self, v, prefix: str, k: _Kind, may_emit: bool, p, s, tables) -> None:
         r, rows = k.ratio, np.arange(self.num_tokens)
-        base = self.cache_layout.num_slots * k.state_rows
         emits = (p + 1) % r == 0
+        v[prefix + "state_write_dst"][:] = s * k.state_rows + p % k.state_rows
+        counts = (p + 1) // r
+        entries = np.arange(self.context // r)[None, :]
+        visible = _arena_rows(tables, np.broadcast_to(entries, (len(p), entries.shape[1])), r,
+                              self.cache_layout)  # fmt: skip
+        v[prefix + "visible"][:] = np.where(entries < counts[:, None], visible, -1)
+        v[prefix + "visible_count"][:] = counts
+        if not may_emit:
+            if emits.any():
+                raise ValueError(f"a token completes a ratio-{r} entry: this layout emits none")
+            return
+        base = self.cache_layout.num_slots * k.state_rows
         entry = (p + 1) // r - 1
         first = (entry - 1) * r if k.overlap else entry * r
         q = first[:, None] + np.arange(2 * r if k.overlap else r)
@@ -138,13 +164,6 @@ class DecodeLayout:
         v[prefix + "emit_positions"][:] = np.where(emits, entry * r, 0)
         arena = _arena_rows(tables, np.maximum(entry, 0)[:, None], r, self.cache_layout)[:, 0]
         v[prefix + "emit_rows"][:] = np.where(emits, arena, NULL_ARENA_ROW)
-        v[prefix + "state_write_dst"][:] = s * k.state_rows + p % k.state_rows
-        counts = (p + 1) // r
-        entries = np.arange(self.context // r)[None, :]
-        visible = _arena_rows(tables, np.broadcast_to(entries, (len(p), entries.shape[1])), r,
-                              self.cache_layout)  # fmt: skip
-        v[prefix + "visible"][:] = np.where(entries < counts[:, None], visible, -1)
-        v[prefix + "visible_count"][:] = counts
 
     def metadata(self, flat: torch.Tensor) -> tuple[ForwardBatch, AttentionMetadata]:
         """The batch and metadata the forward reads, as views of the device buffer ``flat``

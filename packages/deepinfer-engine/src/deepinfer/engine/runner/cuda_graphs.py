@@ -4,7 +4,9 @@ replayed, so a step costs one graph launch instead of thousands of kernel launch
 A step qualifies when every scheduled sequence has one token, no drafts are verified, no prompt
 logprobs are asked for, there are at most ``max_batch_size`` sequences and every context fits
 ``max_context``. Its shape key is (number of tokens, context bucket: the smallest power of two
-at least the longest context and at least ``min_context``); the first step of a key warms the
+at least the longest context and at least ``min_context``, and per compressed kind whether
+any token completes an entry: most decode steps complete none, and then the compressors'
+pooling is left out of the graph as the eager step leaves it out); the first step of a key warms the
 forward up on the fixed-shape metadata (:mod:`deepinfer.engine.model.decode_metadata`),
 captures it into a graph that shares one memory pool with the others, and replays it. Graphs
 are captured for exactly the step's token count (no padding rows), so every kernel sees the
@@ -31,7 +33,12 @@ import torch
 
 from deepinfer.engine.core.batch_plan import StepPlan
 from deepinfer.engine.model.cache import ModelCache
-from deepinfer.engine.model.decode_metadata import DecodeLayout, context_bucket
+from deepinfer.engine.model.decode_metadata import (
+    DecodeLayout,
+    compression_kinds,
+    context_bucket,
+    emitting,
+)
 from deepinfer.engine.model.moe import MoE
 
 logger = logging.getLogger(__name__)
@@ -65,10 +72,11 @@ class DecodeGraphs:
         self.max_batch_size, self.max_context = max_batch_size, max_context
         self.min_context = min(min_context, max_context)
         self.capture = capture
-        self.graphs: dict[tuple[int, int], _Graph] = {}
-        self.failed: set[tuple[int, int]] = set()
+        self.graphs: dict[tuple, _Graph] = {}
+        self.failed: set[tuple] = set()
         self.num_replays = 0
         self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.kinds = compression_kinds(model.config, cache.layout.max_draft)
         self._logits: torch.Tensor | None = None
 
     @staticmethod
@@ -80,7 +88,7 @@ class DecodeGraphs:
         moes = [m for m in model.modules() if isinstance(m, MoE)]
         return all(m.uses_grouped_experts(device) for m in moes)
 
-    def key(self, plan: StepPlan, rows: list[int]) -> tuple[int, int] | None:
+    def key(self, plan: StepPlan, rows: list[int]) -> tuple | None:
         """The graph key of ``plan``, or None when the step must run eagerly."""
         t = plan.num_tokens
         if not 0 < t <= self.max_batch_size or len(plan.seq_lens) != t:
@@ -90,7 +98,8 @@ class DecodeGraphs:
         longest = max(plan.seq_lens)
         if longest > self.max_context:
             return None
-        key = (t, context_bucket(longest, self.min_context))
+        emits = emitting(self.kinds, plan.positions)
+        key = (t, context_bucket(longest, self.min_context), emits)
         return None if key in self.failed else key
 
     def run(self, plan: StepPlan, rows: list[int]) -> torch.Tensor | None:
@@ -111,10 +120,10 @@ class DecodeGraphs:
         self.num_replays += 1
         return entry.logits
 
-    def _new(self, key: tuple[int, int]) -> _Graph:
-        t, context = key
+    def _new(self, key: tuple) -> _Graph:
+        t, context, emits = key
         layout = DecodeLayout(self.model.config, self.cache.layout, self.cache.ring_size, t,
-                              context)  # fmt: skip
+                              context, emits)  # fmt: skip
         pin = self.device.type == "cuda"
         host = torch.zeros(layout.size, dtype=torch.int64, pin_memory=pin)
         device = torch.zeros(layout.size, dtype=torch.int64, device=self.device)
@@ -126,7 +135,7 @@ class DecodeGraphs:
         batch, metadata = entry.layout.metadata(entry.device)
         return self.model.forward_step(batch, self.cache, metadata).logits
 
-    def _capture(self, key: tuple[int, int], entry: _Graph) -> bool:
+    def _capture(self, key: tuple, entry: _Graph) -> bool:
         """Warm up and capture ``entry``'s forward (its buffers hold the current step, and the
         forward's cache writes are idempotent, so the warm-up is harmless); False if the
         capture failed (the key then always runs eagerly)."""
@@ -150,5 +159,5 @@ class DecodeGraphs:
             logger.warning("decode graph %s: capture failed, running eagerly (%s)", key, error)
             return False
         entry.graph, entry.logits = graph, out
-        logger.info("captured the decode graph of %d tokens, context %d", *key)
+        logger.info("captured the decode graph of %d tokens, context %d, emitting %s", *key)
         return True
