@@ -30,6 +30,7 @@ first in parallel subprocesses (``--warm-only`` does only that), then timed one 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -59,32 +60,29 @@ def _mx(block_m, block_k, warps, stages, group_m=4, down_block_n=0, split_tail=F
                     wgmma_fence=wgmma_fence)  # fmt: skip
 
 
-def _split(block_n, block_k, warps, stages):
-    return MoeTiles(16, block_n, warps, stages, mma="split", swap_ab=True, block_k=block_k,
-                    group_m=0, wgmma_fence=True)  # fmt: skip
+def _split(block_n, block_k, warps, stages, fused=False):
+    tiles = MoeTiles(16, block_n, warps, stages, mma="split", swap_ab=True, block_k=block_k,
+                     group_m=0, wgmma_fence=True, fused_gate_up=fused)  # fmt: skip
+    return dataclasses.replace(tiles, down=moe_experts.SPLIT_DOWN_TILES) if fused else tiles
 
 
-# (block_n, block_k, warps, stages) of the split family's decode shapes
-SPLIT_SHAPES = ((128, 128, 4, 4), (256, 128, 8, 3), (128, 256, 8, 3), (128, 128, 8, 4))
 SWEEP = {
     "decode": {
         "old-default-bf16-16x64": moe_experts.BF16_TILES["decode"],
-        "fp16-swap-n256-w8s4": MoeTiles(16, 256, 8, 4, mma="fp16", swap_ab=True),
-        "mx-n128-k256-w8s4": MoeTiles(16, 128, 8, 4, mma="mx", block_k=256),
-        "mx-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="mx", block_k=128),
-        "mx-n128-k128-w8s4": MoeTiles(16, 128, 8, 4, mma="mx", block_k=128),
-        "mx-n256-k128-w8s3": MoeTiles(16, 256, 8, 3, mma="mx", block_k=128),
-        "mx-n128-k256-w8s3-down-n256": MoeTiles(16, 128, 8, 3, mma="mx", block_k=256,
-                                                down_block_n=256),
-        "mx-swap-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="mx", swap_ab=True, block_k=128),
-        "fp16-stream-n128-k128-w8s4": MoeTiles(16, 128, 8, 4, mma="fp16-stream", block_k=128),
-        # the default before the fence (0aa26a9): wgmmas in flight across the K loop's back-edge
-        "mx-n128-k256-w8s3-unfenced": MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0),
-        # the decode default of v4 (760e1cb): tl.dot_scaled's upcast, fenced
+        # the decode default of v4 (760e1cb): tl.dot_scaled's upcast for both GEMMs, fenced
         "mx-v4-default": MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0,
                                   wgmma_fence=True),
-        # moe_split's even/odd-split upcast (weights as the wgmma's M side)
-        **{f"split-n{n}-k{k}-w{w}s{s}": _split(n, k, w, s) for n, k, w, s in SPLIT_SHAPES},
+        # moe_split's even/odd-split upcast for both GEMMs (gate and up as two weight tiles)
+        "split-n128-k128-w4s4": _split(128, 128, 4, 4),
+        "split-n128-k128-w8s4": _split(128, 128, 8, 4),
+        # gate and up rows in one weight tile (moe_split_gate_up), the default's split down
+        "split-fused-n128-k128-w8s3": _split(128, 128, 8, 3, fused=True),
+        "split-fused-n128-k64-w4s4": _split(128, 64, 4, 4, fused=True),
+        # block_n a multiple of the group: 128 for V4-Flash (then 4 warps on 256 weight rows)
+        "split-fused-n64-k128-w4s4": _split(64, 128, 4, 4, fused=True),
+        # the default's "mx" gate/up with a narrower split down (more programs per SM)
+        "mx-then-split-down-n64": dataclasses.replace(
+            moe_experts.DECODE_TILES, down=_split(64, 128, 4, 4)),
     },
     # moe_stream shapes whose machine code waits for every wgmma (see its "Hazard"; "-fence":
     # made so by MoeTiles.wgmma_fence); the default of each regime is timed as "default"
@@ -276,6 +274,7 @@ def _gemm_parts(row, args, group, experts):
     inter, dim = w13.shape[1] // 2, x.shape[1]
     used = torch.unique(ids).numel()
     upcast = moe_experts.STREAM_FAMILIES[tiles.mma]
+    down_tiles = tiles.down or tiles
 
     def gate_up():
         return moe_stream_launch.launch_gate_up(
@@ -293,8 +292,8 @@ def _gemm_parts(row, args, group, experts):
     def down():
         return moe_stream_launch.launch_down(
             h, hs, layout.row_slot, layout.block_expert, w2, s2, num_slots=ids.numel(),
-            group=group, tiles=tiles, upcast=upcast,
-            block_n=moe_experts._block_n(dim, tiles.down_block_n or tiles.block_n, None),
+            group=group, tiles=down_tiles, upcast=moe_experts.STREAM_FAMILIES[down_tiles.mma],
+            block_n=moe_experts._block_n(dim, down_tiles.down_block_n or down_tiles.block_n, None),
             on_cpu=False,
         )  # fmt: skip
 
@@ -391,7 +390,8 @@ def main() -> None:
         print("decode (TB/s of FP4 expert bytes touched; copy ceiling "
               f"{ceiling:.2f} TB/s):")  # fmt: skip
         print_table(decode, ["model", "tokens", "GB_touched", "default_graph_us",
-                             "default_graph_TB/s", "default_TB/s",
+                             "default_graph_TB/s", "default_TB/s", "mx-v4-default_graph_us",
+                             "mx-v4-default_graph_TB/s", "best", "best_us",
                              "old-default-bf16-16x64_graph_us", "old-default-bf16-16x64_graph_TB/s",
                              "torch_fp4_TB/s", "torch_bf16_TB/s", "reference_TB/s",
                              "part_align_one_launch_us", "part_align_torch_us",

@@ -5,13 +5,17 @@ V4-Flash / V4.1-Flash decode shapes on the GPU)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import triton
 import triton.language as tl
 
+from deepinfer.kernels import OPS
 from deepinfer.kernels.reference import quant as ref_quant
 from deepinfer.kernels.testing import cases_for, check_case
+from deepinfer.kernels.testing.cases.moe_kernels import random_fp4_weight
 from deepinfer.kernels_nvidia import moe_experts
 from deepinfer.kernels_nvidia.moe_experts import MoeTiles
 from deepinfer.kernels_nvidia.moe_split import nibbles_to_bf16_scaled, split_factor
@@ -23,12 +27,29 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
 SMALL = {
     "split-swap": MoeTiles(16, 64, 4, 1, mma="split", swap_ab=True, block_k=64, down_block_n=32),
     "split": MoeTiles(16, 32, 4, 1, mma="split", block_k=32),
-}
-# the split shapes bench_moe.py sweeps for decode (weights as the wgmma's M side)
+    "split-fused": MoeTiles(16, 32, 4, 1, mma="split", swap_ab=True, block_k=32,
+                            fused_gate_up=True),
+    "mx-then-split-down": MoeTiles(16, 64, 4, 1, mma="mx", block_k=32, group_m=0,
+                                   down=MoeTiles(16, 64, 4, 1, mma="split", swap_ab=True,
+                                                 block_k=64)),
+}  # fmt: skip
+
+
+def _split(block_n, block_k, warps, stages, **kw):
+    return MoeTiles(16, block_n, warps, stages, mma="split", swap_ab=True, block_k=block_k,
+                    group_m=0, wgmma_fence=True, **kw)  # fmt: skip
+
+
+# the split shapes bench_moe.py sweeps for decode (the default: test_moe_kernels, test_moe_stream)
+_DOWN = moe_experts.SPLIT_DOWN_TILES
 REAL = {
-    f"split-n{n}-k{k}-w{w}s{s}": MoeTiles(16, n, w, s, mma="split", swap_ab=True, block_k=k,
-                                          group_m=0, wgmma_fence=True)
-    for n, k, w, s in ((128, 128, 4, 4), (256, 128, 8, 3))
+    "split-n128-k128-w4s4": _split(128, 128, 4, 4),
+    "split-n128-k128-w8s4": _split(128, 128, 8, 4),
+    "split-fused-n128-k128-w8s3": _split(128, 128, 8, 3, fused_gate_up=True, down=_DOWN),
+    "split-fused-n128-k64-w4s4": _split(128, 64, 4, 4, fused_gate_up=True, down=_DOWN),
+    "split-fused-n64-k128-w4s4": _split(64, 128, 4, 4, fused_gate_up=True, down=_DOWN),
+    "mx-then-split-down-n64": dataclasses.replace(moe_experts.DECODE_TILES,
+                                                  down=_split(64, 128, 4, 4)),
 }  # fmt: skip
 
 
@@ -104,3 +125,45 @@ def _decode_cases():
 @pytest.mark.parametrize("case", _decode_cases(), ids=str)
 def test_split_real(case, name):
     check_case(_with_tiles(REAL[name]), case, DEVICE)
+
+
+def _spread_scale_inputs(seed):
+    """Small expert inputs whose weight scales drop by up to 2^12 within each row."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    experts, dim, inter = 4, 128, 64
+    x = torch.randn(5, dim, generator=g, device=DEVICE).bfloat16()
+    ids = torch.rand(5, experts, generator=g, device=DEVICE).topk(2, dim=-1).indices
+    weights = torch.rand(5, 2, generator=g, device=DEVICE) + 0.25
+    w13, s13 = random_fp4_weight(g, (experts, 2 * inter, dim), DEVICE)
+    w2, s2 = random_fp4_weight(g, (experts, dim, inter), DEVICE)
+
+    def spread(scale):
+        drop = torch.randint(0, 13, scale.shape, generator=g, device=DEVICE, dtype=torch.int32)
+        return (scale.view(torch.uint8).int() - drop).to(torch.uint8).view(torch.float8_e8m0fnu)
+
+    return x, weights, ids, w13, spread(s13), w2, spread(s2)
+
+
+@pytest.mark.parametrize("name", ["split-swap", "split-fused"])
+def test_split_scales_spread_within_a_row(name):
+    args = _spread_scale_inputs(7)
+    kw = dict(swiglu_limit=10.0, act_quant_group=32)
+    want = OPS["fp4_moe_experts"].reference(*args, **kw)
+    got = _with_tiles(SMALL[name])(*args, **kw)
+    assert ((got - want).abs().max() / want.std()).item() < 2e-2
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        MoeTiles(16, 64, 4, 1, mma="mx", fused_gate_up=True),
+        MoeTiles(16, 64, 4, 1, mma="mx", down=MoeTiles(32, 64, 4, 1, mma="split")),
+        MoeTiles(16, 64, 4, 1, mma="bf16", down=MoeTiles(16, 64, 4, 1, mma="split")),
+    ],
+    ids=["fused-needs-split", "down-block-m", "down-needs-stream-family"],
+)
+def test_split_tiles_are_validated(tiles):
+    args = _spread_scale_inputs(1)
+    with pytest.raises(ValueError, match="tiles"):
+        moe_experts.fp4_moe_experts_tiles(*args, swiglu_limit=10.0, act_quant_group=32,
+                                          tiles=tiles)  # fmt: skip

@@ -27,7 +27,7 @@ SMALL = {
 }
 # every decode variant bench_moe.py sweeps (the default is also in test_moe_kernels' cases)
 REAL = {
-    "mx-n128-k256-w8s3": moe_experts.DECODE_TILES,
+    "decode-default": moe_experts.DECODE_TILES,
     "mx-n128-k256-w8s4": MoeTiles(16, 128, 8, 4, mma="mx", block_k=256),
     "mx-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="mx", block_k=128),
     "mx-n128-k128-w8s4": MoeTiles(16, 128, 8, 4, mma="mx", block_k=128),

@@ -34,6 +34,7 @@ from deepinfer.kernels_nvidia.moe_gemm import (
     moe_down_kernel,
     moe_gate_up_kernel,
 )
+from deepinfer.kernels_nvidia.moe_split_gate_up import launch_fused_gate_up
 from deepinfer.kernels_nvidia.quant import fp8_sim, quantize_rows
 from deepinfer.kernels_nvidia.registry import implements
 
@@ -62,6 +63,10 @@ class MoeTiles:
     split_tail: bool = False
     # moe_stream: wait for the previous K step's wgmmas before the next upcast (GPU only)
     wgmma_fence: bool = False
+    # mma="split": gate and up rows in one weight tile (moe_split_gate_up)
+    fused_gate_up: bool = False
+    # the down GEMM's own tiles (a moe_stream family, same block_m; None: these)
+    down: MoeTiles | None = None
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,15 @@ BATCH_INVARIANT_TILES = MoeTiles(64, 128, 4, 3)
 # flight across the K loop's back-edge while the next upcast overwrites their register operands
 # (the race that failed prefill shapes on the H200, see STREAM_TILES); its tests passed, but it
 # is not safe by construction, so the decode default waits for every wgmma at each K step.
-DECODE_TILES = MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0, wgmma_fence=True)
+# Down GEMM: moe_split's even/odd-split upcast, weights on the wgmma's M side (~3.8 SASS
+# instructions per weight element in the K loop against ~6.3), every wgmma waited for. H200, 64
+# tokens, graph replay (results/2026-11-30-h200-moe-v5-sweep.json, 79032cd): down alone 585 us
+# (V4-Flash) and 960 us (V4.1-Flash) against 654 / 1,407 us for the "mx" down; the split gate/up
+# (two weight tiles per K step) was slower than "mx" (1,707 vs 1,482 us), so gate/up stays "mx".
+SPLIT_DOWN_TILES = MoeTiles(16, 128, 4, 4, mma="split", swap_ab=True, block_k=128, group_m=0,
+                            wgmma_fence=True)  # fmt: skip
+DECODE_TILES = MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0, wgmma_fence=True,
+                        down=SPLIT_DOWN_TILES)  # fmt: skip
 # More rows per expert: the same MXFP4 kernels with taller row blocks, programs in grouped order
 # (``group_m`` row blocks sweep the column tiles together, so each weight tile is read from HBM
 # once for the expert's blocks). (max rows per expert, tiles), first match wins. H200, bench_moe.py
@@ -253,6 +266,7 @@ def fp4_moe_experts_tiles(
     if tiles is None:
         invariant = envs.batch_invariant()
         tiles = choose_tiles(num_slots, experts, batch_invariant=invariant, on_cpu=on_cpu)
+    _check_stream_tiles(tiles)
     if tiles.split_tail and (tiles.mma not in STREAM_FAMILIES or tiles.block_m % 32):
         raise ValueError(f"tiles.split_tail: needs mma in {list(STREAM_FAMILIES)} and block_m a "
                          f"multiple of 32, got mma={tiles.mma!r}, block_m={tiles.block_m}")  # fmt: skip
@@ -327,9 +341,19 @@ def _stream_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k,
     down = dict(num_slots=x.shape[0] * top_k, block_n=down_n, **common)
     rows = (layout.row_slot, layout.block_expert)
     if not tiles.split_tail:
-        h, hs = moe_stream_launch.launch_gate_up(act, act_scale, topk_weights, *rows, w13, w13_scale,
-                                          tiles=tiles, **gate_up)  # fmt: skip
-        return moe_stream_launch.launch_down(h, hs, *rows, w2, w2_scale, tiles=tiles, **down)
+        if tiles.fused_gate_up:
+            gate_up.pop("upcast")
+            h, hs = launch_fused_gate_up(act, topk_weights, *rows, w13, w13_scale, tiles=tiles,
+                                         **gate_up)  # fmt: skip
+        else:
+            h, hs = moe_stream_launch.launch_gate_up(act, act_scale, topk_weights, *rows, w13,
+                                                     w13_scale, tiles=tiles, **gate_up)  # fmt: skip
+        down_tiles = tiles.down or tiles
+        down.update(
+            upcast=STREAM_FAMILIES[down_tiles.mma],
+            block_n=_block_n(dim, down_tiles.down_block_n or down_tiles.block_n, None),
+        )
+        return moe_stream_launch.launch_down(h, hs, *rows, w2, w2_scale, tiles=down_tiles, **down)
     pairs, singles = moe_align.split_programs(layout.block_expert, w13.shape[0])
     half = dataclasses.replace(tiles, block_m=layout.block_m)
     launches = ((tiles, pairs), (half, singles))
@@ -345,6 +369,25 @@ def _stream_family(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, top_k,
                                    block_list=block_list, row_unit=layout.block_m, out=y,
                                    **down)  # fmt: skip
     return y
+
+
+def _check_stream_tiles(tiles: MoeTiles) -> None:
+    """``fused_gate_up`` needs ``mma="split"``; ``down`` a bf16-activation stream family with
+    the same ``block_m``, and neither with ``split_tail``."""
+    if tiles.fused_gate_up and (tiles.mma != "split" or tiles.split_tail):
+        raise ValueError(f"tiles.fused_gate_up: needs mma='split' and no split_tail, got "
+                         f"mma={tiles.mma!r}, split_tail={tiles.split_tail}")  # fmt: skip
+    if tiles.down is None:
+        return
+    down, bf16 = tiles.down, ("mx", "split")
+    if (
+        tiles.mma not in bf16
+        or down.mma not in bf16
+        or down.block_m != tiles.block_m
+        or (tiles.split_tail or down.split_tail or down.down is not None)
+    ):
+        raise ValueError(f"tiles.down={down}: expected mma in {bf16} for both, the same block_m "
+                         f"({tiles.block_m}), no split_tail and no nested down")  # fmt: skip
 
 
 def _round_trip_bf16(x: torch.Tensor, group: int | None) -> torch.Tensor:
