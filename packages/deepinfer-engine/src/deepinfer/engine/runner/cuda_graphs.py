@@ -14,10 +14,11 @@ shapes the eager path would and the logits are bit-identical to it. Any other st
 whose capture failed (logged once), runs eagerly: a step never fails for want of a graph.
 
 Per step the host fills one pinned int64 buffer (numpy, no torch op per field) and one copy
-moves it into the graph's input buffer. Memory: the graphs' pool holds the activations of one
-decode forward of at most ``max_batch_size`` tokens (a few MB per layer-free buffer, far below
-the prefill activations the cache sizing already reserves) and one shared fp32 logits buffer
-``[max_batch_size, vocab]``.
+moves it into the graph's input buffer; every graph shares these two buffers (sized for the
+largest layout, ``max_batch_size`` tokens at ``max_context``). Memory: the graphs' pool holds
+the activations of one decode forward of at most ``max_batch_size`` tokens (small next to the
+prefill activations the cache sizing reserves), plus one shared fp32 logits buffer
+``[max_batch_size, vocab]`` and the input buffer (:func:`graph_reserve_bytes` of the loader).
 
 ``capture=False`` runs the same fixed-shape forward eagerly (any device): the CPU tests use it
 to check that forward against the normal one.
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 
 from deepinfer.engine.core.batch_plan import StepPlan
-from deepinfer.engine.model.cache import ModelCache
+from deepinfer.engine.model.cache import CacheLayout, ModelCache
 from deepinfer.engine.model.decode_metadata import (
     DecodeLayout,
     compression_kinds,
@@ -78,6 +79,26 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.kinds = compression_kinds(model.config, cache.layout.max_draft)
         self._logits: torch.Tensor | None = None
+        self._inputs: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @staticmethod
+    def input_elements(config, cache_layout: CacheLayout, max_batch_size: int,
+                       max_context: int, min_context: int = 1024) -> int:  # fmt: skip
+        """int64 elements of the input buffer every graph shares: its largest layout's."""
+        bucket = context_bucket(max_context, min(min_context, max_context))
+        ring = config.sliding_window + cache_layout.max_draft
+        return DecodeLayout(config, cache_layout, ring, max_batch_size, bucket).size
+
+    def _shared_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pinned host, device) int64 buffers that every graph reads its inputs from: one
+        step runs at a time and fills every field of its layout first, so they can share."""
+        if self._inputs is None:
+            size = self.input_elements(self.model.config, self.cache.layout,
+                                       self.max_batch_size, self.max_context, self.min_context)  # fmt: skip
+            pin = self.device.type == "cuda"
+            host = torch.zeros(size, dtype=torch.int64, pin_memory=pin)
+            self._inputs = (host, torch.zeros(size, dtype=torch.int64, device=self.device))
+        return self._inputs
 
     @staticmethod
     def supports(model: torch.nn.Module, device: torch.device) -> bool:
@@ -124,9 +145,7 @@ class DecodeGraphs:
         t, context, emits = key
         layout = DecodeLayout(self.model.config, self.cache.layout, self.cache.ring_size, t,
                               context, emits)  # fmt: skip
-        pin = self.device.type == "cuda"
-        host = torch.zeros(layout.size, dtype=torch.int64, pin_memory=pin)
-        device = torch.zeros(layout.size, dtype=torch.int64, device=self.device)
+        host, device = (buffer[: layout.size] for buffer in self._shared_inputs())
         entry = _Graph(layout, host, host.numpy(), device)
         self.graphs[key] = entry
         return entry

@@ -46,6 +46,7 @@ DEVICES = {"nvidia": "cuda", "ascend": "npu", "cpu": "cpu"}
 CPU_CACHE_BUDGET = 4 * 2**30  # bytes: the most the cache takes on a CPU
 PROFILE_TOKENS_CAP = 16384
 MAX_GRAPH_BATCH = 256  # decode steps of more sequences run eagerly
+MAX_GRAPH_CONTEXT = 65536  # and steps with longer contexts (the GPU work dominates them)
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -66,7 +67,11 @@ def load_model(config: EngineConfig) -> LoadedModel:
     max_draft = spec.num_draft_tokens if spec is not None else 0
     use_graphs = not config.enforce_eager and spec is None and DecodeGraphs.supports(model, device)
     graph_batch = min(config.max_num_seqs, MAX_GRAPH_BATCH)
-    reserve = graph_reserve_bytes(graph_batch, model_config.vocab_size) if use_graphs else 0
+    graph_context = min(config.max_model_len or model_config.max_position_embeddings,
+                        MAX_GRAPH_CONTEXT)  # fmt: skip
+    reserve = 0
+    if use_graphs:
+        reserve = graph_reserve_bytes(model_config, config.block_size, graph_batch, graph_context)
     num_blocks, num_slots = _size_cache(
         model, model_config, config, device, dtype, max_draft, reserve
     )
@@ -74,8 +79,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     cache = ModelCache(model_config, layout, dtype=dtype, device=device)
     graphs = None
     if use_graphs:
-        max_context = config.max_model_len or model_config.max_position_embeddings
-        graphs = DecodeGraphs(model, cache, max_batch_size=graph_batch, max_context=max_context)
+        graphs = DecodeGraphs(model, cache, max_batch_size=graph_batch, max_context=graph_context)
     vocab = model_config.vocab_size
     grammar = GrammarManager(tokenizer, vocab) if tokenizer is not None else None
     ratios = tuple(sorted({r for r in model_config.compress_ratios if r > 0})) or (1,)
@@ -165,11 +169,15 @@ def _eos_ids(path: Path, model_config: ModelConfig, tokenizer) -> frozenset[int]
     return frozenset(ids)
 
 
-def graph_reserve_bytes(max_batch_size: int, vocab_size: int) -> int:
+def graph_reserve_bytes(
+    model_config: ModelConfig, block_size: int, max_batch_size: int, max_context: int
+) -> int:
     """Device memory kept back from the cache for the decode graphs: their shared fp32 logits
-    buffer plus their pool, which holds the activations of one decode forward of at most
-    ``max_batch_size`` tokens (a few MB; 256 MiB is ample)."""
-    return max_batch_size * vocab_size * 4 + 256 * 2**20
+    buffer and int64 input buffer, plus their pool, which holds the activations of one decode
+    forward of at most ``max_batch_size`` tokens (256 MiB is ample at these sizes)."""
+    layout = CacheLayout(num_blocks=2, num_slots=2, block_size=block_size)
+    inputs = DecodeGraphs.input_elements(model_config, layout, max_batch_size, max_context)
+    return max_batch_size * model_config.vocab_size * 4 + inputs * 8 + 256 * 2**20
 
 
 def _size_cache(
