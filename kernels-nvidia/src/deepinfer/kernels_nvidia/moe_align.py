@@ -18,6 +18,8 @@ by their block's program, so no two programs write the same row.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -285,3 +287,54 @@ def align_large(
         EXPERTS_P2=experts_p2, BLOCK_CHUNK=16, num_warps=4,
     )  # fmt: skip
     return row_slot, block_expert
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Rows grouped by expert: ``row_slot [capacity]`` int32 (``num_slots`` marks padding),
+    ``block_expert [capacity / block_m]`` int32 (-1: unused block)."""
+
+    row_slot: torch.Tensor
+    block_expert: torch.Tensor
+    block_m: int
+
+
+def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertLayout:
+    """Sort the flat (token, slot) pairs by expert (stable) into ``block_m``-row blocks, with
+    device-side ops only (no host sync, so it can run inside a CUDA graph): one launch
+    (``align_multi``, 32 slots per program) for up to 2,048 pairs, a torch composition
+    above that. H200 (sweep at 174611d, graph replay): 64 tokens 8.8 us (one program: 39 us,
+    torch: 82 us); 256 tokens 15 us (662 / 89 us)."""
+    flat = topk_ids.reshape(-1)
+    num_slots = flat.numel()
+    capacity = (
+        triton.cdiv(num_slots + min(num_experts, num_slots) * (block_m - 1), block_m) * block_m
+    )
+    if 0 < num_slots <= MAX_SLOTS and num_experts <= MAX_EXPERTS:
+        row_slot, block_expert = align_multi(
+            flat.contiguous(), num_experts, block_m, capacity, slot_chunk=32
+        )
+        return ExpertLayout(row_slot, block_expert, block_m)
+    return _align_by_expert_torch(flat.to(torch.int64), num_experts, block_m, capacity)
+
+
+def _align_by_expert_torch(flat, num_experts, block_m, capacity) -> ExpertLayout:
+    num_slots = flat.numel()
+    order = torch.argsort(flat, stable=True)
+    # index_add_, not bincount: bincount reads the maximum back to the host (a sync)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.index_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
+    sorted_experts = flat[order]
+    rank = (
+        torch.arange(num_slots, device=flat.device)
+        - (torch.cumsum(counts, 0) - counts)[sorted_experts]
+    )
+    dest = (padded_end - padded)[sorted_experts] + rank
+    row_slot = torch.full((capacity,), num_slots, dtype=torch.int32, device=flat.device)
+    row_slot[dest] = order.to(torch.int32)
+    starts = torch.arange(0, capacity, block_m, device=flat.device)
+    block_expert = torch.searchsorted(padded_end, starts, right=True)
+    block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
+    return ExpertLayout(row_slot, block_expert, block_m)

@@ -28,6 +28,11 @@ import triton
 
 from deepinfer.kernels import envs
 from deepinfer.kernels_nvidia import moe_align, moe_stream_launch
+from deepinfer.kernels_nvidia.moe_align import (  # noqa: F401 (re-exported)
+    ExpertLayout,
+    _align_by_expert_torch,
+    align_by_expert,
+)
 from deepinfer.kernels_nvidia.moe_fp8 import moe_fp8_down_kernel, moe_fp8_gate_up_kernel
 from deepinfer.kernels_nvidia.moe_gemm import (
     moe_combine_kernel,
@@ -67,16 +72,6 @@ class MoeTiles:
     fused_gate_up: bool = False
     # the down GEMM's own tiles (a moe_stream family, same block_m; None: these)
     down: MoeTiles | None = None
-
-
-@dataclass(frozen=True)
-class ExpertLayout:
-    """Rows grouped by expert: ``row_slot [capacity]`` int32 (``num_slots`` marks padding),
-    ``block_expert [capacity / block_m]`` int32 (-1: unused block)."""
-
-    row_slot: torch.Tensor
-    block_expert: torch.Tensor
-    block_m: int
 
 
 # moe_gemm's bf16-upcast tiles: the prefill / middle defaults before the MXFP4 kernels (kept for
@@ -142,47 +137,6 @@ def choose_tiles(
     if rows_per_expert <= 4:
         return DECODE_TILES
     return next(tiles for limit, tiles in STREAM_TILES if rows_per_expert <= limit)
-
-
-def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertLayout:
-    """Sort the flat (token, slot) pairs by expert (stable) into ``block_m``-row blocks, with
-    device-side ops only (no host sync, so it can run inside a CUDA graph): one launch
-    (``moe_align.align_multi``, 32 slots per program) for up to 2,048 pairs, a torch composition
-    above that. H200 (sweep at 174611d, graph replay): 64 tokens 8.8 us (one program: 39 us,
-    torch: 82 us); 256 tokens 15 us (662 / 89 us)."""
-    flat = topk_ids.reshape(-1)
-    num_slots = flat.numel()
-    capacity = (
-        triton.cdiv(num_slots + min(num_experts, num_slots) * (block_m - 1), block_m) * block_m
-    )
-    if 0 < num_slots <= moe_align.MAX_SLOTS and num_experts <= moe_align.MAX_EXPERTS:
-        row_slot, block_expert = moe_align.align_multi(
-            flat.contiguous(), num_experts, block_m, capacity, slot_chunk=32
-        )
-        return ExpertLayout(row_slot, block_expert, block_m)
-    return _align_by_expert_torch(flat.to(torch.int64), num_experts, block_m, capacity)
-
-
-def _align_by_expert_torch(flat, num_experts, block_m, capacity) -> ExpertLayout:
-    num_slots = flat.numel()
-    order = torch.argsort(flat, stable=True)
-    # index_add_, not bincount: bincount reads the maximum back to the host (a sync)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
-    counts.index_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
-    padded_end = torch.cumsum(padded, 0)
-    sorted_experts = flat[order]
-    rank = (
-        torch.arange(num_slots, device=flat.device)
-        - (torch.cumsum(counts, 0) - counts)[sorted_experts]
-    )
-    dest = (padded_end - padded)[sorted_experts] + rank
-    row_slot = torch.full((capacity,), num_slots, dtype=torch.int32, device=flat.device)
-    row_slot[dest] = order.to(torch.int32)
-    starts = torch.arange(0, capacity, block_m, device=flat.device)
-    block_expert = torch.searchsorted(padded_end, starts, right=True)
-    block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
-    return ExpertLayout(row_slot, block_expert, block_m)
 
 
 def _block_k(k: int, group: int | None) -> int:
