@@ -7,7 +7,8 @@ step = the sum of device kernel time, the number of kernel launches, CPU time in
 ``aten::to`` count) and cProfile (cumulative time of the parts of a step: scheduler, runner
 input and metadata build, the model forward per layer, logits, sampling, update and output
 processing, Triton's launcher; plus the functions with the most own time). Prints a table and
-writes JSON. ``--graphs on,off`` repeats everything with the decode CUDA graphs on and off.
+writes JSON. ``--modes graphs,eager`` profiles with the engine's decode CUDA graphs, then with
+every step eager (same model and cache).
 
     python benchmarks/engine/profile_decode.py --dummy-layers 8 --batch 1,64 --out prof.json
     python benchmarks/engine/profile_decode.py --accelerator cpu --batch 2 --tokens 6
@@ -65,16 +66,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", default="1,64")
     p.add_argument("--tokens", type=int, default=6, help="tokens per request (1 prefill step)")
     p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--graphs", default="default", help="default | on | off | on,off")
+    p.add_argument("--modes", default="graphs,eager",
+                   help="profile with the decode CUDA graphs and/or with every step eager")  # fmt: skip
     p.add_argument("--top", type=int, default=30, help="functions printed by own time")
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
 
 
-def _load(args, enforce_eager: bool | None) -> tuple[LLM, int]:
+def _load(args) -> tuple[LLM, int]:
     kwargs = dict(accelerator=args.accelerator, speculative_tokens=0, max_num_seqs=64)
-    if enforce_eager is not None:
-        kwargs["enforce_eager"] = enforce_eager
     if args.dummy_layers:
         from dummy_forward import v4_flash_config
 
@@ -242,20 +242,23 @@ def print_result(label: str, r: dict, top: int) -> None:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    modes = {"default": [None], "on": [False], "off": [True], "on,off": [False, True]}
-    if args.graphs not in modes:
-        raise SystemExit(f"--graphs {args.graphs!r}: expected one of {sorted(modes)}")
-    results = []
-    for enforce_eager in modes[args.graphs]:
-        llm, vocab = _load(args, enforce_eager)
-        label = {None: "default", False: "graphs on", True: "eager"}[enforce_eager]
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - {"graphs", "eager"}:
+        raise SystemExit(f"--modes {args.modes!r}: expected graphs and/or eager")
+    llm, vocab = _load(args)
+    runner = llm._core.executor
+    graphs, results = runner.graphs, []
+    for mode in modes:
+        if mode == "graphs" and graphs is None:
+            print("graphs: this engine has no decode graphs (CPU, speculation or dense experts)")
+            continue
+        runner.graphs = graphs if mode == "graphs" else None
         for batch in [int(b) for b in args.batch.split(",") if b.strip()]:
             r = profile_batch(llm, vocab, batch, args)
-            r["mode"] = label
-            print_result(label, r, args.top)
+            r["mode"] = mode
+            print_result(mode, r, args.top)
             results.append(r)
-        del llm
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    runner.graphs = graphs
     payload = {"env": environment(), "args": vars(args), "results": results}
     write_json(args.out, payload)
     return payload
