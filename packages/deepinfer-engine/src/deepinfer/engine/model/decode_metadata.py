@@ -1,8 +1,9 @@
 """Fixed-shape metadata of a decode step, for CUDA-graph capture and replay.
 
 A decode step (every sequence one token, no drafts) of ``T`` tokens whose contexts are at most
-``context`` positions long always has index lists of the same shapes: ``T`` rows everywhere,
-``sliding_window`` window columns, ``context // ratio`` visible columns per compressed kind.
+``context`` positions long, ``E_k`` of which complete an entry of compressed kind ``k``, always
+has index lists of the same shapes: ``T`` token rows, ``E_k`` entry rows, ``sliding_window``
+window columns, ``context // ratio`` visible columns per kind.
 :class:`DecodeLayout` fixes those shapes; :meth:`DecodeLayout.fill` writes one step's values
 (plain integers in, numpy on the host, no torch op) into one flat int64 host buffer, which one
 copy moves into the device buffer a captured graph reads (:meth:`DecodeLayout.metadata` views).
@@ -14,9 +15,9 @@ reads or the order it reads them in (so the logits are bit-identical):
   and ``window_indices`` are ring rows only (the row a token's KV overwrites holds a position
   ``ring >= window`` back, outside every window of the step); attention then gathers the rows
   each query reads into one fixed-size buffer instead of concatenating the pools.
-- a kind's plan has no entry rows when no token of the step completes one (a separate graph),
-  else one per token row: a token that completes no window pools its own step row and writes
-  the result to arena row 0 of the null block 0 (never handed out), so ``E = T``;
+- the layout fixes how many tokens complete an entry of each kind (a separate graph per
+  count: in steady decode the count cycles through at most ``ratio`` values), so the plans'
+  entry rows are exactly the eager ones;
 - ``visible`` is padded with ``-1`` to ``context // ratio`` columns (the attention and indexer
   kernels skip ``-1``; trailing ones add exact zeros).
 """
@@ -31,8 +32,6 @@ import torch
 from deepinfer.engine.model.cache import CacheLayout, compressor_state_rows, overlapped
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.metadata import AttentionMetadata, CompressionPlan, ForwardBatch
-
-NULL_ARENA_ROW = 0  # row 0 of the null block 0: where entries no token completes are written
 
 
 @dataclass(frozen=True)
@@ -55,26 +54,26 @@ def compression_kinds(config: ModelConfig, max_draft: int) -> list[_Kind]:
     return [kinds[key] for key in sorted(kinds)]
 
 
-def emitting(kinds: list[_Kind], positions) -> tuple[bool, ...]:
-    """Per kind: whether any token at ``positions`` completes an entry of that kind."""
+def emitting(kinds: list[_Kind], positions) -> tuple[int, ...]:
+    """Per kind: how many tokens at ``positions`` complete an entry of that kind."""
     p = np.asarray(positions, dtype=np.int64)
-    return tuple(bool(((p + 1) % k.ratio == 0).any()) for k in kinds)
+    return tuple(int(((p + 1) % k.ratio == 0).sum()) for k in kinds)
 
 
 @dataclass
 class DecodeLayout:
     """Shapes and flat-buffer offsets of the fixed metadata of ``num_tokens`` decode tokens
-    with contexts of at most ``context`` positions. ``emits[k]`` (default: all True): whether
-    the steps of this layout may complete entries of kind ``k``; when False the kind's plan
-    emits nothing (``E = 0``, as the eager step does then) and its compressor only updates its
-    partial-window state, else every token row has an entry row (``E = T``)."""
+    with contexts of at most ``context`` positions, of which ``emits[k]`` (default: all)
+    complete an entry of kind ``k``: the kind's plan has exactly that many entry rows, as the
+    eager step's has, so every op after the pooling (V4.1's dense key projection included)
+    sees the eager shapes."""
 
     config: ModelConfig
     cache_layout: CacheLayout
     ring_size: int
     num_tokens: int
     context: int
-    emits: tuple[bool, ...] | None = None
+    emits: tuple[int, ...] | None = None
     fields: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
     size: int = 0
 
@@ -82,17 +81,16 @@ class DecodeLayout:
         c, t = self.config, self.num_tokens
         self.kinds = compression_kinds(c, self.cache_layout.max_draft)
         if self.emits is None:
-            self.emits = (True,) * len(self.kinds)
+            self.emits = (t,) * len(self.kinds)
         w = c.sliding_window
         for name, shape in (("input_ids", (t,)), ("positions", (t,)), ("seq_lens", (t,)),
                             ("state_slots", (t,)), ("rows", (t,)), ("cu_seqlens_q", (t + 1,)),
                             ("window_indices", (t, w)), ("window_gather", (t, w)),
                             ("window_write_dst", (t,))):  # fmt: skip
             self._add(name, shape)
-        for k, emits in zip(self.kinds, self.emits, strict=True):
+        for k, e in zip(self.kinds, self.emits, strict=True):
             p = f"{k.ratio}.{int(k.overlap)}."
             width = 2 * k.ratio if k.overlap else k.ratio
-            e = t if emits else 0
             for name, shape in (("emit_src", (e, width)), ("emit_positions", (e,)),
                                 ("emit_rows", (e,)), ("state_write_dst", (t,)),
                                 ("visible", (t, self.context // k.ratio)),
@@ -136,12 +134,15 @@ class DecodeLayout:
         v["window_indices"][:] = np.where(q >= 0, s[:, None] * ring + q % ring, -1)
         v["window_gather"][:] = np.where(q >= 0, (rows[:, None] * w + np.arange(w)), -1)
         v["window_write_dst"][:] = s * ring + p % ring
-        for k, may_emit in zip(self.kinds, self.emits, strict=True):
-            self._fill_kind(v, f"{k.ratio}.{int(k.overlap)}.", k, may_emit, p, s, tables)
+        for k, count in zip(self.kinds, self.emits, strict=True):
+            self._fill_kind(v, f"{k.ratio}.{int(k.overlap)}.", k, count, p, s, tables)
 
-    def _fill_kind(self, v, prefix: str, k: _Kind, may_emit: bool, p, s, tables) -> None:
-        r, rows = k.ratio, np.arange(self.num_tokens)
-        emits = (p + 1) % r == 0
+    def _fill_kind(self, v, prefix: str, k: _Kind, count: int, p, s, tables) -> None:
+        r = k.ratio
+        emits = np.flatnonzero((p + 1) % r == 0)  # the tokens completing an entry, in order
+        if len(emits) != count:
+            raise ValueError(f"{len(emits)} tokens complete a ratio-{r} entry: this layout "
+                             f"has {count} entry rows")  # fmt: skip
         v[prefix + "state_write_dst"][:] = s * k.state_rows + p % k.state_rows
         counts = (p + 1) // r
         entries = np.arange(self.context // r)[None, :]
@@ -149,21 +150,20 @@ class DecodeLayout:
                               self.cache_layout)  # fmt: skip
         v[prefix + "visible"][:] = np.where(entries < counts[:, None], visible, -1)
         v[prefix + "visible_count"][:] = counts
-        if not may_emit:
-            if emits.any():
-                raise ValueError(f"a token completes a ratio-{r} entry: this layout emits none")
+        if not count:
             return
         base = self.cache_layout.num_slots * k.state_rows
-        entry = (p + 1) // r - 1
+        pe, se = p[emits], s[emits]
+        entry = (pe + 1) // r - 1
         first = (entry - 1) * r if k.overlap else entry * r
         q = first[:, None] + np.arange(2 * r if k.overlap else r)
-        src = np.where(q >= p[:, None], base + rows[:, None] + q - p[:, None],
-                       s[:, None] * k.state_rows + q % k.state_rows)  # fmt: skip
-        src = np.where(q < 0, -1, src)
-        v[prefix + "emit_src"][:] = np.where(emits[:, None], src, base + rows[:, None])
-        v[prefix + "emit_positions"][:] = np.where(emits, entry * r, 0)
-        arena = _arena_rows(tables, np.maximum(entry, 0)[:, None], r, self.cache_layout)[:, 0]
-        v[prefix + "emit_rows"][:] = np.where(emits, arena, NULL_ARENA_ROW)
+        # rows of [state | step tokens]: the completing token itself, else its state ring
+        src = np.where(q >= pe[:, None], base + emits[:, None] + q - pe[:, None],
+                       se[:, None] * k.state_rows + q % k.state_rows)  # fmt: skip
+        v[prefix + "emit_src"][:] = np.where(q < 0, -1, src)
+        v[prefix + "emit_positions"][:] = entry * r
+        v[prefix + "emit_rows"][:] = _arena_rows(tables[emits], entry[:, None], r,
+                                                 self.cache_layout)[:, 0]  # fmt: skip
 
     def metadata(self, flat: torch.Tensor) -> tuple[ForwardBatch, AttentionMetadata]:
         """The batch and metadata the forward reads, as views of the device buffer ``flat``

@@ -4,14 +4,15 @@ replayed, so a step costs one graph launch instead of thousands of kernel launch
 A step qualifies when every scheduled sequence has one token, no drafts are verified, no prompt
 logprobs are asked for, there are at most ``max_batch_size`` sequences and every context fits
 ``max_context``. Its shape key is (number of tokens, context bucket: the smallest power of two
-at least the longest context and at least ``min_context``, and per compressed kind whether
-any token completes an entry: most decode steps complete none, and then the compressors'
-pooling is left out of the graph as the eager step leaves it out); the first step of a key warms the
-forward up on the fixed-shape metadata (:mod:`deepinfer.engine.model.decode_metadata`),
-captures it into a graph that shares one memory pool with the others, and replays it. Graphs
-are captured for exactly the step's token count (no padding rows), so every kernel sees the
-shapes the eager path would and the logits are bit-identical to it. Any other step, and any key
-whose capture failed (logged once), runs eagerly: a step never fails for want of a graph.
+at least the longest context and at least ``min_context``, and per compressed kind how many
+tokens complete an entry: most steps of a small batch complete none and leave the pooling
+out, as the eager step does); the first step of a key warms the forward up on the fixed-shape
+metadata (:mod:`deepinfer.engine.model.decode_metadata`), captures it into a graph that shares
+one memory pool with the others, and replays it. Graphs are captured for exactly the step's
+token and entry counts (no padding rows), so every kernel sees the shapes the eager path
+would, but for the visible lists padded with ``-1`` (skipped exactly by the kernels), and the
+logits are bit-identical to it. Any other step, a key whose capture failed (logged once), and
+new keys past ``max_graphs`` run eagerly: a step never fails for want of a graph.
 
 Per step the host fills one pinned int64 buffer (numpy, no torch op per field) and one copy
 moves it into the graph's input buffer; every graph shares these two buffers (sized for the
@@ -67,12 +68,13 @@ class DecodeGraphs:
         max_context: int,
         min_context: int = 1024,
         capture: bool = True,
+        max_graphs: int = 512,
     ) -> None:
         self.model, self.cache = model, cache
         self.device = next(iter(cache.tensors.values())).device
         self.max_batch_size, self.max_context = max_batch_size, max_context
         self.min_context = min(min_context, max_context)
-        self.capture = capture
+        self.capture, self.max_graphs = capture, max_graphs
         self.graphs: dict[tuple, _Graph] = {}
         self.failed: set[tuple] = set()
         self.num_replays = 0
@@ -121,7 +123,9 @@ class DecodeGraphs:
             return None
         emits = emitting(self.kinds, plan.positions)
         key = (t, context_bucket(longest, self.min_context), emits)
-        return None if key in self.failed else key
+        if key in self.failed or (key not in self.graphs and len(self.graphs) >= self.max_graphs):
+            return None  # (past max_graphs new shapes run eagerly: bounded graph memory)
+        return key
 
     def run(self, plan: StepPlan, rows: list[int]) -> torch.Tensor | None:
         """Logits ``[T, vocab]`` fp32 of a qualifying decode step (valid until the next step),
@@ -178,5 +182,5 @@ class DecodeGraphs:
             logger.warning("decode graph %s: capture failed, running eagerly (%s)", key, error)
             return False
         entry.graph, entry.logits = graph, out
-        logger.info("captured the decode graph of %d tokens, context %d, emitting %s", *key)
+        logger.info("captured the decode graph of %d tokens, context %d, entries %s", *key)
         return True
