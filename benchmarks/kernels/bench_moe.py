@@ -46,6 +46,7 @@ from deepinfer.kernels.reference import quant as ref_quant  # noqa: E402
 from deepinfer.kernels.testing.cases.moe_kernels import random_fp4_weight  # noqa: E402
 from deepinfer.kernels_nvidia import moe_experts, moe_stream_launch  # noqa: E402
 from deepinfer.kernels_nvidia.moe_experts import MoeTiles  # noqa: E402
+from deepinfer.kernels_nvidia.moe_split_gate_up import launch_fused_gate_up  # noqa: E402
 from deepinfer.kernels_nvidia.quant import quantize_rows  # noqa: E402
 
 MODELS = {"V4-Flash": (256, 4096, 2048, 128), "V4.1-Flash": (384, 5120, 2304, 32)}
@@ -267,7 +268,9 @@ def _parts(row, model, args):
 def _gemm_parts(row, args, group, experts):
     """The decode default's two expert GEMMs alone (graph replay), each with its own bytes."""
     x, topk_weights, ids, w13, s13, w2, s2 = args
-    tiles, top_k = moe_experts.DECODE_TILES, ids.shape[1]
+    top_k = ids.shape[1]
+    tiles = moe_experts.choose_tiles(ids.numel(), experts, batch_invariant=False, on_cpu=False,
+                                     act_quant_group=group)  # fmt: skip
     layout = moe_experts.align_by_expert(ids, experts, tiles.block_m)
     act = moe_experts._round_trip_bf16(x, group)
     none_scale = x.new_empty((1, 1), dtype=torch.float32)
@@ -277,6 +280,12 @@ def _gemm_parts(row, args, group, experts):
     down_tiles = tiles.down or tiles
 
     def gate_up():
+        if tiles.fused_gate_up:
+            return launch_fused_gate_up(
+                act, topk_weights, layout.row_slot, layout.block_expert, w13, s13, top_k=top_k,
+                group=group, limit=LIMIT, tiles=tiles,
+                block_n=moe_experts._block_n(inter, tiles.block_n, group), on_cpu=False,
+            )  # fmt: skip
         return moe_stream_launch.launch_gate_up(
             act, none_scale, topk_weights, layout.row_slot, layout.block_expert, w13, s13,
             top_k=top_k, group=group, limit=LIMIT, tiles=tiles, upcast=upcast,
@@ -328,8 +337,9 @@ def warm(model, tokens, name):
 
 
 def _default_tiles(model, tokens):
-    experts = MODELS[model][0]
-    return moe_experts.choose_tiles(tokens * TOP_K, experts, batch_invariant=False, on_cpu=False)
+    experts, group = MODELS[model][0], MODELS[model][3]
+    return moe_experts.choose_tiles(tokens * TOP_K, experts, batch_invariant=False, on_cpu=False,
+                                    act_quant_group=group)  # fmt: skip
 
 
 def warm_all(token_counts, parallel=32):

@@ -24,12 +24,13 @@ from common import copy_bandwidth_tbs, environment, time_graph, write_json  # no
 
 from deepinfer.kernels import OPS  # noqa: E402
 from deepinfer.kernels_nvidia import moe_experts, moe_stream_launch  # noqa: E402
+from deepinfer.kernels_nvidia.moe_split_gate_up import launch_fused_gate_up  # noqa: E402
 
 TOKENS = 64
 
 
 def _names():
-    return ["default"] + [n for n in bench_moe.SWEEP["decode"] if n.startswith("split")]
+    return ["default"] + [n for n in bench_moe.SWEEP["decode"] if "split" in n]
 
 
 def _warm(names):
@@ -50,14 +51,21 @@ def _gemms(row, name, args, group, tiles):
     inter, dim = w13.shape[1] // 2, x.shape[1]
     upcast = moe_experts.STREAM_FAMILIES[tiles.mma]
     rows = (layout.row_slot, layout.block_expert)
-    gate_up = lambda: moe_stream_launch.launch_gate_up(  # noqa: E731
-        act, none, topk_weights, *rows, w13, s13, top_k=top_k, group=group, limit=LIMIT,
-        tiles=tiles, upcast=upcast, block_n=moe_experts._block_n(inter, tiles.block_n, group),
-        on_cpu=False)  # fmt: skip
+    block_n = moe_experts._block_n(inter, tiles.block_n, group)
+    if tiles.fused_gate_up:
+        gate_up = lambda: launch_fused_gate_up(  # noqa: E731
+            act, topk_weights, *rows, w13, s13, top_k=top_k, group=group, limit=LIMIT,
+            tiles=tiles, block_n=block_n, on_cpu=False)  # fmt: skip
+    else:
+        gate_up = lambda: moe_stream_launch.launch_gate_up(  # noqa: E731
+            act, none, topk_weights, *rows, w13, s13, top_k=top_k, group=group, limit=LIMIT,
+            tiles=tiles, upcast=upcast, block_n=block_n, on_cpu=False)  # fmt: skip
     h, hs = gate_up()
+    dt = tiles.down or tiles
     down = lambda: moe_stream_launch.launch_down(  # noqa: E731
-        h, hs, *rows, w2, s2, num_slots=ids.numel(), group=group, tiles=tiles, upcast=upcast,
-        block_n=moe_experts._block_n(dim, tiles.down_block_n or tiles.block_n, None),
+        h, hs, *rows, w2, s2, num_slots=ids.numel(), group=group, tiles=dt,
+        upcast=moe_experts.STREAM_FAMILIES[dt.mma],
+        block_n=moe_experts._block_n(dim, dt.down_block_n or dt.block_n, None),
         on_cpu=False)  # fmt: skip
     used = torch.unique(ids).numel()
     for part, fn, nbytes in (("gate_up", gate_up, used * (w13[0].numel() + s13[0].numel())),

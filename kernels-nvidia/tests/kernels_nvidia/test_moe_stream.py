@@ -28,6 +28,7 @@ SMALL = {
 # every decode variant bench_moe.py sweeps (the default is also in test_moe_kernels' cases)
 REAL = {
     "decode-default": moe_experts.DECODE_TILES,
+    "decode-default-small-group": moe_experts.DECODE_TILES_SMALL_GROUP,
     "mx-n128-k256-w8s4": MoeTiles(16, 128, 8, 4, mma="mx", block_k=256),
     "mx-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="mx", block_k=128),
     "mx-n128-k128-w8s4": MoeTiles(16, 128, 8, 4, mma="mx", block_k=128),
@@ -97,8 +98,17 @@ def test_decode_batches_choose_a_stream_family():
     decode = moe_experts.choose_tiles(64 * 6, 256, batch_invariant=False, on_cpu=False)
     assert decode == moe_experts.DECODE_TILES
     assert decode.mma in moe_experts.STREAM_FAMILIES
-    invariant = moe_experts.choose_tiles(64 * 6, 256, batch_invariant=True, on_cpu=False)
-    assert invariant == moe_experts.BATCH_INVARIANT_TILES
+    for group, want in ((128, moe_experts.DECODE_TILES), (None, moe_experts.DECODE_TILES),
+                        (32, moe_experts.DECODE_TILES_SMALL_GROUP)):  # fmt: skip
+        got = moe_experts.choose_tiles(64 * 6, 384, batch_invariant=False, on_cpu=False,
+                                       act_quant_group=group)  # fmt: skip
+        assert got == want
+    small = moe_experts.DECODE_TILES_SMALL_GROUP
+    assert small.fused_gate_up and small.mma == "split" and small.down.mma == "split"
+    for group in (None, 32, 128):
+        invariant = moe_experts.choose_tiles(64 * 6, 256, batch_invariant=True, on_cpu=False,
+                                             act_quant_group=group)  # fmt: skip
+        assert invariant == moe_experts.BATCH_INVARIANT_TILES
 
 
 @pytest.mark.parametrize(

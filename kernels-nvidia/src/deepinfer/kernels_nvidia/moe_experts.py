@@ -7,8 +7,10 @@
    expert, each expert's rows padded to whole ``BLOCK_M`` blocks.
 3. Gate/up then down grouped GEMMs over the FP4 weights, SwiGLU, router weight and FP8
    re-quantisation fused in the first one's epilogue.
-   ``MoeTiles.mma="mx"`` (the default for every batch, decode to prefill; ``"fp16-stream"``
-   opt-in): ``moe_stream``'s kernels, one accumulator chained over K. ``"bf16"`` (the
+   ``MoeTiles.mma="mx"`` (the default from decode to prefill; ``"fp16-stream"`` opt-in):
+   ``moe_stream``'s kernels, one accumulator chained over K; ``"split"`` (decode's down GEMM, and
+   with ``fused_gate_up`` decode's gate/up for groups <= 64): ``moe_split``'s even/odd-split
+   upcast in the same kernels, ``moe_split_gate_up`` for the fused gate/up. ``"bf16"`` (the
    batch-invariant tiles, and the former prefill default): ``moe_gemm``'s.
    Opt-in (``MoeTiles.mma="fp8"/"fp16"``, FP8 activations only): ``moe_fp8``'s kernels, which
    expand the weights to e4m3 / fp16 for the FP8 / fp16 tensor cores (slower on the H200).
@@ -104,6 +106,14 @@ SPLIT_DOWN_TILES = MoeTiles(16, 128, 4, 4, mma="split", swap_ab=True, block_k=12
                             wgmma_fence=True)  # fmt: skip
 DECODE_TILES = MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0, wgmma_fence=True,
                         down=SPLIT_DOWN_TILES)  # fmt: skip
+# Activation groups of up to 64 columns (V4.1-Flash: 32): gate/up with moe_split_gate_up's one
+# weight tile of 64 gate + 64 up rows too (its hidden columns must hold whole groups, so V4-Flash's
+# 128 would need 256-row tiles, measured slower there). H200, 64 tokens, graph replay
+# (results/2026-11-30-h200-moe-v5.json, 0894506): V4.1-Flash 3.06 ms = 1.44 TB/s, against 3.30
+# ms for DECODE_TILES and 3.76 ms for the v4 default.
+DECODE_TILES_SMALL_GROUP = MoeTiles(16, 64, 4, 4, mma="split", swap_ab=True, block_k=128,
+                                    group_m=0, wgmma_fence=True, fused_gate_up=True,
+                                    down=SPLIT_DOWN_TILES)  # fmt: skip
 # More rows per expert: the same MXFP4 kernels with taller row blocks, programs in grouped order
 # (``group_m`` row blocks sweep the column tiles together, so each weight tile is read from HBM
 # once for the expert's blocks). (max rows per expert, tiles), first match wins. H200, bench_moe.py
@@ -124,18 +134,25 @@ STREAM_FAMILIES = {"mx": "mx", "fp16-stream": "fp16", "split": "split"}
 
 
 def choose_tiles(
-    num_slots: int, num_experts: int, *, batch_invariant: bool, on_cpu: bool
+    num_slots: int,
+    num_experts: int,
+    *,
+    batch_invariant: bool,
+    on_cpu: bool,
+    act_quant_group: int | None = None,
 ) -> MoeTiles:
     """Tiles by rows per expert (decode: a few, prefill: many); batch-invariant mode uses one
     shape (the bf16 family) for every batch size. Otherwise ``moe_stream``'s chained MXFP4
-    kernels: ``DECODE_TILES`` for up to 4 rows per expert, then ``STREAM_TILES``."""
+    kernels: for up to 4 rows per expert ``DECODE_TILES`` (``DECODE_TILES_SMALL_GROUP`` for
+    ``act_quant_group`` <= 64), then ``STREAM_TILES``."""
     if on_cpu:
         return MoeTiles(16, 64, 4, 1)
     if batch_invariant:
         return BATCH_INVARIANT_TILES
     rows_per_expert = num_slots / num_experts
     if rows_per_expert <= 4:
-        return DECODE_TILES
+        small_group = act_quant_group is not None and act_quant_group <= 64
+        return DECODE_TILES_SMALL_GROUP if small_group else DECODE_TILES
     return next(tiles for limit, tiles in STREAM_TILES if rows_per_expert <= limit)
 
 
@@ -219,7 +236,8 @@ def fp4_moe_experts_tiles(
     on_cpu = x.device.type == "cpu"
     if tiles is None:
         invariant = envs.batch_invariant()
-        tiles = choose_tiles(num_slots, experts, batch_invariant=invariant, on_cpu=on_cpu)
+        tiles = choose_tiles(num_slots, experts, batch_invariant=invariant, on_cpu=on_cpu,
+                             act_quant_group=group)  # fmt: skip
     _check_stream_tiles(tiles)
     if tiles.split_tail and (tiles.mma not in STREAM_FAMILIES or tiles.block_m % 32):
         raise ValueError(f"tiles.split_tail: needs mma in {list(STREAM_FAMILIES)} and block_m a "
