@@ -17,11 +17,22 @@ multiplies by 0), and the row's ``2^(r - 127)`` is applied to the fp32 accumulat
 loop. Any ue8m0 scale is supported; a group more than 2^125 below its row's largest loses bits
 (real checkpoints and the test weights have ``d <= 10``).
 
-On the GPU (``USE_ASM``) 4 packed bytes become 8 bf16 in 14 integer instructions plus 4 bf16x2
+On the GPU (``USE_ASM``) 4 packed bytes become 8 bf16 in 16 integer instructions plus 4 bf16x2
 multiplies (2 ``prmt`` byte spreads, then per pair of values a shift or two, a mask and a
-``lop3``): ~2.25 instructions per weight element, against ~5.5-6 for ``tl.dot_scaled``'s upcast
-(its table lookup, byte-wide fragment gathers and scale multiply). Under the interpreter the same
-bits are built with plain Triton ops in fp32.
+``lop3``; the group's factor is a free ``.H0_H0`` operand): ~2.5 instructions per weight element.
+The asm is not marked pure: as a pure elementwise op Triton 3.6 sometimes moved the conversion to
+the wgmma's register-operand layout onto the packed bytes (byte-wide shared-memory gathers, ~5.3
+instructions per element); impure, the bytes are read 16 at a time, upcast, stored to shared
+memory and read back with ``ldmatrix``. sm_90 machine code of the K loop (Triton 3.6): ~3.6-3.9
+instructions per weight element, against ~6.3 for ``tl.dot_scaled``'s upcast. Under the
+interpreter the same bits are built with plain Triton ops in fp32.
+
+Status (H200, 64 tokens, graph replay, results/2026-11-30-h200-moe-v5*.json): the down GEMM 586 /
+960 us (V4-Flash / V4.1-Flash) = 1.57 / 1.53 TB/s, against 654 / 1,407 us for ``"mx"``; gate/up
+as two weight tiles was slower than ``"mx"`` (1,707 vs 1,482 us), as one fused tile
+(``moe_split_gate_up``) faster for V4.1-Flash only. A third fewer instructions gave 10-30%, so the
+kernels are not bound by instruction issue alone: ~12 warps per SM, each K step waits for its
+wgmmas and for a barrier around the shared-memory round trip (latency; not profiled).
 """
 
 from __future__ import annotations
