@@ -14,6 +14,9 @@ to the measured copy rate, eager and from a CUDA graph replaying one call on eac
 copies of the weight (distinct buffers, more bytes than L2): the kernel's streaming rate with
 the launch cost taken out.
 
+The LM head section (``--head-ms``) times ``linear``'s fp32-activation x bf16-weight product at
+the vocabulary shapes against the reference (fp32 copy of the weight + fp32 GEMM).
+
     python benchmarks/kernels/bench_gemm.py --out bench-out/gemm.json
 """
 
@@ -200,11 +203,36 @@ def bench_decode(model, n, k, block, m):
     return row
 
 
+HEAD_SHAPES = [("V4-Flash", 129280, 4096), ("V4.1-Flash", 129280, 5120)]  # vocab x hidden
+
+
+def bench_head(model, n, k, m):
+    """The LM head's fp32 x bf16 -> fp32 product: ``linear``'s kernel (bf16 weight read once,
+    activations split into three bf16 parts) vs the reference (an fp32 copy of the weight, then
+    an fp32 GEMM); bytes: the bf16 weight."""
+    gen = torch.Generator().manual_seed(n + m)
+    x = torch.randn(m, k, generator=gen).to(DEVICE)
+    w = (torch.randn(n, k, generator=gen) * 0.02).bfloat16().to(DEVICE)
+    flops, nbytes = 2 * m * n * k, 2 * n * k
+    row = {"model": model, "M": m, "N": n, "K": k}
+    want = OPS["linear"].reference(x, w, out_dtype=torch.float32)
+    op = functools.partial(gemm.linear, x, w, out_dtype=torch.float32)
+    _time(row, "op", op, flops, nbytes, want=want)
+    _time_graph(row, "op", [op], flops, nbytes)
+    ref = functools.partial(OPS["linear"].reference, x, w, out_dtype=torch.float32)
+    _time(row, "reference", ref, flops, nbytes)
+    w32 = w.float()
+    _time(row, "fp32_mm_only", functools.partial(torch.mm, x, w32.t()), flops, nbytes)
+    del w32
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--decode-ms", default="1,8,16,32,64")
     parser.add_argument("--prefill-ms", default="4096")
+    parser.add_argument("--head-ms", default="1,64", help="LM head rows (fp32 x bf16)")
     parser.add_argument("--warm-shape", type=int, default=None, help="compile for SHAPES[i] only")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -222,7 +250,11 @@ def main() -> None:
         return
     ceiling = copy_bandwidth_tbs()
     print(f"measured copy bandwidth: {ceiling:.2f} TB/s")
-    payload = {"env": environment(), "copy_TB/s": ceiling, "decode": [], "prefill": []}
+    payload = {"env": environment(), "copy_TB/s": ceiling, "decode": [], "prefill": [], "head": []}
+    for model, n, k in HEAD_SHAPES:
+        for m in map(int, args.head_ms.split(",")) if args.head_ms else ():
+            payload["head"].append(bench_head(model, n, k, m))
+            write_json(args.out, payload)
     for section, ms, bench in (("decode", args.decode_ms, bench_decode),
                                ("prefill", args.prefill_ms, bench_prefill)):  # fmt: skip
         for model, n, k, block in SHAPES:
@@ -235,6 +267,8 @@ def main() -> None:
     print_table(payload["decode"], ["model", "M", "N", "K", "triton_us", "triton_graph_us",
                 "triton_graph_TB/s", "triton_bi_graph_TB/s", "torch_blockwise_graph_TB/s",
                 "scaled_mm_graph_TB/s", "triton_rel_err"])  # fmt: skip
+    print_table(payload["head"], ["model", "M", "N", "K", "op_us", "op_graph_us", "op_graph_TB/s",
+                "reference_us", "fp32_mm_only_us", "op_rel_err"])  # fmt: skip
     print_table(payload["prefill"], ["model", "M", "N", "K", "op_TFLOP/s", "tiles_TFLOP/s",
                 "op_graph_TFLOP/s", "triton_bi_graph_TFLOP/s", "torch_blockwise_TFLOP/s",
                 "torch_blockwise_graph_TFLOP/s", "scaled_mm_TFLOP/s", "bf16_mm_only_TFLOP/s",

@@ -10,7 +10,7 @@ from deepinfer.kernels import OPS
 from deepinfer.kernels.reference import quant as ref_quant
 from deepinfer.kernels.testing import cases_for, check_case
 from deepinfer.kernels.testing.cases.gemm import random_fp8_weight
-from deepinfer.kernels_nvidia import gemm, gemm_bf16, gemm_cublas, gemm_stream
+from deepinfer.kernels_nvidia import gemm, gemm_bf16, gemm_cublas, gemm_dense, gemm_stream
 from deepinfer.kernels_nvidia.registry import IMPLEMENTATIONS
 
 HAS_CUDA = torch.cuda.is_available()
@@ -223,3 +223,40 @@ def test_batch_invariance(block, monkeypatch):
     ]
     for row in lin[1:]:
         assert torch.equal(row, lin[0])
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 200, 96), (5, 130, 64), (40, 64, 160)])
+def test_f32_bf16_linear_matches_the_reference(m, n, k):
+    """fp32 x bf16 -> fp32 (the LM head's product): the three-way bf16 split of the activations
+    gives the reference's products up to fp32 summation order."""
+    gen = torch.Generator().manual_seed(m + n + k)
+    x = (torch.randn(m, k, generator=gen) * 3).to(DEVICE)
+    w = torch.randn(n, k, generator=gen).bfloat16().to(DEVICE)
+    got = gemm.linear(x, w, out_dtype=torch.float32)
+    want = OPS["linear"].reference(x, w, out_dtype=torch.float32)
+    assert got.dtype == torch.float32 and got.shape == (m, n)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * k**0.5)
+    # a bf16-only product (what a plain bf16 GEMM would give) is far outside that tolerance
+    coarse = x.bfloat16().float() @ w.float().t()
+    assert (coarse - want).abs().max() > 100 * (got - want).abs().max()
+
+
+def test_f32_bf16_linear_rows_do_not_depend_on_the_batch():
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(40, 96, generator=gen).to(DEVICE)
+    w = torch.randn(72, 96, generator=gen).bfloat16().to(DEVICE)
+    full = gemm_dense.linear_f32_bf16(x, w)
+    for m in (1, 7, 17):
+        assert torch.equal(gemm_dense.linear_f32_bf16(x[:m].contiguous(), w), full[:m])
+
+
+@pytest.mark.gpu
+@gpu
+def test_f32_bf16_linear_at_the_head_shape():
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(64, 4096, generator=gen).to(DEVICE)
+    w = (torch.randn(129280, 4096, generator=gen) * 0.02).bfloat16().to(DEVICE)
+    got = gemm.linear(x, w, out_dtype=torch.float32)
+    want = x @ w.float().t()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(gemm.linear(x[:1], w, out_dtype=torch.float32), got[:1])

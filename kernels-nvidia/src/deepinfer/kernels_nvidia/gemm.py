@@ -27,6 +27,7 @@ import torch
 from deepinfer.kernels import OPS, envs
 from deepinfer.kernels_nvidia import gemm_cublas
 from deepinfer.kernels_nvidia.gemm_bf16 import fp8_gemm_via_bf16
+from deepinfer.kernels_nvidia.gemm_dense import linear_f32_bf16
 from deepinfer.kernels_nvidia.gemm_stream import MAX_M as STREAM_MAX_M
 from deepinfer.kernels_nvidia.gemm_stream import StreamTiles, fp8_gemm_stream
 from deepinfer.kernels_nvidia.gemm_tiles import (
@@ -183,8 +184,15 @@ def fp8_gemm_nt_tiles(a, a_scale, b, b_scale, block_size, *, out_dtype, tiles):
 def linear(
     x, weight, scale=None, *, block_size=None, act_quant_group=None, out_dtype=None
 ):  # fmt: skip
-    """FP8 block weights with FP8 activation quantisation run the Triton GEMM; every other
-    weight format (dense, FP4, FP8 without activation quantisation) runs the reference."""
+    """FP8 block weights with FP8 activation quantisation run the Triton GEMM; fp32 activations
+    times bf16 weights with an fp32 result (the LM head, the MoE router) run
+    :func:`gemm_dense.linear_f32_bf16`; every other weight format (dense, FP4, FP8 without
+    activation quantisation) runs the reference."""
+    if _is_f32_bf16(x, weight, scale, act_quant_group, out_dtype):
+        x2 = x.reshape(-1, x.shape[-1])
+        x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+        w = weight if weight.stride(-1) == 1 else weight.contiguous()
+        return linear_f32_bf16(x2, w).view(*x.shape[:-1], weight.shape[0])
     is_fp8_path = (
         weight.dtype == torch.float8_e4m3fn
         and scale is not None
@@ -202,3 +210,15 @@ def linear(
     xq, xs = quantize_rows(x2, act_quant_group)
     y = fp8_gemm_nt(xq, xs, weight, scale, tuple(block_size), out_dtype=out_dtype or x.dtype)
     return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def _is_f32_bf16(x, weight, scale, act_quant_group, out_dtype) -> bool:
+    return (
+        scale is None
+        and act_quant_group is None
+        and x.dtype == torch.float32
+        and weight.dtype == torch.bfloat16
+        and weight.dim() == 2
+        and (out_dtype or x.dtype) == torch.float32
+        and x.shape[-1] == weight.shape[1]
+    )

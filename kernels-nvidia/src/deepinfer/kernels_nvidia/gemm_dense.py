@@ -1,0 +1,89 @@
+"""fp32 activations times bf16 weights with fp32 accumulation (the LM head and the MoE router), in
+Triton, without an fp32 copy of the weight.
+
+The reference computes ``x_fp32 @ w.float().t()``: for the V4-Flash head (129,280 x 4,096 bf16)
+that casts 1.06 GB of weight into a 2.1 GB fp32 temporary on every step and then runs an fp32
+GEMM on the CUDA cores. Here each weight tile is read once as bf16 and the activations are split
+exactly into three bf16 parts, ``x = hi + mid + lo`` (``hi = bf16(x)``, ``mid = bf16(x - hi)``,
+``lo = bf16(x - hi - mid)``: 3 x 8 significant bits cover fp32's 24), so ``x . w`` is the sum of
+three bf16 x bf16 tensor-core products, each exact in fp32, accumulated in fp32: the
+reference's products up to the fp32 summation order. Activations whose parts fall below bf16's
+normal range (|x| < ~2^-110) lose those low bits; logits and router inputs are normalised
+activations, far above that.
+
+The weight rows are the product's M side (``out^T = w x^T``) and the activation rows are always
+taken 16 at a time, so a row's result does not depend on how many rows the batch has (batch
+invariant by construction); the programs of one weight tile run next to each other and share
+its bytes through L2.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_M = 16  # activation rows per program (fixed: batch invariance)
+BLOCK_N = 128
+BLOCK_K = 64
+
+
+@triton.jit
+def _f32_bf16_kernel(
+    x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_o, num_m,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One ``[BLOCK_N weight rows, BLOCK_M activation rows]`` output tile; programs are ordered
+    activation tile fastest, so the tiles reading one weight tile run together."""
+    pid = tl.program_id(0)
+    pid_m = pid % num_m
+    pid_n = pid // num_m
+    rows_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_n = rows_n < N
+    mask_m = rows_m < M
+    w_rows = tl.where(mask_n, rows_n, 0).to(tl.int64)
+    x_rows = tl.where(mask_m, rows_m, 0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kmask = (k0 + cols) < K
+        w = tl.load(w_ptr + w_rows[:, None] * stride_w + (k0 + cols)[None, :],
+                    mask=kmask[None, :], other=0.0)  # fmt: skip
+        x = tl.load(
+            x_ptr + x_rows[None, :] * stride_x + (k0 + cols)[:, None],
+            mask=kmask[:, None],
+            other=0.0,
+        )  # fmt: skip  [BLOCK_K, BLOCK_M] fp32
+        hi = x.to(tl.bfloat16)
+        rest = x - hi.to(tl.float32)
+        mid = rest.to(tl.bfloat16)
+        lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+        acc = tl.dot(w, hi, acc)
+        acc = tl.dot(w, mid, acc)
+        acc = tl.dot(w, lo, acc)
+    out = out_ptr + x_rows[None, :] * stride_o + w_rows[:, None]
+    tl.store(out, acc, mask=mask_n[:, None] & mask_m[None, :])
+
+
+def linear_f32_bf16(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x [M, K]`` fp32 (unit column stride) times ``w [N, K]`` bf16 (unit column stride) ->
+    fp32 ``[M, N]``."""
+    if x.dtype != torch.float32 or w.dtype != torch.bfloat16:
+        raise ValueError(f"x {x.dtype}, w {w.dtype}: expected float32 and bfloat16")
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"x {tuple(x.shape)}, w {tuple(w.shape)}: expected [M, K] and [N, K]")
+    if x.stride(1) != 1 or w.stride(1) != 1:
+        raise ValueError("x and w: expected unit column stride")
+    m, k = x.shape
+    n = w.shape[0]
+    out = torch.empty((m, n), dtype=torch.float32, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    num_m = triton.cdiv(m, BLOCK_M)
+    grid = (num_m * triton.cdiv(n, BLOCK_N),)
+    _f32_bf16_kernel[grid](
+        x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), num_m,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4, num_stages=4,
+    )  # fmt: skip
+    return out
