@@ -31,6 +31,8 @@ class RunnerSequence:
     state_slot: int
     num_computed_tokens: int
     has_user_seed: bool = True
+    # the sampling parameters of a row drawn with a given seed (built once, not every step)
+    row_params: dict[int, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -87,7 +87,10 @@ def _fill_rows(runner: Any, plan: StepPlan, g: RequestRows) -> None:
     generated = seq.token_ids[seq.num_prompt_tokens :]
     for j in range(g.count):
         seed = plan.sample_seeds[g.first + j]
-        g.params.append(replace(seq.sampling_params, seq_seed=seed, seed=None))
+        params = seq.row_params.get(seed)
+        if params is None:
+            params = seq.row_params[seed] = replace(seq.sampling_params, seq_seed=seed, seed=None)
+        g.params.append(params)
         g.histories.append(generated if g.is_fork else generated + g.drafts[:j])
     state = runner.grammar.state(g.request_id) if runner.grammar is not None else None
     if state is None:
