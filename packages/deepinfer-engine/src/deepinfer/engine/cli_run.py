@@ -23,6 +23,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-tokens", type=int, default=None,
                    help="DSpark drafts per decode step, 0 = off (default: "
                    "DEEPINFER_USE_NEXTN_DECODE, 5, capped at the checkpoint's block)")  # fmt: skip
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="never replay decode-step CUDA graphs")  # fmt: skip
     s = parser.add_argument_group("sampling")
     s.add_argument("--max-tokens", type=int, default=256, help="tokens to generate per sample")
     s.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
@@ -44,6 +46,7 @@ def _engine(args: argparse.Namespace):
         max_num_seqs=args.max_num_seqs,
         load_format=args.load_format,
         speculative_tokens=args.speculative_tokens,
+        enforce_eager=args.enforce_eager,
     )
 
 
