@@ -25,6 +25,10 @@ import torch
 logger = logging.getLogger(__name__)
 
 MIN_M = 1024  # below this the Triton tiles' launch is as fast (measured at M = 4096 only)
+# H200, M = 4096, graph replay (results/2026-11-30-h200-gemm-v3.json): with the two scale
+# conversions this route beat the tiles at N >= 1024 (814-1,211 vs 618-874 TFLOP/s) and lost
+# at N = 512, K = 4096 (604 vs 665)
+MIN_N = 1024
 _REFUSED: set[tuple[int, int, int, int]] = set()
 
 
@@ -42,8 +46,15 @@ def available(device_index: int) -> bool:
 
 
 def recipe_fits(n: int, k: int, a_group: int, block_size: tuple[int, int]) -> bool:
-    """Whether a product has V4's scale recipe and whole 128-blocks (M and the device apart)."""
-    return a_group == 128 and tuple(block_size) == (128, 128) and n % 128 == 0 and k % 128 == 0
+    """Whether a product has V4's scale recipe, whole 128-blocks and at least ``MIN_N`` outputs
+    (M and the device apart)."""
+    return (
+        a_group == 128
+        and tuple(block_size) == (128, 128)
+        and n % 128 == 0
+        and k % 128 == 0
+        and n >= MIN_N
+    )
 
 
 def fp8_gemm_cublas(
