@@ -111,6 +111,11 @@ def test_graph_replay_equals_eager_on_gpu(checkpoint):
                   num_cache_blocks=blocks, speculative_tokens=0)  # fmt: skip
     graphs_on = LLM(str(directory), **kwargs)
     graphs = graphs_on._core.executor.graphs
+    if graphs_on._core.executor.model.config.is_v41:
+        # graphs are off for V4.1 on CUDA (DecodeGraphs.supports: its replay diverged from
+        # eager on the H200); the CPU tests above still check its fixed-shape forward
+        assert graphs is None
+        return
     assert graphs is not None
     graphs.max_batch_size = 6  # steps of 7 or 8 sequences miss the graphs and run eagerly
     graphs.min_context = 32  # small buckets: generations cross them

@@ -104,9 +104,16 @@ class DecodeGraphs:
 
     @staticmethod
     def supports(model: torch.nn.Module, device: torch.device) -> bool:
-        """Whether ``model``'s forward can be captured on ``device``: a CUDA device and no
-        host loop in the model (dense or FP8 experts run a loop over the routed experts)."""
+        """Whether ``model``'s forward can be captured on ``device``: a CUDA device, a V4 model
+        (not V4.1, see below) and no host loop in the model (dense or FP8 experts run a loop
+        over the routed experts)."""
         if device.type != "cuda":
+            return False
+        if model.config.is_v41:
+            # On the H200 a V4.1 graph replay gave different greedy tokens from the eager step
+            # from the first decode step on (tests/engine/runner/test_decode_graphs.py, tiny
+            # V4.1, 2026-11-30), while the fixed-shape forward is bit-identical on CPU: some
+            # V4.1 kernel's result depends on the padded visible-list width. Eager until found.
             return False
         moes = [m for m in model.modules() if isinstance(m, MoE)]
         return all(m.uses_grouped_experts(device) for m in moes)
