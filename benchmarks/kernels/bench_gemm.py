@@ -35,7 +35,7 @@ from common import copy_bandwidth_tbs, environment, print_table, time_cuda, writ
 from deepinfer.kernels import OPS  # noqa: E402
 from deepinfer.kernels.reference import quant as ref_quant  # noqa: E402
 from deepinfer.kernels.testing.cases.gemm import random_fp8_weight  # noqa: E402
-from deepinfer.kernels_nvidia import gemm, gemm_bf16  # noqa: E402
+from deepinfer.kernels_nvidia import gemm, gemm_bf16, gemm_cublas  # noqa: E402
 
 DEVICE = "cuda"
 T = gemm.GemmTiles
@@ -142,7 +142,8 @@ def bench_prefill(model, n, k, block, m):
     want = OPS["fp8_gemm_nt"].reference(a, sa, w, ws, block, out_dtype=torch.float32)
     call = functools.partial(gemm.fp8_gemm_nt_tiles, a, sa, w, ws, block, out_dtype=torch.bfloat16)
     row["plan"] = str(gemm.choose_plan(m, n, k, min(block), torch.bfloat16, batch_invariant=False,
-                                       on_cpu=False, cublas=block == (128, 128)))  # fmt: skip
+                                       on_cpu=False,
+                                       cublas=gemm_cublas.recipe_fits(n, k, block[1], block)))  # fmt: skip
     op = functools.partial(gemm.fp8_gemm_nt, a, sa, w, ws, block)
     _time(row, "op", op, flops, nbytes, want=want)
     _time_graph(row, "op", [op], flops, nbytes)
@@ -184,7 +185,8 @@ def bench_decode(model, n, k, block, m):
     weights = [(w.clone(), ws.clone()) for _ in range(copies)]
     row["copies"] = copies
     row["plan"] = str(gemm.choose_plan(m, n, k, min(block), torch.bfloat16, batch_invariant=False,
-                                       on_cpu=False, cublas=block == (128, 128)))  # fmt: skip
+                                       on_cpu=False,
+                                       cublas=gemm_cublas.recipe_fits(n, k, block[1], block)))  # fmt: skip
     triton = [functools.partial(gemm.fp8_gemm_nt, a, sa, wi, si, block) for wi, si in weights]
     _time(row, "triton", triton[0], flops, nbytes, want=want)
     _time_graph(row, "triton", triton, flops, nbytes)
