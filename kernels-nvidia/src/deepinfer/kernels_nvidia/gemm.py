@@ -11,7 +11,7 @@ by :func:`choose_plan`:
   both operands dequantised to bf16 (exact) and one bf16 GEMM, which beats promoting an FP8
   accumulator every 32 columns.
 - ``cublas`` (:mod:`gemm_cublas`): V4's 1 x 128 / 128 x 128 recipe at prefill-sized M with a
-  bf16 output on Hopper: cuBLAS's blockwise-scaled FP8 GEMM through torch, about twice the
+  bf16 output on Hopper: cuBLAS's blockwise-scaled FP8 GEMM through torch, 1.1-1.9x the
   Triton tiles' rate there; a shape cuBLAS refuses runs the tiles.
 
 ``DEEPINFER_BATCH_INVARIANT=1`` uses one ``tiles`` configuration for every M, so a row's result

@@ -53,11 +53,12 @@ def _f32_bf16_kernel(
         kmask = (k0 + cols) < K
         w = tl.load(w_ptr + w_rows[:, None] * stride_w + (k0 + cols)[None, :],
                     mask=kmask[None, :], other=0.0)  # fmt: skip
+        # the activations transposed, [BLOCK_K, BLOCK_M] fp32
         x = tl.load(
             x_ptr + x_rows[None, :] * stride_x + (k0 + cols)[:, None],
             mask=kmask[:, None],
             other=0.0,
-        )  # fmt: skip  [BLOCK_K, BLOCK_M] fp32
+        )
         hi = x.to(tl.bfloat16)
         rest = x - hi.to(tl.float32)
         mid = rest.to(tl.bfloat16)
