@@ -111,9 +111,9 @@ class DecodeGraphs:
             return False
         if model.config.is_v41:
             # On the H200 a V4.1 graph replay gave different greedy tokens from the eager step
-            # from the first decode step on (tests/engine/runner/test_decode_graphs.py, tiny
-            # V4.1, 2026-11-30), while the fixed-shape forward is bit-identical on CPU: some
-            # V4.1 kernel's result depends on the padded visible-list width. Eager until found.
+            # (tests/engine/runner/test_decode_graphs.py, tiny V4.1, 2026-11-30). The likely
+            # cause, found afterwards on CPU and fixed in warm_up: the warm-up before each
+            # capture advanced the Engram history. Eager until a GPU run confirms the fix.
             return False
         moes = [m for m in model.modules() if isinstance(m, MoE)]
         return all(m.uses_grouped_experts(device) for m in moes)
@@ -165,15 +165,28 @@ class DecodeGraphs:
         batch, metadata = entry.layout.metadata(entry.device)
         return self.model.forward_step(batch, self.cache, metadata).logits
 
+    def warm_up(self, entry: _Graph) -> None:
+        """Run ``entry``'s forward once before its capture (compiles kernels, creates library
+        handles), leaving the cache as the step found it.
+
+        The KV, window-ring and compressor writes repeat identically when the step then runs,
+        but the Engram history (``cache.extra``) does not: a token's write can land in the ring
+        cell its own oldest look-back reads (the ring holds ``N - 1`` positions without
+        speculation), so it is put back after the warm-up.
+        """
+        saved = {name: t.clone() for name, t in self.cache.extra.items()}
+        self._forward(entry)
+        for name, t in self.cache.extra.items():
+            t.copy_(saved[name])
+
     def _capture(self, key: tuple, entry: _Graph) -> bool:
-        """Warm up and capture ``entry``'s forward (its buffers hold the current step, and the
-        forward's cache writes are idempotent, so the warm-up is harmless); False if the
-        capture failed (the key then always runs eagerly)."""
+        """Warm up (:meth:`warm_up`) and capture ``entry``'s forward (its buffers hold the
+        current step); False if the capture failed (the key then always runs eagerly)."""
         try:
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
-                self._forward(entry)  # compiles kernels, creates library handles
+                self.warm_up(entry)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             if self._logits is None:
                 vocab = self.model.config.vocab_size
