@@ -32,18 +32,27 @@ def checkpoint(request, tmp_path_factory):
 
 
 class CheckedGraphs(DecodeGraphs):
-    """Runs every step it takes both ways and asserts they agree."""
+    """Runs every step it takes both ways and asserts they agree; with ``warm`` a new key's
+    warm-up (what a capture runs first) goes before the step."""
 
     checked = 0
+    warm = False
 
     def run(self, plan, rows):
-        if self.key(plan, rows) is None:
+        key = self.key(plan, rows)
+        if key is None:
             return None
         runner = self.runner
         before = _snapshot(self.cache)
         eager = runner.model(runner._batch(plan, rows), self.cache).clone()
         after_eager = _snapshot(self.cache)
         _restore(self.cache, before)
+        if self.warm and key not in self.graphs:
+            entry = self._new(key)
+            entry.layout.fill(entry.host_view, plan.input_ids, plan.positions,
+                              plan.block_tables, plan.state_slots)  # fmt: skip
+            entry.device.copy_(entry.host)
+            self.warm_up(entry)
         fixed = super().run(plan, rows)
         assert torch.equal(fixed, eager), f"logits differ at {plan.num_tokens} tokens"
         for name, tensor in _snapshot(self.cache).items():
@@ -86,32 +95,6 @@ def test_fixed_decode_forward_equals_eager(checkpoint):
     assert all(len(o.outputs[0].token_ids) == 9 for o in outputs)
 
 
-class WarmedGraphs(DecodeGraphs):
-    """Runs each new key's warm-up (what a capture does first) before the step itself and
-    asserts the step still equals the eager forward."""
-
-    checked = 0
-
-    def run(self, plan, rows):
-        key = self.key(plan, rows)
-        if key is None:
-            return None
-        runner = self.runner
-        before = _snapshot(self.cache)
-        eager = runner.model(runner._batch(plan, rows), self.cache).clone()
-        _restore(self.cache, before)
-        if key not in self.graphs:
-            entry = self._new(key)
-            entry.layout.fill(entry.host_view, plan.input_ids, plan.positions,
-                              plan.block_tables, plan.state_slots)  # fmt: skip
-            entry.device.copy_(entry.host)
-            self.warm_up(entry)
-        fixed = super().run(plan, rows)
-        assert torch.equal(fixed, eager), f"logits differ after the warm-up of {key}"
-        self.checked += 1
-        return fixed
-
-
 def test_warm_up_leaves_the_step_unchanged(checkpoint):
     """V4.1's Engram history ring is read then written by the forward: a warm-up that left its
     writes behind changed the first replay of every new graph (fails without the restore)."""
@@ -119,9 +102,9 @@ def test_warm_up_leaves_the_step_unchanged(checkpoint):
     llm = LLM(str(directory), dtype="float32", block_size=block_size, max_model_len=256,
               max_num_seqs=8, speculative_tokens=0)  # fmt: skip
     runner = llm._core.executor
-    graphs = WarmedGraphs(runner.model, runner.cache, max_batch_size=4, max_context=256,
-                          min_context=16, capture=False)  # fmt: skip
-    graphs.runner = runner
+    graphs = CheckedGraphs(runner.model, runner.cache, max_batch_size=4, max_context=256,
+                           min_context=16, capture=False)  # fmt: skip
+    graphs.runner, graphs.warm = runner, True
     runner.graphs = graphs
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     llm.generate(prompt_token_ids=_prompts(2, 3, [7, 11]), sampling_params=params,
