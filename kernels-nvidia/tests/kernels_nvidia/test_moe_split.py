@@ -1,20 +1,16 @@
 """moe_split's even/odd-split MXFP4 upcast (``MoeTiles.mma="split"``): the bit-placed nibbles
 against the reference dequantisation (every byte value, scales over the whole ue8m0 range the
-upcast supports), and the expert op against the reference (small shapes under the interpreter,
-V4-Flash / V4.1-Flash decode shapes on the GPU)."""
+upcast supports), and the validation of the split tiles. The expert op with split tiles against
+the reference is in test_moe_stream.py with the other stream families."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from deepinfer.kernels import OPS
 from deepinfer.kernels.reference import quant as ref_quant
-from deepinfer.kernels.testing import cases_for, check_case
 from deepinfer.kernels.testing.cases.moe_kernels import random_fp4_weight
 from deepinfer.kernels_nvidia import moe_experts
 from deepinfer.kernels_nvidia.moe_experts import MoeTiles
@@ -23,34 +19,6 @@ from deepinfer.kernels_nvidia.moe_split import nibbles_to_bf16_scaled, split_fac
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
-
-SMALL = {
-    "split-swap": MoeTiles(16, 64, 4, 1, mma="split", swap_ab=True, block_k=64, down_block_n=32),
-    "split": MoeTiles(16, 32, 4, 1, mma="split", block_k=32),
-    "split-fused": MoeTiles(16, 32, 4, 1, mma="split", swap_ab=True, block_k=32,
-                            fused_gate_up=True),
-    "mx-then-split-down": MoeTiles(16, 64, 4, 1, mma="mx", block_k=32, group_m=0,
-                                   down=MoeTiles(16, 64, 4, 1, mma="split", swap_ab=True,
-                                                 block_k=64)),
-}  # fmt: skip
-
-
-def _split(block_n, block_k, warps, stages, **kw):
-    return MoeTiles(16, block_n, warps, stages, mma="split", swap_ab=True, block_k=block_k,
-                    group_m=0, wgmma_fence=True, **kw)  # fmt: skip
-
-
-# the split shapes bench_moe.py sweeps for decode (the default: test_moe_kernels, test_moe_stream)
-_DOWN = moe_experts.SPLIT_DOWN_TILES
-REAL = {
-    "split-n128-k128-w4s4": _split(128, 128, 4, 4),
-    "split-n128-k128-w8s4": _split(128, 128, 8, 4),
-    "split-fused-n128-k128-w8s3": _split(128, 128, 8, 3, fused_gate_up=True, down=_DOWN),
-    "split-fused-n128-k64-w4s4": _split(128, 64, 4, 4, fused_gate_up=True, down=_DOWN),
-    "split-fused-n64-k128-w4s4": _split(64, 128, 4, 4, fused_gate_up=True, down=_DOWN),
-    "mx-then-split-down-n64": dataclasses.replace(moe_experts.DECODE_TILES,
-                                                  down=_split(64, 128, 4, 4)),
-}  # fmt: skip
 
 
 @triton.jit
@@ -102,33 +70,8 @@ def test_split_upcast_inline_asm_is_exact(low, high):
     _check_upcast(low, high, use_asm=True, seed=low)
 
 
-def _with_tiles(tiles):
-    def run(*args, **kwargs):
-        return moe_experts.fp4_moe_experts_tiles(*args, **kwargs, tiles=tiles)
-
-    return run
-
-
-@pytest.mark.parametrize("name", list(SMALL))
-@pytest.mark.parametrize("case", cases_for(["fp4_moe_experts"], "small"), ids=str)
-def test_split_small(case, name):
-    check_case(_with_tiles(SMALL[name]), case, DEVICE)
-
-
-def _decode_cases():
-    return [c for c in cases_for(["fp4_moe_experts"], "real") if "64t-" in c.name]
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("name", list(REAL))
-@pytest.mark.parametrize("case", _decode_cases(), ids=str)
-def test_split_real(case, name):
-    check_case(_with_tiles(REAL[name]), case, DEVICE)
-
-
-def _spread_scale_inputs(seed):
-    """Small expert inputs whose weight scales drop by up to 2^12 within each row."""
+def _small_inputs(seed):
+    """Small expert inputs (weight scales dropping by up to 2^12 within each row)."""
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     experts, dim, inter = 4, 128, 64
     x = torch.randn(5, dim, generator=g, device=DEVICE).bfloat16()
@@ -144,15 +87,6 @@ def _spread_scale_inputs(seed):
     return x, weights, ids, w13, spread(s13), w2, spread(s2)
 
 
-@pytest.mark.parametrize("name", ["split-swap", "split-fused"])
-def test_split_scales_spread_within_a_row(name):
-    args = _spread_scale_inputs(7)
-    kw = dict(swiglu_limit=10.0, act_quant_group=32)
-    want = OPS["fp4_moe_experts"].reference(*args, **kw)
-    got = _with_tiles(SMALL[name])(*args, **kw)
-    assert ((got - want).abs().max() / want.std()).item() < 2e-2
-
-
 @pytest.mark.parametrize(
     "tiles",
     [
@@ -163,7 +97,7 @@ def test_split_scales_spread_within_a_row(name):
     ids=["fused-needs-split", "down-block-m", "down-needs-stream-family"],
 )
 def test_split_tiles_are_validated(tiles):
-    args = _spread_scale_inputs(1)
+    args = _small_inputs(1)
     with pytest.raises(ValueError, match="tiles"):
         moe_experts.fp4_moe_experts_tiles(*args, swiglu_limit=10.0, act_quant_group=32,
                                           tiles=tiles)  # fmt: skip

@@ -1,9 +1,12 @@
-"""moe_stream's chained-accumulator decode kernels (``MoeTiles.mma`` "mx" and "fp16-stream")
+"""moe_stream's chained-accumulator decode kernels (``MoeTiles.mma`` "mx", "fp16-stream" and
+"split", moe_split's upcast)
 against the reference: the conformance cases (small under the interpreter, model shapes on the
 GPU), weights whose 32-column scales spread over many octaves within a row, and the decode
 choice of ``choose_tiles``."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -42,6 +45,39 @@ REAL = {
 }
 
 
+SPLIT_SMALL = {
+    "split-swap": MoeTiles(16, 64, 4, 1, mma="split", swap_ab=True, block_k=64, down_block_n=32),
+    "split": MoeTiles(16, 32, 4, 1, mma="split", block_k=32),
+    "split-fused": MoeTiles(16, 32, 4, 1, mma="split", swap_ab=True, block_k=32,
+                            fused_gate_up=True),
+    "mx-then-split-down": MoeTiles(16, 64, 4, 1, mma="mx", block_k=32, group_m=0,
+                                   down=MoeTiles(16, 64, 4, 1, mma="split", swap_ab=True,
+                                                 block_k=64)),
+}  # fmt: skip
+
+
+def _split(block_n, block_k, warps, stages, **kw):
+    return MoeTiles(16, block_n, warps, stages, mma="split", swap_ab=True, block_k=block_k,
+                    group_m=0, wgmma_fence=True, **kw)  # fmt: skip
+
+
+# the split shapes bench_moe.py sweeps for decode
+_DOWN = moe_experts.SPLIT_DOWN_TILES
+SPLIT_REAL = {
+    "split-n128-k128-w4s4": _split(128, 128, 4, 4),
+    "split-n128-k128-w8s4": _split(128, 128, 8, 4),
+    "split-fused-n128-k128-w8s3": _split(128, 128, 8, 3, fused_gate_up=True, down=_DOWN),
+    "split-fused-n128-k64-w4s4": _split(128, 64, 4, 4, fused_gate_up=True, down=_DOWN),
+    "split-fused-n64-k128-w4s4": _split(64, 128, 4, 4, fused_gate_up=True, down=_DOWN),
+    "mx-then-split-down-n64": dataclasses.replace(moe_experts.DECODE_TILES,
+                                                  down=_split(64, 128, 4, 4)),
+}  # fmt: skip
+
+
+SMALL |= SPLIT_SMALL
+REAL |= SPLIT_REAL
+
+
 def _with_tiles(tiles):
     def run(*args, **kwargs):
         return moe_experts.fp4_moe_experts_tiles(*args, **kwargs, tiles=tiles)
@@ -67,8 +103,8 @@ def test_stream_real(case, name):
     check_case(_with_tiles(REAL[name]), case, DEVICE)
 
 
-def _spread_scale_inputs(experts, dim, inter, gen):
-    """Expert inputs whose weight scales vary by up to 2^10 within each row."""
+def _spread_scale_inputs(experts, dim, inter, gen, max_drop=10):
+    """Expert inputs whose weight scales vary by up to 2^max_drop within each row."""
     g = torch.Generator(device=DEVICE).manual_seed(
         int(torch.randint(0, 2**31, (1,), generator=gen))
     )
@@ -78,16 +114,27 @@ def _spread_scale_inputs(experts, dim, inter, gen):
     w13, s13 = random_fp4_weight(g, (experts, 2 * inter, dim), DEVICE)
     w2, s2 = random_fp4_weight(g, (experts, dim, inter), DEVICE)
 
-    def spread(scale):  # each group's exponent lowered by 0..10
-        drop = torch.randint(0, 11, scale.shape, generator=g, device=DEVICE, dtype=torch.int32)
+    def spread(scale):  # each group's exponent lowered by 0..max_drop
+        drop = torch.randint(
+            0, max_drop + 1, scale.shape, generator=g, device=DEVICE, dtype=torch.int32
+        )
         return (scale.view(torch.uint8).int() - drop).to(torch.uint8).view(torch.float8_e8m0fnu)
 
     return x, weights, ids, w13, spread(s13), w2, spread(s2)
 
 
-@pytest.mark.parametrize("name", ["mx", "fp16", "fp16-swap"])
-def test_stream_scales_spread_within_a_row(name):
-    args = _spread_scale_inputs(4, 128, 64, torch.Generator().manual_seed(3))
+@pytest.mark.parametrize(
+    ("name", "max_drop", "seed"),
+    [
+        ("mx", 10, 3),
+        ("fp16", 10, 3),
+        ("fp16-swap", 10, 3),
+        ("split-swap", 12, 7),
+        ("split-fused", 12, 7),
+    ],
+)
+def test_stream_scales_spread_within_a_row(name, max_drop, seed):
+    args = _spread_scale_inputs(4, 128, 64, torch.Generator().manual_seed(seed), max_drop)
     kw = dict(swiglu_limit=10.0, act_quant_group=32)
     want = OPS["fp4_moe_experts"].reference(*args, **kw)
     got = _with_tiles(SMALL[name])(*args, **kw)
