@@ -18,6 +18,13 @@ the decode rows with the engine's decode CUDA graphs and again with every step e
 model and cache); ``--profile-batches`` adds ``profile_decode.py``'s breakdown of the decode
 steps (GPU busy time, launches, host time by part of the step) in each mode.
 
+``--job N`` adds an offline job: N requests with prompt lengths drawn from 64..1,024 and output
+lengths from 16..``--job-max-tokens`` (seeded), all submitted at once, so the batch shrinks as
+requests finish and the positions' entry counts vary from step to step. It runs once per mode
+and, with graphs, once more with ``padding=False`` graphs (one graph per exact sequence and
+entry count); every graph mode starts with no graphs, so captures are part of the time. Rows:
+wall seconds, generated tokens per second, graphs captured, steps replayed.
+
     python benchmarks/engine/bench_engine.py --out bench-out/engine.json
     python benchmarks/engine/bench_engine.py --layers 28 --prefill-prompts 1,8 \
         --decode-batches 1,8,32,64 --reference-ops-batches 1,32 --out bench-out/engine-28.json
@@ -43,6 +50,7 @@ from common import copy_bandwidth_tbs, environment, print_table, write_json  # n
 from dummy_forward import v4_flash_config  # noqa: E402
 
 from deepinfer.engine.llm import LLM  # noqa: E402
+from deepinfer.engine.runner.cuda_graphs import DecodeGraphs  # noqa: E402
 from deepinfer.sampling import SamplingParams  # noqa: E402
 
 RATIOS = [0, 0] + [4, 128] * 21  # V4-Flash: two sliding-window layers, then CSA/HCA pairs
@@ -134,6 +142,45 @@ def _mode(llm: LLM, mode: str):
         runner.graphs = graphs
 
 
+def _job_rows(llm: LLM, vocab: int, count: int, max_tokens: int, modes: list[str]) -> list[dict]:
+    """The ``--job`` rows (see the module docstring): eager first, so Triton's compilations
+    for the job's shapes are not timed in a graph mode."""
+    gen = torch.Generator().manual_seed(1)
+    lengths = torch.randint(64, 1025, (count,), generator=gen).tolist()
+    outputs = torch.randint(16, max_tokens + 1, (count,), generator=gen).tolist()
+    prompts = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in lengths]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
+    runner = llm._core.executor
+    loaded = runner.graphs
+    runs = [("eager", None)] + [(f"graphs{tag}", padding) for tag, padding in
+                                ((", padded", True), (", exact counts", False))
+                                if "graphs" in modes and loaded is not None]  # fmt: skip
+    rows = []
+    for mode, padding in runs:
+        if padding is not None:
+            runner.graphs = DecodeGraphs(runner.model, runner.cache, padding=padding,
+                                         capture=loaded.capture,
+                                         max_batch_size=loaded.max_batch_size,
+                                         max_context=loaded.max_context)  # fmt: skip
+        else:
+            runner.graphs = None
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        done = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        tokens = sum(len(o.outputs[0].token_ids) for o in done)
+        if tokens != sum(outputs):
+            raise RuntimeError(f"job ({mode}): {tokens} of {sum(outputs)} tokens generated")
+        graphs = runner.graphs
+        rows.append({"phase": "job", "ops": f"kernels, {mode}", "batch": count,
+                     "tokens": tokens, "seconds": seconds, "tok/s": tokens / seconds,
+                     "graphs": len(graphs.graphs) if graphs else 0,
+                     "replays": graphs.num_replays if graphs else 0})  # fmt: skip
+    runner.graphs = loaded
+    return rows
+
+
 def _batches(text: str) -> list[int]:
     return [int(b) for b in text.split(",") if b.strip()]
 
@@ -153,6 +200,8 @@ def main() -> None:
                         help="profile decode steps of these batches (profile_decode.py)")  # fmt: skip
     parser.add_argument("--modes", default="graphs,eager",
                         help="decode rows with the decode CUDA graphs and/or eagerly")  # fmt: skip
+    parser.add_argument("--job", type=int, default=0, help="requests of the offline job (0: none)")
+    parser.add_argument("--job-max-tokens", type=int, default=256)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if not 1 <= args.layers <= len(RATIOS):
@@ -184,6 +233,8 @@ def main() -> None:
             for b in _batches(args.decode_batches):
                 rows.append(_decode_row(llm, model, gen, vocab, b, args.decode_tokens, copy_tbs,
                                         f"kernels, {mode}"))  # fmt: skip
+    if args.job:
+        rows += _job_rows(llm, vocab, args.job, args.job_max_tokens, modes)
     profiles = _profiles(llm, vocab, _batches(args.profile_batches), modes)
     os.environ["DEEPINFER_REFERENCE_OPS"] = "1"
     with _mode(llm, "eager"):
@@ -195,7 +246,11 @@ def main() -> None:
           f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")  # fmt: skip
     print(f"copy rate {copy_tbs:.2f} TB/s; floor_ms = least bytes per step / copy rate")
     columns = ["phase", "ops", "batch", "tokens", "seconds", "tok/s", "tok/s/user", "step_ms"]
-    print_table(rows, columns + ["floor_ms", "of_floor"])
+    print_table([r for r in rows if r["phase"] != "job"], columns + ["floor_ms", "of_floor"])
+    print_table(
+        [r for r in rows if r["phase"] == "job"],
+        ["phase", "ops", "batch", "tokens", "seconds", "tok/s", "graphs", "replays"],
+    )
     payload = {"env": environment(), "layers": args.layers, "load_s": load_s,
                "copy_tbs": copy_tbs, "rows": rows, "profiles": profiles}  # fmt: skip
     write_json(args.out, payload)

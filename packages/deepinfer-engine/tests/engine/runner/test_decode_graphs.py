@@ -2,9 +2,10 @@
 
 On CPU the fixed-shape forward runs eagerly (``DecodeGraphs(capture=False)``); every decode
 step of a greedy generation is checked against the eager forward of the same step on a copy
-of the cache: logits bitwise equal, and every cache tensor equal afterwards. Small context
-buckets make the visible lists padded and make steps cross buckets; steps that complete
-different numbers of compressed entries use different graphs. The GPU test captures and replays
+of the cache: logits bitwise equal, and every cache tensor equal afterwards outside the
+scratch slot 0 and the null block 0 (where padding rows write). Small context buckets make the
+visible lists padded and make steps cross buckets; steps that complete different numbers of
+compressed entries use different graphs; batches of 3 run on graphs of 4 token rows. The GPU test captures and replays
 real graphs and compares greedy generations with ``enforce_eager=True`` token for token.
 """
 
@@ -14,7 +15,8 @@ import pytest
 import torch
 
 from deepinfer.engine.llm import LLM
-from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
+from deepinfer.engine.model.decode_metadata import padded_count
+from deepinfer.engine.runner.cuda_graphs import DecodeGraphs, graph_batch_size
 from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config, tiny_v41_config
 from deepinfer.sampling import SamplingParams
 
@@ -36,6 +38,7 @@ class CheckedGraphs(DecodeGraphs):
     warm-up (what a capture runs first) goes before the step."""
 
     checked = 0
+    padded = 0  # steps that ran on a graph of more token rows
     warm = False
 
     def run(self, plan, rows):
@@ -56,9 +59,20 @@ class CheckedGraphs(DecodeGraphs):
         fixed = super().run(plan, rows)
         assert torch.equal(fixed, eager), f"logits differ at {plan.num_tokens} tokens"
         for name, tensor in _snapshot(self.cache).items():
-            assert torch.equal(tensor, after_eager[name]), f"cache {name} differs"
+            real = _outside_scratch(self.cache, name)
+            assert torch.equal(real(tensor), real(after_eager[name])), f"cache {name} differs"
         self.checked += 1
+        self.padded += key[0] > plan.num_tokens
         return fixed
+
+
+def _outside_scratch(cache, name: str):
+    """The part of cache tensor ``name`` outside the null block 0 (arena tensors) or the scratch
+    state slot 0 (per-slot tensors: slot 0's rows come first)."""
+    lay = cache.layout
+    if name in cache.tensors and cache.is_arena(name):
+        return lambda t: t[t.shape[0] // lay.num_blocks :]
+    return lambda t: t[t.shape[0] // lay.num_slots :]
 
 
 def _snapshot(cache) -> dict[str, torch.Tensor]:
@@ -85,14 +99,28 @@ def test_fixed_decode_forward_equals_eager(checkpoint):
                            min_context=16, capture=False)  # fmt: skip
     graphs.runner = runner
     runner.graphs = graphs
-    params = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True)
+    # 3 sequences (a graph of 4 rows), then 2, then 1 as they finish
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (9, 5, 7)]
     outputs = llm.generate(prompt_token_ids=_prompts(3, 1, [27, 5, 12]), sampling_params=params,
                            use_tqdm=False)  # fmt: skip
     assert graphs.checked >= 6, "too few decode steps went through the fixed-shape forward"
+    assert graphs.padded >= 3, "too few steps ran with padding rows"
+    assert {key[0] for key in graphs.graphs} >= {4, 2, 1}
     assert len({key[1] for key in graphs.graphs}) >= 2, "no step crossed a context bucket"
     emits = {key[2] for key in graphs.graphs}
     assert len(emits) >= 2, f"one entry count only: {emits}"
-    assert all(len(o.outputs[0].token_ids) == 9 for o in outputs)
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [9, 5, 7]
+
+
+def test_graph_batch_sizes_and_entry_rows():
+    sizes = [graph_batch_size(t, 256) for t in range(1, 257)]
+    assert sizes[:9] == [1, 2, 4, 4, 8, 8, 8, 8, 16]
+    assert sizes[56:65] == [64] * 8 + [72] and sizes[-1] == 256
+    assert all(t <= size for t, size in enumerate(sizes, 1))
+    assert len(set(sizes)) == 35  # 1, 2, 4 and the multiples of 8
+    assert graph_batch_size(5, 6) == 6 and graph_batch_size(3, 3) == 3
+    assert [padded_count(e, 64) for e in (0, 1, 2, 3, 5, 17, 33, 64)] == [0, 1, 2, 4, 8, 32, 64, 64]
+    assert padded_count(5, 6) == 6
 
 
 def test_warm_up_leaves_the_step_unchanged(checkpoint):
@@ -137,11 +165,6 @@ def test_graph_replay_equals_eager_on_gpu(checkpoint):
                   num_cache_blocks=blocks, speculative_tokens=0)  # fmt: skip
     graphs_on = LLM(str(directory), **kwargs)
     graphs = graphs_on._core.executor.graphs
-    if graphs_on._core.executor.model.config.is_v41:
-        # graphs are off for V4.1 on CUDA (DecodeGraphs.supports: its replay diverged from
-        # eager on the H200); the CPU tests above still check its fixed-shape forward
-        assert graphs is None
-        return
     assert graphs is not None
     graphs.max_batch_size = 6  # steps of 7 or 8 sequences miss the graphs and run eagerly
     graphs.min_context = 32  # small buckets: generations cross them

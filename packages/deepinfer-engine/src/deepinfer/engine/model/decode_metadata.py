@@ -1,23 +1,28 @@
 """Fixed-shape metadata of a decode step, for CUDA-graph capture and replay.
 
-A decode step (every sequence one token, no drafts) of ``T`` tokens whose contexts are at most
-``context`` positions long, ``E_k`` of which complete an entry of compressed kind ``k``, always
-has index lists of the same shapes: ``T`` token rows, ``E_k`` entry rows, ``sliding_window``
-window columns, ``context // ratio`` visible columns per kind.
+A decode step (every sequence one token, no drafts) of at most ``T`` tokens whose contexts are
+at most ``context`` positions long, and of which at most ``E_k`` complete an entry of
+compressed kind ``k``, always has index lists of the same shapes: ``T`` token rows, ``E_k``
+entry rows, ``sliding_window`` window columns, ``context // ratio`` visible columns per kind.
 :class:`DecodeLayout` fixes those shapes; :meth:`DecodeLayout.fill` writes one step's values
 (plain integers in, numpy on the host, no torch op) into one flat int64 host buffer, which one
 copy moves into the device buffer a captured graph reads (:meth:`DecodeLayout.metadata` views).
 
 Differences from :func:`.metadata.build_metadata`, none of which changes a value attention
-reads or the order it reads them in (so the logits are bit-identical):
+reads or the order it reads them in:
 
 - ``fixed=True``: attention writes the step's KV rows into the window rings *before* reading,
   and ``window_indices`` are ring rows only (the row a token's KV overwrites holds a position
   ``ring >= window`` back, outside every window of the step); attention then gathers the rows
   each query reads into one fixed-size buffer instead of concatenating the pools.
-- the layout fixes how many tokens complete an entry of each kind (a separate graph per
-  count: in steady decode the count cycles through at most ``ratio`` values), so the plans'
-  entry rows are exactly the eager ones;
+- padding: a step of fewer tokens than the layout's fills the remaining rows with copies of its
+  first token (same id, position, state slot, window and visible lists, so they compute what
+  that token computes and route to its experts), whose writes go to the reserved scratch state
+  slot 0 (window ring, compressor state) instead of the token's own; they complete no entry.
+  Entry rows past the step's count repeat its first entry and write it to the null block's
+  row 0. Nothing reads slot 0 or block 0, so the real rows' results and the cache outside
+  those two are what they would be without padding, as far as each op's result for a row does
+  not depend on the row count (always so in batch-invariant mode).
 - ``visible`` is padded with ``-1`` to ``context // ratio`` columns (the attention and indexer
   kernels skip ``-1``; trailing ones add exact zeros).
 """
@@ -32,6 +37,9 @@ import torch
 from deepinfer.engine.model.cache import CacheLayout, compressor_state_rows, overlapped
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.metadata import AttentionMetadata, CompressionPlan, ForwardBatch
+
+SCRATCH_SLOT = 0  # the reserved state slot: padding rows write their window and state rows here
+NULL_ARENA_ROW = 0  # row 0 of the reserved null block: padding entries are written here
 
 
 @dataclass(frozen=True)
@@ -60,13 +68,21 @@ def emitting(kinds: list[_Kind], positions) -> tuple[int, ...]:
     return tuple(int(((p + 1) % k.ratio == 0).sum()) for k in kinds)
 
 
+def padded_count(count: int, limit: int) -> int:
+    """Entry rows of a layout for ``count`` completing tokens: 0, else the next power of two
+    (at most ``limit``), so the few counts a step sees share a handful of graphs."""
+    if count <= 0:
+        return 0
+    return min(1 << (count - 1).bit_length(), limit)
+
+
 @dataclass
 class DecodeLayout:
-    """Shapes and flat-buffer offsets of the fixed metadata of ``num_tokens`` decode tokens
-    with contexts of at most ``context`` positions, of which ``emits[k]`` (default: all)
-    complete an entry of kind ``k``: the kind's plan has exactly that many entry rows, as the
-    eager step's has, so every op after the pooling (V4.1's dense key projection included)
-    sees the eager shapes."""
+    """Shapes and flat-buffer offsets of the fixed metadata of ``num_tokens`` decode token rows
+    with contexts of at most ``context`` positions and ``emits[k]`` (default: all) entry rows
+    of kind ``k``; a step may fill fewer of either (the rest is padding, see the module
+    docstring), but needs an entry row for each token completing an entry and none to spare
+    when no token does."""
 
     config: ModelConfig
     cache_layout: CacheLayout
@@ -108,42 +124,47 @@ class DecodeLayout:
             for name, (offset, shape) in self.fields.items()
         }
 
-    def fits(self, num_tokens: int, max_seq_len: int) -> bool:
-        return num_tokens == self.num_tokens and max_seq_len <= self.context
-
     def fill(self, out: np.ndarray, input_ids, positions, block_tables, state_slots) -> None:
-        """Write one decode step into ``out`` (int64 ``[size]``): token ``t`` of sequence
-        ``t`` is ``input_ids[t]`` at ``positions[t]`` with ``block_tables[t]`` (padded rows)
-        and state slot ``state_slots[t]``."""
-        c, t, v = self.config, self.num_tokens, self.views(out)
+        """Write one decode step into ``out`` (int64 ``[size]``): token ``i`` of sequence ``i``
+        is ``input_ids[i]`` at ``positions[i]`` with ``block_tables[i]`` (padded rows) and
+        state slot ``state_slots[i]``; rows past the step's tokens are padding."""
+        c, n, v = self.config, self.num_tokens, self.views(out)
         p = np.asarray(positions, dtype=np.int64)
-        s = np.asarray(state_slots, dtype=np.int64)
+        t = len(p)
+        if not 0 < t <= n or int(p.max()) + 1 > self.context:
+            raise ValueError(f"decode step of {t} tokens up to position {int(p.max())} "
+                             f"does not fit {n} tokens of context {self.context}")  # fmt: skip
+        pad = np.zeros(n - t, dtype=np.int64)  # padding rows copy row 0
+        ids = np.concatenate([np.asarray(input_ids, dtype=np.int64), pad + int(input_ids[0])])
+        s = np.concatenate([np.asarray(state_slots, dtype=np.int64), pad + int(state_slots[0])])
+        p = np.concatenate([p, pad + p[0]])
         tables = np.asarray(block_tables, dtype=np.int64).reshape(t, -1)
-        if len(p) != t or int(p.max()) + 1 > self.context:
-            raise ValueError(f"decode step of {len(p)} tokens up to position {int(p.max())} "
-                             f"does not fit {t} tokens of context {self.context}")  # fmt: skip
-        rows = np.arange(t)
-        v["input_ids"][:] = input_ids
+        tables = np.concatenate([tables, np.repeat(tables[:1], n - t, axis=0)])
+        # where each row's writes go: its own slot, the scratch slot for padding rows
+        writes = np.where(np.arange(n) < t, s, SCRATCH_SLOT)
+        rows = np.arange(n)
+        v["input_ids"][:] = ids
         v["positions"][:] = p
         v["seq_lens"][:] = p + 1
         v["state_slots"][:] = s
         v["rows"][:] = rows
-        v["cu_seqlens_q"][:] = np.arange(t + 1)
+        v["cu_seqlens_q"][:] = np.arange(n + 1)
         ring, w = self.ring_size, c.sliding_window
         q = p[:, None] - w + 1 + np.arange(w)
         v["window_indices"][:] = np.where(q >= 0, s[:, None] * ring + q % ring, -1)
         v["window_gather"][:] = np.where(q >= 0, (rows[:, None] * w + np.arange(w)), -1)
-        v["window_write_dst"][:] = s * ring + p % ring
+        v["window_write_dst"][:] = writes * ring + p % ring
         for k, count in zip(self.kinds, self.emits, strict=True):
-            self._fill_kind(v, f"{k.ratio}.{int(k.overlap)}.", k, count, p, s, tables)
+            prefix = f"{k.ratio}.{int(k.overlap)}."
+            self._fill_kind(v, prefix, k, count, p, s, writes, tables, t)
 
-    def _fill_kind(self, v, prefix: str, k: _Kind, count: int, p, s, tables) -> None:
+    def _fill_kind(self, v, prefix: str, k: _Kind, count: int, p, s, writes, tables, t) -> None:
         r = k.ratio
-        emits = np.flatnonzero((p + 1) % r == 0)  # the tokens completing an entry, in order
-        if len(emits) != count:
+        emits = np.flatnonzero((p[:t] + 1) % r == 0)  # the tokens completing an entry, in order
+        if len(emits) > count or (count and not len(emits)):
             raise ValueError(f"{len(emits)} tokens complete a ratio-{r} entry: this layout "
                              f"has {count} entry rows")  # fmt: skip
-        v[prefix + "state_write_dst"][:] = s * k.state_rows + p % k.state_rows
+        v[prefix + "state_write_dst"][:] = writes * k.state_rows + p % k.state_rows
         counts = (p + 1) // r
         entries = np.arange(self.context // r)[None, :]
         visible = _arena_rows(tables, np.broadcast_to(entries, (len(p), entries.shape[1])), r,
@@ -160,10 +181,14 @@ class DecodeLayout:
         # rows of [state | step tokens]: the completing token itself, else its state ring
         src = np.where(q >= pe[:, None], base + emits[:, None] + q - pe[:, None],
                        se[:, None] * k.state_rows + q % k.state_rows)  # fmt: skip
-        v[prefix + "emit_src"][:] = np.where(q < 0, -1, src)
-        v[prefix + "emit_positions"][:] = entry * r
-        v[prefix + "emit_rows"][:] = _arena_rows(tables[emits], entry[:, None], r,
-                                                 self.cache_layout)[:, 0]  # fmt: skip
+        dst = _arena_rows(tables[emits], entry[:, None], r, self.cache_layout)[:, 0]
+        extra = count - len(emits)  # padding entries: the first one again, into the null row
+        v[prefix + "emit_src"][:] = np.concatenate([np.where(q < 0, -1, src),
+                                                   np.repeat(np.where(q[:1] < 0, -1, src[:1]),
+                                                             extra, axis=0)])  # fmt: skip
+        v[prefix + "emit_positions"][:] = np.concatenate([entry * r, np.repeat(entry[:1] * r,
+                                                                              extra)])  # fmt: skip
+        v[prefix + "emit_rows"][:] = np.concatenate([dst, np.full(extra, NULL_ARENA_ROW)])
 
     def metadata(self, flat: torch.Tensor) -> tuple[ForwardBatch, AttentionMetadata]:
         """The batch and metadata the forward reads, as views of the device buffer ``flat``

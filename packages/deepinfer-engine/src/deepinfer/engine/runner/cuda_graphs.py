@@ -3,16 +3,23 @@ replayed, so a step costs one graph launch instead of thousands of kernel launch
 
 A step qualifies when every scheduled sequence has one token, no drafts are verified, no prompt
 logprobs are asked for, there are at most ``max_batch_size`` sequences and every context fits
-``max_context``. Its shape key is (number of tokens, context bucket: the smallest power of two
-at least the longest context and at least ``min_context``, and per compressed kind how many
-tokens complete an entry: most steps of a small batch complete none and leave the pooling
-out, as the eager step does); the first step of a key warms the forward up on the fixed-shape
-metadata (:mod:`deepinfer.engine.model.decode_metadata`), captures it into a graph that shares
-one memory pool with the others, and replays it. Graphs are captured for exactly the step's
-token and entry counts (no padding rows), so every kernel sees the shapes the eager path
-would, but for the visible lists padded with ``-1`` (skipped exactly by the kernels), and the
-logits are bit-identical to it. Any other step, a key whose capture failed (logged once), and
-new keys past ``max_graphs`` run eagerly: a step never fails for want of a graph.
+``max_context``. Its shape key is (token rows: the step's sequence count rounded up to a
+capture size, 1, 2, 4, 8 and multiples of 8 up to ``max_batch_size`` (:func:`graph_batch_size`);
+context bucket: the smallest power of two at least the longest context and at least
+``min_context``; per compressed kind the entry rows: none when no token completes an entry,
+as the eager step leaves the pooling out then, else the count rounded up to a power of two).
+The padding rows copy the step's first token and write only to the reserved scratch slot and
+null block (:mod:`deepinfer.engine.model.decode_metadata`), so a batch that shrinks as its
+sequences finish, with prompts of any lengths, keeps reusing a few dozen graphs instead of
+capturing one per sequence count and entry count.
+
+The first step of a key warms the forward up on the fixed-shape metadata, captures it into a
+graph that shares one memory pool with the others, and replays it. A real row's logits are the
+eager step's but for what the padding rows change in an op's result for that row: nothing on
+the reference ops (CPU, bit for bit) nor in batch-invariant mode; otherwise an op may pick
+other tiles for a larger row count (GPU: equal greedy tokens in the tests). Any other step, a
+key whose capture failed (logged once), and new keys past ``max_graphs`` run eagerly: a step
+never fails for want of a graph.
 
 Per step the host fills one pinned int64 buffer (numpy, no torch op per field) and one copy
 moves it into the graph's input buffer; every graph shares these two buffers (sized for the
@@ -21,8 +28,10 @@ the activations of one decode forward of at most ``max_batch_size`` tokens (smal
 prefill activations the cache sizing reserves), plus one shared fp32 logits buffer
 ``[max_batch_size, vocab]`` and the input buffer (:func:`graph_reserve_bytes` of the loader).
 
-``capture=False`` runs the same fixed-shape forward eagerly (any device): the CPU tests use it
-to check that forward against the normal one.
+``padding=False`` keys graphs on the exact token and entry counts instead (no padding rows:
+bit-identical to the eager step on any op, at the cost of a capture per count). ``capture=False``
+runs the same fixed-shape forward eagerly (any device): the CPU tests use it to check that
+forward against the normal one.
 """
 
 from __future__ import annotations
@@ -40,10 +49,18 @@ from deepinfer.engine.model.decode_metadata import (
     compression_kinds,
     context_bucket,
     emitting,
+    padded_count,
 )
 from deepinfer.engine.model.moe import MoE
 
 logger = logging.getLogger(__name__)
+
+
+def graph_batch_size(num_tokens: int, max_batch_size: int) -> int:
+    """Token rows of the graph a decode step of ``num_tokens`` sequences replays: the next of
+    1, 2, 4, 8, 16, 24, ... (multiples of 8), at most ``max_batch_size``."""
+    size = 1 << (num_tokens - 1).bit_length() if num_tokens <= 8 else -(-num_tokens // 8) * 8
+    return min(size, max_batch_size)
 
 
 @dataclass
@@ -69,12 +86,13 @@ class DecodeGraphs:
         min_context: int = 1024,
         capture: bool = True,
         max_graphs: int = 512,
+        padding: bool = True,
     ) -> None:
         self.model, self.cache = model, cache
         self.device = next(iter(cache.tensors.values())).device
         self.max_batch_size, self.max_context = max_batch_size, max_context
         self.min_context = min(min_context, max_context)
-        self.capture, self.max_graphs = capture, max_graphs
+        self.capture, self.max_graphs, self.padding = capture, max_graphs, padding
         self.graphs: dict[tuple, _Graph] = {}
         self.failed: set[tuple] = set()
         self.num_replays = 0
@@ -104,16 +122,9 @@ class DecodeGraphs:
 
     @staticmethod
     def supports(model: torch.nn.Module, device: torch.device) -> bool:
-        """Whether ``model``'s forward can be captured on ``device``: a CUDA device, a V4 model
-        (not V4.1, see below) and no host loop in the model (dense or FP8 experts run a loop
-        over the routed experts)."""
+        """Whether ``model``'s forward can be captured on ``device``: a CUDA device and no host
+        loop in the model (dense or FP8 experts run a loop over the routed experts)."""
         if device.type != "cuda":
-            return False
-        if model.config.is_v41:
-            # On the H200 a V4.1 graph replay gave different greedy tokens from the eager step
-            # (tests/engine/runner/test_decode_graphs.py, tiny V4.1, 2026-11-30). The likely
-            # cause, found afterwards on CPU and fixed in warm_up: the warm-up before each
-            # capture advanced the Engram history. Eager until a GPU run confirms the fix.
             return False
         moes = [m for m in model.modules() if isinstance(m, MoE)]
         return all(m.uses_grouped_experts(device) for m in moes)
@@ -128,8 +139,11 @@ class DecodeGraphs:
         longest = max(plan.seq_lens)
         if longest > self.max_context:
             return None
+        size = graph_batch_size(t, self.max_batch_size) if self.padding else t
         emits = emitting(self.kinds, plan.positions)
-        key = (t, context_bucket(longest, self.min_context), emits)
+        if self.padding:
+            emits = tuple(padded_count(e, size) for e in emits)
+        key = (size, context_bucket(longest, self.min_context), emits)
         if key in self.failed or (key not in self.graphs and len(self.graphs) >= self.max_graphs):
             return None  # (past max_graphs new shapes run eagerly: bounded graph memory)
         return key
@@ -145,12 +159,12 @@ class DecodeGraphs:
                           plan.state_slots)  # fmt: skip
         entry.device.copy_(entry.host, non_blocking=True)
         if not self.capture:
-            return self._forward(entry)
+            return self._forward(entry)[: plan.num_tokens]
         if entry.graph is None and not self._capture(key, entry):
             return None
         entry.graph.replay()
         self.num_replays += 1
-        return entry.logits
+        return entry.logits[: plan.num_tokens]
 
     def _new(self, key: tuple) -> _Graph:
         t, context, emits = key
