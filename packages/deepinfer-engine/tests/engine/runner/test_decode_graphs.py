@@ -5,8 +5,9 @@ step of a greedy generation is checked against the eager forward of the same ste
 of the cache: logits bitwise equal, and every cache tensor equal afterwards outside the
 scratch slot 0 and the null block 0 (where padding rows write). Small context buckets make the
 visible lists padded and make steps cross buckets; steps that complete different numbers of
-compressed entries use different graphs; batches of 3 run on graphs of 4 token rows. The GPU test captures and replays
-real graphs and compares greedy generations with ``enforce_eager=True`` token for token.
+compressed entries use different graphs; batches of 3 run on graphs of 4 token rows. The GPU
+test captures and replays real graphs and compares greedy generations with
+``enforce_eager=True`` token for token.
 """
 
 from __future__ import annotations
