@@ -1,6 +1,7 @@
 """FP8 x FP8 block-scaled GEMM on the GPU at the V4-Flash (128x128 blocks) and V4.1-Flash
 (32x32 blocks) linear shapes: the op (``op``: its default plan, which for V4 blocks at prefill M
-is cuBLAS's blockwise GEMM, see ``gemm_cublas.py``; ``tiles``: the Triton prefill tiles; ``triton_bi``:
+is cuBLAS's blockwise GEMM, see ``gemm_cublas.py``; ``op_m_major``: the op given M-major activation
+scales, as ``linear`` passes them on that route; ``tiles``: the Triton prefill tiles; ``triton_bi``:
 the batch-invariant tiles) vs
 torch's blockwise-scaled built-in (``torch.nn.functional.scaled_mm`` with ``BlockWise1x128`` x
 ``BlockWise128x128``: the same math, V4 blocks only; torch has no 1x32 recipe on SM90), vs
@@ -147,6 +148,12 @@ def bench_prefill(model, n, k, block, m):
     op = functools.partial(gemm.fp8_gemm_nt, a, sa, w, ws, block)
     _time(row, "op", op, flops, nbytes, want=want)
     _time_graph(row, "op", [op], flops, nbytes)
+    # the op as ``linear`` calls it: activation scales written M-major by the quantisation
+    sa_m = torch.empty_strided(sa.shape, (1, sa.shape[0]), dtype=sa.dtype, device=sa.device)
+    sa_m.copy_(sa)
+    op_m = functools.partial(gemm.fp8_gemm_nt, a, sa_m, w, ws, block)
+    _time(row, "op_m_major", op_m, flops, nbytes, want=want)
+    _time_graph(row, "op_m_major", [op_m], flops, nbytes)
     tiles = gemm.choose_plan(m, n, k, min(block), torch.bfloat16, batch_invariant=False,
                              on_cpu=False).tiles  # fmt: skip
     _time(row, "tiles", functools.partial(call, tiles=tiles), flops, nbytes, want=want)
@@ -272,7 +279,8 @@ def main() -> None:
     print_table(payload["head"], ["model", "M", "N", "K", "op_us", "op_graph_us", "op_graph_TB/s",
                 "reference_us", "fp32_mm_only_us", "op_rel_err"])  # fmt: skip
     print_table(payload["prefill"], ["model", "M", "N", "K", "op_TFLOP/s", "tiles_TFLOP/s",
-                "op_graph_TFLOP/s", "triton_bi_graph_TFLOP/s", "torch_blockwise_TFLOP/s",
+                "op_graph_TFLOP/s", "op_m_major_graph_TFLOP/s", "triton_bi_graph_TFLOP/s",
+                "torch_blockwise_TFLOP/s",
                 "torch_blockwise_graph_TFLOP/s", "scaled_mm_TFLOP/s", "bf16_mm_only_TFLOP/s",
                 "op_rel_err", "tiles_rel_err", "reference_us"])  # fmt: skip
     sweep = sorted({key for r in payload["prefill"] for key in r

@@ -152,7 +152,8 @@ def test_plan_policy_cublas():
     assert gemm_cublas.recipe_fits(4096, 2048, 128, (128, 128))
     assert not gemm_cublas.recipe_fits(4096, 2048, 32, (32, 32))
     assert not gemm_cublas.recipe_fits(4000, 2048, 128, (128, 128))
-    assert not gemm_cublas.recipe_fits(512, 4096, 128, (128, 128))  # N < MIN_N: the tiles
+    assert gemm_cublas.recipe_fits(512, 4096, 128, (128, 128))
+    assert not gemm_cublas.recipe_fits(384, 4096, 128, (128, 128))  # N < MIN_N: the tiles
 
 
 needs_hopper = pytest.mark.skipif(
@@ -163,7 +164,7 @@ needs_hopper = pytest.mark.skipif(
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("m", [1024, 1037, 4096])
-@pytest.mark.parametrize("n, k", [(4096, 2048), (1024, 4096), (32768, 1024)])
+@pytest.mark.parametrize("n, k", [(4096, 2048), (1024, 4096), (32768, 1024), (512, 4096)])
 def test_cublas_route_matches_the_reference(m, n, k):
     """Prefill-sized V4 products take cuBLAS's blockwise FP8 GEMM (or, where it refuses a
     shape, the tiles) and match the reference to bf16 rounding."""
@@ -195,6 +196,39 @@ def test_cublas_refusal_falls_back_to_the_tiles():
     tiles = gemm.fp8_gemm_nt_tiles(*args, out_dtype=torch.bfloat16, tiles=gemm.PREFILL_TILES)
     assert torch.equal(got, tiles)
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=1.6e-2)
+
+
+def test_weight_scales_are_converted_once_per_scale_tensor():
+    gen = torch.Generator().manual_seed(11)
+    scale = torch.randint(118, 134, (8, 4), generator=gen, dtype=torch.int32).to(torch.uint8)
+    first = gemm_cublas.weight_scales(scale)
+    assert torch.equal(first, torch.exp2(scale.float() - 127.0).t())
+    assert first.shape == (4, 8) and first.stride() == (1, 4)  # [K/128, N/128], unit stride on K
+    assert gemm_cublas.weight_scales(scale) is first  # kept
+    scale.add_(1)  # an in-place write: converted again
+    again = gemm_cublas.weight_scales(scale)
+    assert again is not first and torch.equal(again, first * 2)
+    twin = scale.clone()  # equal values, another tensor: its own conversion
+    assert gemm_cublas.weight_scales(twin) is not again
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("m, n, k", [(1024, 1024, 4096), (2048, 4096, 2048)])
+def test_linear_writes_m_major_scales_for_cublas(m, n, k):
+    """``linear`` at prefill M quantises with M-major scales and takes cuBLAS: the same result
+    as the product of the row-major scales (copied for cuBLAS), and the reference's."""
+    gen = torch.Generator().manual_seed(m + k)
+    w, s = random_fp8_weight(gen, n, k, (128, 128), torch.device("cuda"))
+    x = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
+    plan = gemm.default_plan(m, n, k, 128, 128, (128, 128), torch.bfloat16, x.device)
+    assert plan.kind == "cublas"
+    got = gemm.linear(x, w, s, block_size=(128, 128), act_quant_group=128)
+    a, sa = gemm.quantize_rows(x, 128)
+    assert sa.is_contiguous()
+    assert torch.equal(got, gemm.fp8_gemm_nt(a, sa, w, s, (128, 128)))
+    want = OPS["linear"].reference(x, w, s, block_size=(128, 128), act_quant_group=128)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=1.6e-2)
 
 
 def test_rejects_scale_of_the_wrong_shape():

@@ -48,6 +48,19 @@ def test_rounds_ties_to_even_and_carries_into_the_exponent():
     assert q.float().flatten()[:8].tolist() == want
 
 
+@pytest.mark.parametrize("rows", [1, 37])
+def test_m_major_scales_hold_the_same_values(rows):
+    """``quantize_rows(m_major=True)`` (the layout cuBLAS's blockwise GEMM reads) writes the
+    same codes and scales, with unit stride along M."""
+    gen = torch.Generator().manual_seed(rows)
+    x = (torch.randn(rows, 512, generator=gen) * 3).to(DEVICE, torch.bfloat16)
+    q, s = quant.quantize_rows(x, 128)
+    qm, sm = quant.quantize_rows(x, 128, m_major=True)
+    assert sm.shape == (rows, 4) and sm.stride() == (1, rows)
+    assert torch.equal(qm.view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(sm, s)
+
+
 def test_in_place_round_trip():
     x = torch.randn(6, 256, device=DEVICE).bfloat16()
     want = quant.fp8_sim(x, 32)

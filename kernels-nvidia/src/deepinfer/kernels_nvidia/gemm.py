@@ -125,6 +125,20 @@ def _check_operands(a, a_scale, b, b_scale, block_size):
     return m, n, k, a_group, sub_k
 
 
+def default_plan(m, n, k, a_group, sub_k, block_size, out_dtype, device) -> GemmPlan:
+    """:func:`choose_plan` for this device and the batch-invariant switch."""
+    on_cpu = device.type == "cpu"
+    cublas = (
+        not on_cpu
+        and gemm_cublas.recipe_fits(n, k, a_group, block_size)
+        and gemm_cublas.available(device.index or 0)
+    )
+    return choose_plan(
+        m, n, k, sub_k, out_dtype, batch_invariant=envs.batch_invariant(), on_cpu=on_cpu,
+        cublas=cublas,
+    )  # fmt: skip
+
+
 @implements("fp8_gemm_nt")
 def fp8_gemm_nt(a, a_scale, b, b_scale, block_size, *, out_dtype=torch.bfloat16):
     return fp8_gemm_nt_plan(a, a_scale, b, b_scale, block_size, out_dtype=out_dtype)
@@ -140,21 +154,13 @@ def fp8_gemm_nt_plan(a, a_scale, b, b_scale, block_size, *, out_dtype, plan=None
     if m == 0 or n == 0:
         return torch.empty((m, n), dtype=out_dtype, device=a.device)
     if plan is None:
-        on_cpu = a.device.type == "cpu"
-        invariant = envs.batch_invariant()
-        cublas = (
-            not on_cpu
-            and gemm_cublas.recipe_fits(n, k, a_group, block_size)
-            and gemm_cublas.available(a.device.index or 0)
-        )
-        plan = choose_plan(
-            m, n, k, sub_k, out_dtype, batch_invariant=invariant, on_cpu=on_cpu, cublas=cublas
-        )
+        plan = default_plan(m, n, k, a_group, sub_k, block_size, out_dtype, a.device)
     if plan.kind == "cublas":
         c = gemm_cublas.fp8_gemm_cublas(a, a_scale, b, b_scale)
         if c is not None:
             return c
         plan = GemmPlan("tiles", PREFILL_TMA_TILES if k >= PREFILL_TMA_MIN_K else PREFILL_TILES)
+        a_scale = a_scale.contiguous()  # (linear wrote it M-major for cuBLAS)
     if plan.kind == "stream":
         a_scale = a_scale.contiguous()
         return fp8_gemm_stream(
@@ -207,9 +213,13 @@ def linear(
         )  # fmt: skip
     x2 = x.reshape(-1, x.shape[-1])
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
-    xq, xs = quantize_rows(x2, act_quant_group)
-    y = fp8_gemm_nt(xq, xs, weight, scale, tuple(block_size), out_dtype=out_dtype or x.dtype)
-    return y.view(*x.shape[:-1], weight.shape[0])
+    (m, k), n, bk = x2.shape, weight.shape[0], tuple(block_size)[1]
+    out_dtype = out_dtype or x.dtype
+    plan = default_plan(m, n, k, act_quant_group, min(act_quant_group, bk), tuple(block_size),
+                        out_dtype, x.device)  # fmt: skip
+    xq, xs = quantize_rows(x2, act_quant_group, m_major=plan.kind == "cublas")
+    y = fp8_gemm_nt_plan(xq, xs, weight, scale, tuple(block_size), out_dtype=out_dtype, plan=plan)
+    return y.view(*x.shape[:-1], n)
 
 
 def _is_f32_bf16(x, weight, scale, act_quant_group, out_dtype) -> bool:

@@ -10,8 +10,11 @@ blocks on SM90, and batch-invariant mode keeps the Triton tiles (cuBLAS picks it
 shape).
 
 cuBLAS takes the activation scales M-major (``[M, K/128]`` with unit stride along M) and the
-weight scales as fp32 ``[K/128, N/128]`` with unit stride along K. A shape cuBLAS refuses (an
-M alignment, an older library) is remembered and falls back to the Triton tiles: the call never
+weight scales as fp32 ``[K/128, N/128]`` with unit stride along K. ``linear`` has the
+quantisation kernel write the activation scales M-major (other callers' row-major scales are
+copied), and each weight's fp32 scales are converted once and kept while the weight's ue8m0
+scale tensor lives and is unchanged (:func:`weight_scales`). A shape cuBLAS refuses (an M
+alignment, an older library) is remembered and falls back to the Triton tiles: the call never
 fails because of this route.
 """
 
@@ -19,17 +22,45 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 
 import torch
 
 logger = logging.getLogger(__name__)
 
 MIN_M = 1024  # below this the Triton tiles' launch is as fast (measured at M = 4096 only)
-# H200, M = 4096, graph replay (results/2026-11-30-h200-gemm-v3.json): with the two scale
-# conversions this route beat the tiles at N >= 1024 (814-1,211 vs 618-874 TFLOP/s) and lost
-# at N = 512, K = 4096 (604 vs 665)
-MIN_N = 1024
+# H200, M = 4096, graph replay (results/2026-11-30-h200-gemm-v3.json): with two scale conversions
+# per call this route beat the tiles at N >= 1024 (814-1,211 vs 618-874 TFLOP/s) and lost at
+# N = 512, K = 4096 (604 vs 665); cuBLAS alone ran that shape at 831
+MIN_N = 512
 _REFUSED: set[tuple[int, int, int, int]] = set()
+_WEIGHT_SCALES: dict[tuple, tuple] = {}  # (device, data_ptr, shape) -> (ref, version, fp32)
+_MAX_WEIGHT_SCALES = 4096  # forget them all past this many (weights freed and reallocated)
+
+
+def weight_scales(b_scale: torch.Tensor) -> torch.Tensor:
+    """ue8m0 ``[N/128, K/128]`` (uint8) -> fp32 ``[K/128, N/128]`` with unit stride along K,
+    converted once per scale tensor: kept while that tensor object lives and its version counter
+    (in-place writes) is unchanged, so a weight's scales cost nothing after its first product.
+    Inference tensors keep no version counter: an in-place write to one under
+    ``torch.inference_mode`` is not seen (the engine loads its scales outside that mode)."""
+    key = (b_scale.device, b_scale.data_ptr(), tuple(b_scale.shape))
+    version = _version(b_scale)
+    hit = _WEIGHT_SCALES.get(key)
+    if hit is not None and hit[0]() is b_scale and hit[1] == version:
+        return hit[2]
+    converted = torch.exp2(b_scale.float() - 127.0).t()
+    if len(_WEIGHT_SCALES) >= _MAX_WEIGHT_SCALES:
+        _WEIGHT_SCALES.clear()
+    _WEIGHT_SCALES[key] = (weakref.ref(b_scale), version, converted)
+    return converted
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor
+        return None
 
 
 @functools.cache
@@ -69,9 +100,12 @@ def fp8_gemm_cublas(
     key = (a.device.index or 0, n, k, m % 16)
     if key in _REFUSED:
         return None
-    sa = torch.empty_strided(a_scale.shape, (1, m), dtype=torch.float32, device=a.device)
-    sa.copy_(a_scale)
-    sb = torch.exp2(b_scale.float() - 127.0).t()  # [K/128, N/128], unit stride along K
+    if a_scale.stride() == (1, m):
+        sa = a_scale
+    else:
+        sa = torch.empty_strided(a_scale.shape, (1, m), dtype=torch.float32, device=a.device)
+        sa.copy_(a_scale)
+    sb = weight_scales(b_scale)
     try:
         return scaled_mm(
             a, b.t(), sa, ScalingType.BlockWise1x128, sb, ScalingType.BlockWise128x128,

@@ -58,7 +58,7 @@ def to_bf16(v, SOFT_ROUND: tl.constexpr):
 
 @triton.jit
 def _act_quant_kernel(
-    x_ptr, q_ptr, s_ptr, n_rows, stride_x, stride_q, stride_s,
+    x_ptr, q_ptr, s_ptr, n_rows, stride_x, stride_q, stride_s, stride_sg,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, DEQUANT: tl.constexpr, SOFT_ROUND: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -80,7 +80,7 @@ def _act_quant_kernel(
         )
     else:
         tl.store(q_ptr + rows64[:, None] * stride_q + cols[None, :], q, mask=mask)
-        tl.store(s_ptr + rows64 * stride_s + group, scale, mask=row_mask)
+        tl.store(s_ptr + rows64 * stride_s + group * stride_sg, scale, mask=row_mask)
     # fmt: skip
 
 
@@ -102,16 +102,22 @@ def _launch(x2, q2, s2, group_size, dequant):
     if n_rows == 0:
         return
     _act_quant_kernel[grid](
-        x2, q2, s2, n_rows, x2.stride(0), q2.stride(0), s2.stride(0),
+        x2, q2, s2, n_rows, x2.stride(0), q2.stride(0), s2.stride(0), s2.stride(1),
         GROUP=group_size, BLOCK_M=block_m, DEQUANT=dequant, SOFT_ROUND=x2.device.type == "cpu",
         num_warps=4,
     )  # fmt: skip
 
 
-def quantize_rows(x2: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[M, K]`` (unit column stride) -> (``[M, K]`` e4m3, ``[M, K / group]`` fp32)."""
+def quantize_rows(
+    x2: torch.Tensor, group_size: int, *, m_major: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[M, K]`` (unit column stride) -> (``[M, K]`` e4m3, ``[M, K / group]`` fp32); with
+    ``m_major`` the scales are laid out with unit stride along M (what cuBLAS's blockwise GEMM
+    reads, :mod:`gemm_cublas`)."""
     q = torch.empty(x2.shape, dtype=torch.float8_e4m3fn, device=x2.device)
-    s = torch.empty((x2.shape[0], x2.shape[1] // group_size), dtype=torch.float32, device=x2.device)
+    m, groups = x2.shape[0], x2.shape[1] // group_size
+    strides = (1, max(m, 1)) if m_major else (groups, 1)
+    s = torch.empty_strided((m, groups), strides, dtype=torch.float32, device=x2.device)
     _launch(x2, q, s, group_size, dequant=False)
     return q, s
 
