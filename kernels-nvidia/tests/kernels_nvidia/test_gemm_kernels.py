@@ -200,16 +200,20 @@ def test_cublas_refusal_falls_back_to_the_tiles():
 
 def test_weight_scales_are_converted_once_per_scale_tensor():
     gen = torch.Generator().manual_seed(11)
-    scale = torch.randint(118, 134, (8, 4), generator=gen, dtype=torch.int32).to(torch.uint8)
+    exps = torch.randint(118, 134, (8, 4), generator=gen, dtype=torch.int32).to(torch.uint8)
+    scale = exps.view(torch.float8_e8m0fnu)  # as the weights store them
     first = gemm_cublas.weight_scales(scale)
-    assert torch.equal(first, torch.exp2(scale.float() - 127.0).t())
+    assert torch.equal(first, torch.exp2(exps.float() - 127.0).t())
     assert first.shape == (4, 8) and first.stride() == (1, 4)  # [K/128, N/128], unit stride on K
     assert gemm_cublas.weight_scales(scale) is first  # kept
-    scale.add_(1)  # an in-place write: converted again
+    exps.add_(1)  # an in-place write (through another view): converted again
     again = gemm_cublas.weight_scales(scale)
     assert again is not first and torch.equal(again, first * 2)
-    twin = scale.clone()  # equal values, another tensor: its own conversion
+    twin = exps.clone()  # equal values, another tensor: its own conversion
     assert gemm_cublas.weight_scales(twin) is not again
+    count = len(gemm_cublas._WEIGHT_SCALES)
+    del twin  # dropped with its tensor
+    assert len(gemm_cublas._WEIGHT_SCALES) == count - 1
 
 
 @pytest.mark.gpu

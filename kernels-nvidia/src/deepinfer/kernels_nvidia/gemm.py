@@ -150,13 +150,13 @@ def fp8_gemm_nt_plan(a, a_scale, b, b_scale, block_size, *, out_dtype, plan=None
     a = a if a.stride(1) == 1 else a.contiguous()
     b = b if b.stride(1) == 1 else b.contiguous()
     a_scale = a_scale.float()
-    b_scale = b_scale.view(torch.uint8)
+    weight_scale, b_scale = b_scale, b_scale.view(torch.uint8)  # (cuBLAS: the caller's object)
     if m == 0 or n == 0:
         return torch.empty((m, n), dtype=out_dtype, device=a.device)
     if plan is None:
         plan = default_plan(m, n, k, a_group, sub_k, block_size, out_dtype, a.device)
     if plan.kind == "cublas":
-        c = gemm_cublas.fp8_gemm_cublas(a, a_scale, b, b_scale)
+        c = gemm_cublas.fp8_gemm_cublas(a, a_scale, b, weight_scale)
         if c is not None:
             return c
         plan = GemmPlan("tiles", PREFILL_TMA_TILES if k >= PREFILL_TMA_MIN_K else PREFILL_TILES)

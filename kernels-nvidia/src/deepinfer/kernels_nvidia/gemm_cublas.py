@@ -34,25 +34,28 @@ MIN_M = 1024  # below this the Triton tiles' launch is as fast (measured at M = 
 # N = 512, K = 4096 (604 vs 665); cuBLAS alone ran that shape at 831
 MIN_N = 512
 _REFUSED: set[tuple[int, int, int, int]] = set()
-_WEIGHT_SCALES: dict[tuple, tuple] = {}  # (device, data_ptr, shape) -> (ref, version, fp32)
-_MAX_WEIGHT_SCALES = 4096  # forget them all past this many (weights freed and reallocated)
+_WEIGHT_SCALES: dict[tuple, tuple] = {}  # (device, data_ptr, shape, stride) -> (ref, version, fp32)
+_MAX_WEIGHT_SCALES = 4096  # a bound: entries also go when their tensors die
 
 
 def weight_scales(b_scale: torch.Tensor) -> torch.Tensor:
-    """ue8m0 ``[N/128, K/128]`` (uint8) -> fp32 ``[K/128, N/128]`` with unit stride along K,
-    converted once per scale tensor: kept while that tensor object lives and its version counter
-    (in-place writes) is unchanged, so a weight's scales cost nothing after its first product.
-    Inference tensors keep no version counter: an in-place write to one under
-    ``torch.inference_mode`` is not seen (the engine loads its scales outside that mode)."""
-    key = (b_scale.device, b_scale.data_ptr(), tuple(b_scale.shape))
+    """ue8m0 ``[N/128, K/128]`` (``float8_e8m0fnu`` or its uint8 bits) -> fp32 ``[K/128, N/128]``
+    with unit stride along K, converted once per scale tensor object: kept while that object
+    lives and its version counter (in-place writes) is unchanged, dropped when it dies. Pass the
+    weight's own scale tensor (a new view per call would be converted every call). So a
+    weight's scales cost nothing after its first product. Inference tensors keep no version
+    counter: an in-place write to one under ``torch.inference_mode`` is not seen (the engine
+    loads its scales outside that mode)."""
+    key = (b_scale.device, b_scale.data_ptr(), tuple(b_scale.shape), b_scale.stride())
     version = _version(b_scale)
     hit = _WEIGHT_SCALES.get(key)
     if hit is not None and hit[0]() is b_scale and hit[1] == version:
         return hit[2]
-    converted = torch.exp2(b_scale.float() - 127.0).t()
+    converted = torch.exp2(b_scale.view(torch.uint8).float() - 127.0).t()
     if len(_WEIGHT_SCALES) >= _MAX_WEIGHT_SCALES:
         _WEIGHT_SCALES.clear()
-    _WEIGHT_SCALES[key] = (weakref.ref(b_scale), version, converted)
+    ref = weakref.ref(b_scale, lambda _, key=key: _WEIGHT_SCALES.pop(key, None))
+    _WEIGHT_SCALES[key] = (ref, version, converted)
     return converted
 
 
@@ -91,8 +94,9 @@ def recipe_fits(n: int, k: int, a_group: int, block_size: tuple[int, int]) -> bo
 def fp8_gemm_cublas(
     a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor
 ) -> torch.Tensor | None:
-    """``a [M, K]`` e4m3 (fp32 scales ``[M, K/128]``) times ``b [N, K]`` e4m3 (ue8m0 scales as
-    uint8 ``[N/128, K/128]``) -> bf16 ``[M, N]``; ``None`` where cuBLAS refused this shape."""
+    """``a [M, K]`` e4m3 (fp32 scales ``[M, K/128]``) times ``b [N, K]`` e4m3 (ue8m0 scales
+    ``[N/128, K/128]``, the weight's own tensor: :func:`weight_scales`) -> bf16 ``[M, N]``;
+    ``None`` where cuBLAS refused this shape."""
     from torch.nn.functional import ScalingType, scaled_mm
 
     m, k = a.shape
