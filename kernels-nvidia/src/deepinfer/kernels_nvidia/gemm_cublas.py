@@ -29,9 +29,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 MIN_M = 1024  # below this the Triton tiles' launch is as fast (measured at M = 4096 only)
-# H200, M = 4096, graph replay (results/2026-11-30-h200-gemm-v3.json): with two scale conversions
-# per call this route beat the tiles at N >= 1024 (814-1,211 vs 618-874 TFLOP/s) and lost at
-# N = 512, K = 4096 (604 vs 665); cuBLAS alone ran that shape at 831
+# H200, M = 4096, graph replay: with two scale conversions per call this route lost to the tiles
+# at N = 512, K = 4096 (604 vs 665, results/2026-11-30-h200-gemm-v3.json); without them it
+# runs that shape at 919 (results/2026-11-30-h200-gemm-v4.json)
 MIN_N = 512
 _REFUSED: set[tuple[int, int, int, int]] = set()
 _WEIGHT_SCALES: dict[tuple, tuple] = {}  # (device, data_ptr, shape, stride) -> (ref, version, fp32)
