@@ -91,15 +91,25 @@ def _prompts(count: int, seed: int, lengths: list[int] | None = None) -> list[li
     return [torch.randint(20, 250, (n,), generator=gen).tolist() for n in lengths]
 
 
-def test_fixed_decode_forward_equals_eager(checkpoint):
+def _llm(checkpoint) -> LLM:
     directory, block_size = checkpoint
-    llm = LLM(str(directory), dtype="float32", block_size=block_size, max_model_len=256,
-              max_num_seqs=8, speculative_tokens=0)  # fmt: skip
+    return LLM(str(directory), dtype="float32", block_size=block_size, max_model_len=256,
+               max_num_seqs=8, speculative_tokens=0)  # fmt: skip
+
+
+def _checked(llm: LLM, warm: bool = False) -> CheckedGraphs:
+    """:class:`CheckedGraphs` of up to 4 sequences, installed in ``llm``'s runner."""
     runner = llm._core.executor
     graphs = CheckedGraphs(runner.model, runner.cache, max_batch_size=4, max_context=256,
                            min_context=16, capture=False)  # fmt: skip
-    graphs.runner = runner
+    graphs.runner, graphs.warm = runner, warm
     runner.graphs = graphs
+    return graphs
+
+
+def test_fixed_decode_forward_equals_eager(checkpoint):
+    llm = _llm(checkpoint)
+    graphs = _checked(llm)
     # 3 sequences (a graph of 4 rows), then 2, then 1 as they finish
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (9, 5, 7)]
     outputs = llm.generate(prompt_token_ids=_prompts(3, 1, [27, 5, 12]), sampling_params=params,
@@ -127,14 +137,8 @@ def test_graph_batch_sizes_and_entry_rows():
 def test_warm_up_leaves_the_step_unchanged(checkpoint):
     """V4.1's Engram history ring is read then written by the forward: a warm-up that left its
     writes behind changed the first replay of every new graph (fails without the restore)."""
-    directory, block_size = checkpoint
-    llm = LLM(str(directory), dtype="float32", block_size=block_size, max_model_len=256,
-              max_num_seqs=8, speculative_tokens=0)  # fmt: skip
-    runner = llm._core.executor
-    graphs = CheckedGraphs(runner.model, runner.cache, max_batch_size=4, max_context=256,
-                           min_context=16, capture=False)  # fmt: skip
-    graphs.runner, graphs.warm = runner, True
-    runner.graphs = graphs
+    llm = _llm(checkpoint)
+    graphs = _checked(llm, warm=True)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     llm.generate(prompt_token_ids=_prompts(2, 3, [7, 11]), sampling_params=params,
                  use_tqdm=False)  # fmt: skip
@@ -142,9 +146,7 @@ def test_warm_up_leaves_the_step_unchanged(checkpoint):
 
 
 def test_ineligible_steps_run_eagerly(checkpoint):
-    directory, block_size = checkpoint
-    llm = LLM(str(directory), dtype="float32", block_size=block_size, max_model_len=256,
-              max_num_seqs=8, speculative_tokens=0)  # fmt: skip
+    llm = _llm(checkpoint)
     runner = llm._core.executor
     graphs = DecodeGraphs(runner.model, runner.cache, max_batch_size=2, max_context=256,
                           capture=False)  # fmt: skip

@@ -181,14 +181,12 @@ class DecodeLayout:
         # rows of [state | step tokens]: the completing token itself, else its state ring
         src = np.where(q >= pe[:, None], base + emits[:, None] + q - pe[:, None],
                        se[:, None] * k.state_rows + q % k.state_rows)  # fmt: skip
+        src = np.where(q < 0, -1, src)
         dst = _arena_rows(tables[emits], entry[:, None], r, self.cache_layout)[:, 0]
-        extra = count - len(emits)  # padding entries: the first one again, into the null row
-        v[prefix + "emit_src"][:] = np.concatenate([np.where(q < 0, -1, src),
-                                                   np.repeat(np.where(q[:1] < 0, -1, src[:1]),
-                                                             extra, axis=0)])  # fmt: skip
-        v[prefix + "emit_positions"][:] = np.concatenate([entry * r, np.repeat(entry[:1] * r,
-                                                                              extra)])  # fmt: skip
-        v[prefix + "emit_rows"][:] = np.concatenate([dst, np.full(extra, NULL_ARENA_ROW)])
+        pad = np.zeros(count - len(emits), dtype=np.int64)  # padding entries: the first again,
+        v[prefix + "emit_src"][:] = np.concatenate([src, src[pad]])  # written to the null row
+        v[prefix + "emit_positions"][:] = np.concatenate([entry, entry[pad]]) * r
+        v[prefix + "emit_rows"][:] = np.concatenate([dst, pad + NULL_ARENA_ROW])
 
     def metadata(self, flat: torch.Tensor) -> tuple[ForwardBatch, AttentionMetadata]:
         """The batch and metadata the forward reads, as views of the device buffer ``flat``
