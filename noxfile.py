@@ -85,10 +85,12 @@ def integration(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check over the whole tree."""
+    """ruff check and ruff format --check over the whole tree, and the source-layout rules
+    (no ``_extra`` file names, no file over 400 lines, no lab notes in comments)."""
     _sync(session, "--only-group", "dev")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("python", "tools/check_source.py", str(ROOT))
 
 
 @nox.session(venv_backend="none")

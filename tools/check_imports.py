@@ -3,6 +3,10 @@
 Parses each module under ``packages/*/src`` and ``kernels-*/src`` (imports anywhere in the file,
 including inside functions, and ``importlib.import_module("deepinfer....")`` calls with a literal
 name) and fails, listing every offending line, when a package imports one of ours it may not.
+It also fails on an import cycle between modules of ours: every import statement counts (a
+function-local import is a cycle put off, not removed), ``from pkg import name`` counts as an
+import of ``pkg.name`` when that is a module and of ``pkg`` otherwise, and each cycle is printed
+as a chain ``a -> b -> a``.
 Run: ``python tools/check_imports.py [ROOT]``; exit 1 on a violation.
 """
 
@@ -72,9 +76,98 @@ def violations(root: Path) -> list[str]:
     return problems
 
 
+def _module_files(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of every package source tree."""
+    modules = {}
+    for src in [p for g in ("packages/*/src", "kernels-*/src") for p in sorted(root.glob(g))]:
+        for path in sorted(src.rglob("*.py")):
+            parts = list(path.relative_to(src).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def _module_imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ours that ``name`` imports anywhere in its file."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package[: len(package) - node.level + 1]
+                base = ".".join(parent + ([node.module] if node.module else []))
+            for alias in node.names:
+                if f"{base}.{alias.name}" in modules:
+                    found.add(f"{base}.{alias.name}")
+                elif base in modules:
+                    found.add(base)
+    found.discard(name)
+    return found
+
+
+def _cycle_through(start: str, members: set[str], graph: dict[str, set[str]]) -> list[str]:
+    """One import chain from ``start`` back to itself inside a strongly connected component."""
+    parents: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for succ in sorted(graph[node] & members):
+                if succ == start:
+                    chain = [node]
+                    while chain[-1] != start:
+                        chain.append(parents[chain[-1]])
+                    return [start, *reversed(chain[:-1]), start]
+                if succ not in parents:
+                    parents[succ] = node
+                    nxt.append(succ)
+        frontier = nxt
+    return [start, start]
+
+
+def cycles(root: Path) -> list[list[str]]:
+    """Every import cycle between our modules, one chain per strongly connected component."""
+    modules = _module_files(root)
+    graph = {name: _module_imports(name, path, modules) for name, path in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for succ in sorted(graph[node]):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(graph)))
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return [_cycle_through(min(c), c, graph) for c in components]
+
+
 def main(argv: list[str]) -> int:
     root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent.parent
     problems = violations(root)
+    problems += [f"import cycle: {' -> '.join(chain)}" for chain in cycles(root)]
     for line in problems:
         print(line)
     if problems:
