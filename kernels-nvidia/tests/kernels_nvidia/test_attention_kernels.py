@@ -10,7 +10,7 @@ import torch
 
 from deepinfer import kernels
 from deepinfer.kernels.testing import cases_for, check_case
-from deepinfer.kernels.testing.cases.attention_extra import make_index_lists
+from deepinfer.kernels.testing.cases.attention import make_index_lists
 from deepinfer.kernels_nvidia import backend
 from deepinfer.kernels_nvidia.attention import SPLIT_ROWS_MAX, AttentionTiles, choose_tiles
 

@@ -7,7 +7,7 @@ import torch
 
 from deepinfer import kernels
 from deepinfer.kernels.testing import cases_for, check_case
-from deepinfer.kernels.testing.cases.indexer_extra import make_candidates
+from deepinfer.kernels.testing.cases.indexer import make_candidates
 from deepinfer.kernels_nvidia import backend
 
 HAS_CUDA = torch.cuda.is_available()
