@@ -22,8 +22,8 @@ import torch
 from deepinfer.engine.model.cache import CacheLayout, ModelCache
 from deepinfer.engine.model.config import parse_config
 from deepinfer.engine.model.model import build_model
-from deepinfer.engine.model.simple_runner import SimpleRunner
 from deepinfer.engine.testing import make_random_checkpoint, tiny_v41_config
+from deepinfer.engine.testing.simple_runner import SimpleRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "tiny_model"))
 

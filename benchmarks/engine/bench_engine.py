@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth_tbs, environment, print_table, write_json  # noqa: E402
 from dummy_forward import v4_flash_config  # noqa: E402
 
-from deepinfer.engine.llm import LLM  # noqa: E402
+from deepinfer.engine.frontend.llm import LLM  # noqa: E402
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs  # noqa: E402
 from deepinfer.sampling import SamplingParams  # noqa: E402
 

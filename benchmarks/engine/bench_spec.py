@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from common import environment, print_table, write_json  # noqa: E402
 
-from deepinfer.engine.llm import LLM  # noqa: E402
+from deepinfer.engine.frontend.llm import LLM  # noqa: E402
 from deepinfer.sampling import SamplingParams  # noqa: E402
 
 PROMPTS = [

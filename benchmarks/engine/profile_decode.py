@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "benchmarks" / "model"))
 from common import environment, write_json  # noqa: E402
 
-from deepinfer.engine.llm import LLM  # noqa: E402
+from deepinfer.engine.frontend.llm import LLM  # noqa: E402
 from deepinfer.sampling import SamplingParams  # noqa: E402
 
 RATIOS = [0, 0] + [4, 128] * 21  # V4-Flash layer kinds

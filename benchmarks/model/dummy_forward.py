@@ -20,8 +20,8 @@ import torch
 from deepinfer.engine.checkpoint import load_into
 from deepinfer.engine.model.config import parse_config
 from deepinfer.engine.model.model import build_model
-from deepinfer.engine.model.simple_runner import SimpleRunner
 from deepinfer.engine.testing import tiny_v4_config
+from deepinfer.engine.testing.simple_runner import SimpleRunner
 
 GIB = 1024**3
 

@@ -94,7 +94,7 @@ def settings_for(args: argparse.Namespace, source: ModelSource) -> SweepSettings
 
 
 def run_ours(source: ModelSource, settings: SweepSettings, args, device: str) -> dict:
-    from deepinfer.engine.llm import LLM
+    from deepinfer.engine.frontend.llm import LLM
 
     start = time.perf_counter()
     llm = LLM(

@@ -30,7 +30,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import deepinfer.kernels as K  # noqa: E402
-from deepinfer.engine.model.simple_runner import SimpleRunner  # noqa: E402
+from deepinfer.engine.testing.simple_runner import SimpleRunner  # noqa: E402
 
 NUM_BINS = 10
 

@@ -12,7 +12,7 @@ from deepinfer.kernels_nvidia import backend
 
 engine_config = pytest.importorskip("deepinfer.engine.model.config")
 from deepinfer.engine.model.model import build_model  # noqa: E402
-from deepinfer.engine.model.simple_runner import SimpleRunner  # noqa: E402
+from deepinfer.engine.testing.simple_runner import SimpleRunner  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"

@@ -15,12 +15,12 @@ from typing import Any
 from deepinfer.engine.version import __version__
 
 _EXPORTS = {
-    "LLM": "deepinfer.engine.llm",
-    "RequestStream": "deepinfer.engine.llm",
-    "CompletionOutput": "deepinfer.engine.core.outputs",
-    "RequestMetrics": "deepinfer.engine.core.outputs",
-    "RequestOutput": "deepinfer.engine.core.outputs",
-    "InvalidRequestError": "deepinfer.engine.core.validation",
+    "LLM": "deepinfer.engine.frontend.llm",
+    "RequestStream": "deepinfer.engine.frontend.llm",
+    "CompletionOutput": "deepinfer.engine.frontend.outputs",
+    "RequestMetrics": "deepinfer.engine.frontend.outputs",
+    "RequestOutput": "deepinfer.engine.frontend.outputs",
+    "InvalidRequestError": "deepinfer.engine.frontend.validation",
     "SamplingParams": "deepinfer.sampling",
     "StructuredOutputs": "deepinfer.sampling",
 }

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from deepinfer.engine.checkpoint import fill_dummy, official_inventory
-from deepinfer.engine.model.config import parse_config
+from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.testing import module_with_tensors, tiny_v4_config
 
 pytestmark = [

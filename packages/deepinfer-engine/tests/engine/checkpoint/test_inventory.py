@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from deepinfer.engine.checkpoint import official_inventory
-from deepinfer.engine.model.config import parse_config
+from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.testing import tiny_v4_config, tiny_v41_config, with_quantization
 
 FP8, E8M0 = torch.float8_e4m3fn, torch.float8_e8m0fnu

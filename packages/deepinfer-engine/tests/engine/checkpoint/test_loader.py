@@ -9,7 +9,7 @@ import torch
 
 import deepinfer.kernels as K
 from deepinfer.engine.checkpoint import CheckpointError, load_into, official_inventory
-from deepinfer.engine.model.config import load_config, parse_config
+from deepinfer.engine.model.config_parsing import load_config, parse_config
 from deepinfer.engine.testing import (
     make_random_checkpoint,
     module_with_tensors,

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from deepinfer.engine.checkpoint import load_into, read_tensors
-from deepinfer.engine.model.config import load_config
+from deepinfer.engine.model.config_parsing import load_config
 from deepinfer.engine.model.model import build_model
-from deepinfer.engine.model.simple_runner import SimpleRunner
 from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config, tiny_v41_config
+from deepinfer.engine.testing.simple_runner import SimpleRunner
 
 HAS_V41_MODEL = importlib.util.find_spec("deepinfer.engine.model.model_v41") is not None
 CONFIGS = [

@@ -16,7 +16,7 @@ from deepinfer.engine.checkpoint import (
     read_checkpoint_index,
     read_tensors,
 )
-from deepinfer.engine.model.config import load_config
+from deepinfer.engine.model.config_parsing import load_config
 from deepinfer.engine.testing import module_with_tensors, write_checkpoint
 
 transformers = pytest.importorskip("transformers")

@@ -20,7 +20,8 @@ from deepinfer.engine.checkpoint import (
     shard_files,
     validate_checkpoint,
 )
-from deepinfer.engine.model.config import QuantConfig, load_config
+from deepinfer.engine.model.config import QuantConfig
+from deepinfer.engine.model.config_parsing import load_config
 from deepinfer.engine.testing import make_random_checkpoint, module_with_tensors, tiny_v4_config
 
 MISSING = "layers.1.attn.wq_a.weight"

@@ -5,7 +5,7 @@ import pytest
 from deepinfer.engine.core.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
 from deepinfer.engine.core.request import Request
 from deepinfer.engine.core.stop import check_new_token
-from deepinfer.engine.core.testing import ByteTokenizer
+from deepinfer.engine.testing.fake_executor import ByteTokenizer
 from deepinfer.sampling import SamplingParams
 
 TEXTS = ["héllo wörld", "日本語のテキスト", "emoji 😀🎉 mixed ascii", "ÅΩ≈ç√∫ end"]

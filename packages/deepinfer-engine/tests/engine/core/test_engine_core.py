@@ -9,7 +9,11 @@ import pytest
 
 from deepinfer.engine.core import Request, SchedulerConfig
 from deepinfer.engine.core.request import child_seed
-from deepinfer.engine.core.testing import build_engine_core, reference_generate, run_until_done
+from deepinfer.engine.testing.fake_executor import (
+    build_engine_core,
+    reference_generate,
+    run_until_done,
+)
 from deepinfer.sampling import SamplingParams
 
 VOCAB = 97

@@ -6,7 +6,7 @@ import pytest
 
 from deepinfer.engine.core import Request, SchedulerConfig
 from deepinfer.engine.core.request import child_seed
-from deepinfer.engine.core.testing import build_engine_core, reference_generate
+from deepinfer.engine.testing.fake_executor import build_engine_core, reference_generate
 from deepinfer.sampling import SamplingParams
 
 VOCAB = 61

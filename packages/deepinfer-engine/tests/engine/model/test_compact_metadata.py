@@ -11,7 +11,7 @@ import torch
 import deepinfer.engine.model.model as model_module
 import deepinfer.engine.model.model_v41 as model_v41_module
 from deepinfer.engine.model.metadata import build_metadata
-from deepinfer.engine.model.simple_runner import SimpleRunner
+from deepinfer.engine.testing.simple_runner import SimpleRunner
 
 from .test_v4_invariants import RAW as V4_RAW  # noqa: TID252
 from .test_v4_invariants import random_model as random_v4_model  # noqa: TID252

@@ -14,9 +14,9 @@ from deepinfer.engine.checkpoint import load_into
 from deepinfer.engine.model.config import load_config
 from deepinfer.engine.model.engram_hashing import compressed_token_map
 from deepinfer.engine.model.model import build_model
-from deepinfer.engine.model.simple_runner import SimpleRunner
 from deepinfer.engine.testing import random_checkpoint
 from deepinfer.engine.testing.configs import tiny_v4_config, tiny_v41_config
+from deepinfer.engine.testing.simple_runner import SimpleRunner
 
 SEQ = 36
 

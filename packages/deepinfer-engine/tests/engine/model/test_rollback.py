@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer.engine.model.simple_runner import SimpleRunner
+from deepinfer.engine.testing.simple_runner import SimpleRunner
 
 from .test_v4_invariants import random_model  # noqa: TID252
 from .test_v41_invariants import random_v41_model  # noqa: TID252

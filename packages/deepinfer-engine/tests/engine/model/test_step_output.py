@@ -9,7 +9,7 @@ import dataclasses
 import torch
 
 from deepinfer.engine.model.block import Block
-from deepinfer.engine.model.simple_runner import SimpleRunner
+from deepinfer.engine.testing.simple_runner import SimpleRunner
 
 from .test_v4_invariants import RAW as V4_RAW  # noqa: TID252
 from .test_v4_invariants import random_model  # noqa: TID252

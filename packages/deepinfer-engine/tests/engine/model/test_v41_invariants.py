@@ -9,7 +9,7 @@ import torch
 
 from deepinfer.engine.model.config import parse_config
 from deepinfer.engine.model.model import build_model
-from deepinfer.engine.model.simple_runner import SimpleRunner
+from deepinfer.engine.testing.simple_runner import SimpleRunner
 
 VOCAB = 53
 TEXT = {

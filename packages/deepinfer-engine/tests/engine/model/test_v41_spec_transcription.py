@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer.engine.model.rope import plain_inv_freq, yarn_inv_freq
-from deepinfer.engine.model.simple_runner import SimpleRunner
+from deepinfer.engine.testing.simple_runner import SimpleRunner
 
 from .test_v41_invariants import RAW, TEXT, random_v41_model  # noqa: TID252
 

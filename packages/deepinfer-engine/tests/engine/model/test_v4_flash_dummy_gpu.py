@@ -15,7 +15,7 @@ import torch
 from deepinfer.engine.checkpoint import load_into
 from deepinfer.engine.model.config import parse_config
 from deepinfer.engine.model.model import build_model
-from deepinfer.engine.model.simple_runner import SimpleRunner
+from deepinfer.engine.testing.simple_runner import SimpleRunner
 
 from .test_config import V4_FLASH, V41, V41_TEXT  # noqa: TID252
 

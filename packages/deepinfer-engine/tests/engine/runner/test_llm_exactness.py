@@ -12,10 +12,10 @@ import random
 import pytest
 import torch
 
-from deepinfer.engine.checkpoint.model_loader import load_model as load_checkpoint_model
-from deepinfer.engine.llm import LLM
-from deepinfer.engine.model.simple_runner import SimpleRunner
+from deepinfer.engine.checkpoint.model_loader import load_model
+from deepinfer.engine.frontend.llm import LLM
 from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config, tiny_v41_config
+from deepinfer.engine.testing.simple_runner import SimpleRunner
 from deepinfer.sampling import SamplingParams
 
 MAX_TOKENS = 3
@@ -66,7 +66,7 @@ def _plain_forward_argmax(directory, prompts, outputs) -> list[list[int]]:
     """The model's own greedy choices along each finished sequence: one full forward over
     prompt + output (causal, batch-invariant ops), the argmax at each generating position.
     Equal to ``outputs`` exactly when re-running the forward token by token would be."""
-    model = load_checkpoint_model(directory, device="cpu", dtype=torch.float32, progress=False)
+    model = load_model(directory, device="cpu", dtype=torch.float32, progress=False)
     choices = []
     for prompt, output in zip(prompts, outputs, strict=True):
         tokens = list(prompt) + list(output)

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from deepinfer.engine.llm import LLM
+from deepinfer.engine.frontend.llm import LLM
 from deepinfer.sampling import SamplingParams
 
 

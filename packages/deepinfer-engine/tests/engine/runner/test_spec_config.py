@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from deepinfer.engine.core.engine_config import EngineConfig
-from deepinfer.engine.llm import LLM
+from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.frontend.llm import LLM
 from deepinfer.engine.model.cache import cache_footprint
 from deepinfer.engine.runner.cost_profile import profile_sizes
 from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config
@@ -89,7 +89,7 @@ def test_varlen_measures_a_step_cost_curve(dspark_checkpoint, monkeypatch):
 def test_cli_speculative_tokens_flag_reaches_the_engine(dspark_checkpoint, monkeypatch):
     import argparse
 
-    from deepinfer.engine import cli_run
+    from deepinfer.engine.cli import run as cli_run
 
     parser = argparse.ArgumentParser()
     cli_run.add_engine_options(parser)

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from deepinfer.engine.llm import LLM
-from deepinfer.engine.runner.testing import OracleDraftSource, expected_oracle_counts
+from deepinfer.engine.frontend.llm import LLM
 from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config
+from deepinfer.engine.testing.oracle_drafts import OracleDraftSource, expected_oracle_counts
 from deepinfer.sampling import SamplingParams
 from deepinfer.spec import StepCostCurve
 

@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from deepinfer.engine.llm import LLM
+from deepinfer.engine.frontend.llm import LLM
 from deepinfer.sampling import SamplingParams
 
 pytestmark = [

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from deepinfer.engine.llm import LLM
-from deepinfer.engine.runner.testing import OracleDraftSource
+from deepinfer.engine.frontend.llm import LLM
+from deepinfer.engine.testing.oracle_drafts import OracleDraftSource
 from deepinfer.sampling import SamplingParams
 
 K = 3

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer.engine.llm import LLM
-from deepinfer.engine.model.simple_runner import SimpleRunner
+from deepinfer.engine.frontend.llm import LLM
 from deepinfer.engine.runner.drafting import DraftRequest, Proposal
 from deepinfer.engine.runner.spec_sampling import processed_probs
+from deepinfer.engine.testing.simple_runner import SimpleRunner
 from deepinfer.sampling import SamplingParams, rng
 from deepinfer.spec import draw_categorical
 from deepinfer.spec.testing import chi_square_p_value

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 
-from deepinfer.engine.llm import LLM
+from deepinfer.engine.frontend.llm import LLM
 from deepinfer.engine.runner.grammar import tokenizer_info
-from deepinfer.engine.runner.testing import OracleDraftSource
+from deepinfer.engine.testing.oracle_drafts import OracleDraftSource
 from deepinfer.sampling import (
     GrammarCompilerService,
     SamplingParams,

@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 from deepinfer.engine.checkpoint import read_safetensors_header, shard_files
-from deepinfer.engine.model.config import load_config, parse_config
+from deepinfer.engine.model.config_parsing import load_config, parse_config
 from deepinfer.engine.testing import (
     make_random_checkpoint,
     random_state_dict,

@@ -16,7 +16,7 @@ from deepinfer.engine.checkpoint.index import read_checkpoint_index
 from deepinfer.engine.checkpoint.inventory import official_inventory
 from deepinfer.engine.checkpoint.paths import resolve_model_path
 from deepinfer.engine.checkpoint.validate import CheckpointMismatchError, validate_checkpoint
-from deepinfer.engine.model.config import load_config
+from deepinfer.engine.model.config_parsing import load_config
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,8 @@ from deepinfer.engine.checkpoint.index import CheckpointError, StoredTensor, rea
 from deepinfer.engine.checkpoint.inventory import ENGRAM_SCALE_BLOCK, official_inventory
 from deepinfer.engine.checkpoint.paths import resolve_model_path
 from deepinfer.engine.checkpoint.validate import validate_checkpoint
-from deepinfer.engine.model.config import ModelConfig, load_config
+from deepinfer.engine.model.config import ModelConfig
+from deepinfer.engine.model.config_parsing import load_config
 
 logger = logging.getLogger("deepinfer.engine.checkpoint")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")

@@ -17,7 +17,7 @@ from torch import nn
 
 from deepinfer.engine.checkpoint.loader import load_into
 from deepinfer.engine.checkpoint.paths import resolve_model_path
-from deepinfer.engine.model.config import load_config
+from deepinfer.engine.model.config_parsing import load_config
 
 
 def load_model(

@@ -42,7 +42,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from deepinfer.engine.core.batch_plan import StepPlan
 from deepinfer.engine.model.cache import CacheLayout, ModelCache
 from deepinfer.engine.model.decode_metadata import (
     DecodeLayout,
@@ -52,6 +51,7 @@ from deepinfer.engine.model.decode_metadata import (
     padded_count,
 )
 from deepinfer.engine.model.moe import MoE
+from deepinfer.engine.runner.batch_plan import StepPlan
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""``load_model``: from an ``EngineConfig`` to a running executor with its cache.
+"""``load_executor``: from an ``EngineConfig`` to a running executor with its cache.
 
 Steps: select the accelerator (the argument beats ``DEEPINFER_ACCELERATOR``) -> resolve the
 checkpoint (directory, ``DEEPINFER_HF_MODEL_DIR`` or hub id) -> parse ``config.json`` -> decide
@@ -26,13 +26,14 @@ from deepinfer.engine.checkpoint import resolve_model_path
 from deepinfer.engine.checkpoint.index import read_checkpoint_index
 from deepinfer.engine.checkpoint.loader import load_into
 from deepinfer.engine.checkpoint.model_loader import bind_engram_from_tokenizer
-from deepinfer.engine.core.capacity import plan_cache_capacity
-from deepinfer.engine.core.engine_config import EngineConfig, LoadedModel
+from deepinfer.engine.config import EngineConfig, LoadedModel
 from deepinfer.engine.model.cache import CacheLayout, ModelCache, cache_footprint
-from deepinfer.engine.model.config import ModelConfig, load_config
+from deepinfer.engine.model.config import ModelConfig
+from deepinfer.engine.model.config_parsing import load_config
 from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.model.model import build_model
 from deepinfer.engine.model.moe import stack_grouped_experts
+from deepinfer.engine.runner.capacity import plan_cache_capacity
 from deepinfer.engine.runner.cost_profile import measure_step_cost_curve
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
 from deepinfer.engine.runner.drafting import DSparkDraftSource
@@ -49,7 +50,7 @@ MAX_GRAPH_BATCH = 256  # decode steps of more sequences run eagerly
 MAX_GRAPH_CONTEXT = 65536  # and steps with longer contexts (the GPU work dominates them)
 
 
-def load_model(config: EngineConfig) -> LoadedModel:
+def load_executor(config: EngineConfig) -> LoadedModel:
     selection = kernels.set_accelerator(config.accelerator)
     device = torch.device(DEVICES[selection.accelerator])
     path = resolve_model_path(config.model, weights=config.load_format != "dummy")

@@ -22,7 +22,6 @@ from dataclasses import replace
 
 import torch
 
-from deepinfer.engine.core.batch_plan import RunnerState, StepPlan, build_step_plan
 from deepinfer.engine.core.scheduler_output import (
     ModelRunnerOutput,
     SchedulerOutput,
@@ -30,6 +29,7 @@ from deepinfer.engine.core.scheduler_output import (
 )
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import ForwardBatch
+from deepinfer.engine.runner.batch_plan import RunnerState, StepPlan, build_step_plan
 from deepinfer.engine.runner.cache_ops import copy_blocks, copy_slots, reset_slot
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
 from deepinfer.engine.runner.drafting import DraftRequest, DraftSource, Proposal

@@ -31,7 +31,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from deepinfer.engine.core.engine_config import EngineConfig
+from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.kernels import envs
 

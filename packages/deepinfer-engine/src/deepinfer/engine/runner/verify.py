@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from deepinfer.engine.core.batch_plan import StepPlan
 from deepinfer.engine.core.scheduler_output import SchedulerOutput, SpecDecodeStats
+from deepinfer.engine.runner.batch_plan import StepPlan
 from deepinfer.engine.runner.spec_sampling import processed_probs
 from deepinfer.engine.runner.speculation import GREEDY, REJECTION, verify_mode
 from deepinfer.sampling import allocate_token_bitmask, sample

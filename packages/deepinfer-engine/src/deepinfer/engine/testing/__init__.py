@@ -1,27 +1,39 @@
-"""Test fixtures shared by every package's tests: tiny configs and real-format checkpoints.
+"""Test fixtures shared by every package's tests: tiny configs, real-format checkpoints, and
+drivers and fakes for the engine.
 
 ``make_random_checkpoint(tmp_path, tiny_v4_config(), quantized=True, seed=0)`` writes a
 random checkpoint exactly as the published ones are laid out (sharded safetensors with an
 index, FP8 / FP4 / Engram formats when quantised, ``config.json``, ``generation_config.json``)
-plus the tiny test tokenizer.
+plus the tiny test tokenizer. The submodules hold the rest: :mod:`.fake_executor` (a torch-free
+executor and tokenizer for the engine core), :mod:`.oracle_drafts` (a scripted draft source),
+:mod:`.simple_runner` (the model driven outside the engine).
+
+The names load lazily so that the torch-free fakes import without torch.
 """
 
-from deepinfer.engine.testing.configs import tiny_v4_config, tiny_v41_config
-from deepinfer.engine.testing.modules import module_with_tensors
-from deepinfer.engine.testing.random_checkpoint import (
-    make_random_checkpoint,
-    random_state_dict,
-    write_testing_tokenizer,
-)
-from deepinfer.engine.testing.writer import with_quantization, write_checkpoint
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "make_random_checkpoint",
-    "module_with_tensors",
-    "random_state_dict",
-    "tiny_v41_config",
-    "tiny_v4_config",
-    "with_quantization",
-    "write_checkpoint",
-    "write_testing_tokenizer",
-]
+_EXPORTS = {
+    "make_random_checkpoint": "deepinfer.engine.testing.random_checkpoint",
+    "module_with_tensors": "deepinfer.engine.testing.modules",
+    "random_state_dict": "deepinfer.engine.testing.random_checkpoint",
+    "tiny_v41_config": "deepinfer.engine.testing.configs",
+    "tiny_v4_config": "deepinfer.engine.testing.configs",
+    "with_quantization": "deepinfer.engine.testing.writer",
+    "write_checkpoint": "deepinfer.engine.testing.writer",
+    "write_testing_tokenizer": "deepinfer.engine.testing.random_checkpoint",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'deepinfer.engine.testing' has no attribute {name!r}")
+    return getattr(import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

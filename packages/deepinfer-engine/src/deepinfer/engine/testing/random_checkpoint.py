@@ -10,7 +10,8 @@ import torch
 
 from deepinfer.engine.checkpoint.dummy import fill_dummy
 from deepinfer.engine.checkpoint.inventory import official_inventory
-from deepinfer.engine.model.config import ModelConfig, parse_config
+from deepinfer.engine.model.config import ModelConfig
+from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.testing.writer import (
     DEFAULT_SHARD_BYTES,
     _is_written_scale,

@@ -21,7 +21,8 @@ from safetensors.torch import save_file
 import deepinfer.kernels as K
 from deepinfer.engine.checkpoint.formats import TensorSpec
 from deepinfer.engine.checkpoint.inventory import ENGRAM_SCALE_BLOCK, official_inventory
-from deepinfer.engine.model.config import V41_ARCH, ModelConfig, parse_config
+from deepinfer.engine.model.config import V41_ARCH, ModelConfig
+from deepinfer.engine.model.config_parsing import parse_config
 
 DEFAULT_SHARD_BYTES = 4 * 1024 * 1024
 V4_QUANTIZATION = {

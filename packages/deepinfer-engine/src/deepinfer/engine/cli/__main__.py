@@ -1,0 +1,7 @@
+"""``python -m deepinfer.engine.cli``: the ``deepinfer`` command."""
+
+import sys
+
+from deepinfer.engine.cli import main
+
+sys.exit(main())

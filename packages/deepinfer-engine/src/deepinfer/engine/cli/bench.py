@@ -1,0 +1,47 @@
+"""``deepinfer bench``: the prefill/decode sweep of ``benchmarks/run_sweep.sh``.
+
+The sweep lives in the repository (``benchmarks/sweep/``), not in an installed package, so the
+command finds the checkout from the working directory or from this file and fails with a clear
+message outside one. Every argument after ``bench`` is passed to the sweep unchanged
+(``deepinfer bench --help`` prints the sweep's own options).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+SWEEP = Path("benchmarks") / "sweep" / "run_sweep.py"
+
+
+def find_sweep(start: Path | None = None) -> Path:
+    """The sweep script of the checkout holding ``start`` (default: cwd) or this file."""
+    candidates = [start or Path.cwd(), Path(__file__).resolve()]
+    for origin in candidates:
+        for directory in (origin, *origin.parents):
+            if (directory / SWEEP).is_file():
+                return directory / SWEEP
+    raise FileNotFoundError(
+        f"deepinfer bench: {SWEEP} not found above {candidates[0]} or the installed package; "
+        "run it from a DeepInfer source checkout"
+    )
+
+
+def _bench(args: argparse.Namespace) -> int:
+    sweep = find_sweep()
+    return subprocess.run([sys.executable, str(sweep), *args.sweep_args], check=False).returncode
+
+
+def add_bench_command(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``bench``; its arguments are not parsed here but forwarded to the sweep."""
+    bench = subparsers.add_parser(
+        "bench",
+        help="prefill/decode sweeps with a transformers baseline and the roofline "
+        "(needs a source checkout; see benchmarks/RESULTS.md)",
+        add_help=False,
+        prefix_chars="\x00",  # no options of its own: '--smoke' etc. reach the sweep intact
+    )
+    bench.add_argument("sweep_args", nargs="*")
+    bench.set_defaults(func=_bench)

@@ -1,0 +1,162 @@
+"""``deepinfer generate`` and ``deepinfer chat``: the LLM API from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="checkpoint directory or hub id (default: "
+                   "DEEPINFER_HF_MODEL_DIR, else deepseek-ai/DeepSeek-V4.1-Flash-1017)")  # fmt: skip
+    g.add_argument("--accelerator", default="auto", choices=["auto", "nvidia", "ascend", "cpu"],
+                   help="where to run (default: detect; DEEPINFER_ACCELERATOR)")  # fmt: skip
+    g.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
+                   help="activation dtype (default: float32 on cpu, else bfloat16)")  # fmt: skip
+    g.add_argument("--max-model-len", type=int, default=None, help="most tokens per sequence")
+    g.add_argument("--max-num-seqs", type=int, default=256, help="most sequences at once")
+    g.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                   help="'dummy' = random weights of the real shapes")  # fmt: skip
+    g.add_argument("--speculative-tokens", type=int, default=None,
+                   help="DSpark drafts per decode step, 0 = off (default: "
+                   "DEEPINFER_USE_NEXTN_DECODE, 5, capped at the checkpoint's block)")  # fmt: skip
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="never replay decode-step CUDA graphs")  # fmt: skip
+    s = parser.add_argument_group("sampling")
+    s.add_argument("--max-tokens", type=int, default=256, help="tokens to generate per sample")
+    s.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--top-k", type=int, default=0, help="0 = off")
+    s.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    s.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def _engine(args: argparse.Namespace):
+    from deepinfer.engine import LLM
+
+    dtype = args.dtype or ("float32" if args.accelerator == "cpu" else "bfloat16")
+    return LLM(
+        args.model,
+        accelerator=args.accelerator,
+        dtype=dtype,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        load_format=args.load_format,
+        speculative_tokens=args.speculative_tokens,
+        enforce_eager=args.enforce_eager,
+    )
+
+
+def _params(args: argparse.Namespace, **extra: Any):
+    from deepinfer.engine import SamplingParams
+
+    return SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, seed=args.seed, stop=args.stop or [], **extra,
+    )  # fmt: skip
+
+
+def _read_prompts(args: argparse.Namespace) -> list[str]:
+    if args.prompts:
+        return list(args.prompts)
+    if args.file:
+        with open(args.file) as f:
+            lines = f.read().splitlines()
+    else:
+        lines = sys.stdin.read().splitlines()
+    prompts = []
+    for line in lines:
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            record = json.loads(line)
+            if "prompt" not in record:
+                raise ValueError(f"JSONL line without a 'prompt' field: {line[:80]!r}")
+            prompts.append(record["prompt"])
+        else:
+            prompts.append(line)
+    return prompts
+
+
+def generate(args: argparse.Namespace) -> int:
+    prompts = _read_prompts(args)
+    if not prompts:
+        print(
+            "deepinfer: error: no prompts (give them as arguments, --file or stdin)",
+            file=sys.stderr,
+        )
+        return 2
+    llm = _engine(args)
+    outputs = llm.generate(prompts, _params(args, n=args.n), use_tqdm=sys.stderr.isatty())
+    lines = [json.dumps(_record(o), ensure_ascii=False) + "\n" for o in outputs]
+    if args.output:
+        with open(args.output, "w") as f:
+            f.writelines(lines)
+    else:
+        sys.stdout.writelines(lines)
+    return 0
+
+
+def _record(output: Any) -> dict[str, Any]:
+    samples = [
+        {
+            "text": c.text,
+            "token_ids": c.token_ids,
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        }  # fmt: skip
+        for c in output.outputs
+    ]
+    return {"prompt": output.prompt, "outputs": samples}
+
+
+def chat(args: argparse.Namespace) -> int:
+    llm = _engine(args)
+    history: list[dict[str, str]] = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+    print("deepinfer chat: type a message, an empty line or Ctrl-D to quit.", file=sys.stderr)
+    while True:
+        try:
+            user = input("> ")
+        except EOFError:
+            break
+        if not user.strip():
+            break
+        history.append({"role": "user", "content": user})
+        reply = []
+        for delta in llm.stream_chat(history, _params(args), thinking=args.thinking):
+            for c in delta.outputs:
+                piece = c.text
+                reply.append(piece)
+                print(piece, end="", flush=True)
+        print()
+        history.append({"role": "assistant", "content": "".join(reply)})
+    return 0
+
+
+def add_commands(sub) -> None:
+    gen = sub.add_parser(
+        "generate",
+        help="generate completions for prompts (arguments, --file or stdin), JSONL out",
+        description="Generate completions; prompts come from the arguments, else --file (one "
+        "prompt per line, or JSONL with a 'prompt' field), else stdin. One JSON line per prompt.",
+    )
+    gen.add_argument("prompts", nargs="*", help="prompts (default: read --file or stdin)")
+    gen.add_argument("--file", default=None, help="prompts file: text lines or JSONL")
+    gen.add_argument("--output", default=None, help="write JSONL here (default: stdout)")
+    gen.add_argument("--n", type=int, default=1, help="samples per prompt")
+    add_engine_options(gen)
+    gen.set_defaults(func=generate)
+    ch = sub.add_parser(
+        "chat",
+        help="interactive chat with streaming output (V4 chat encoding)",
+        description="Chat in the terminal: each line you type is a user turn; the reply streams.",
+    )
+    ch.add_argument("--system", default=None, help="system prompt")
+    ch.add_argument("--thinking", action="store_true", help="thinking mode")
+    add_engine_options(ch)
+    ch.set_defaults(func=chat)

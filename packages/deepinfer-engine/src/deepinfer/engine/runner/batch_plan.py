@@ -1,0 +1,176 @@
+"""The runner's side of the step boundary, torch-free: mirror the scheduler's diffs and lay
+out one step as flat index lists (FlashAttention vocabulary) for the model and the sampler.
+
+``RunnerState.apply(scheduler_output)`` keeps the executor's copy of every scheduled sequence
+(tokens, block table, state slot, parameters). ``build_step_plan`` then lists, in scheduling
+order, each request's input tokens and positions, its block table and state slot, and the
+rows to sample: the last row of a request whose chunk reaches its last token (once per seed
+for an ``n > 1`` fork), or, when drafts are verified, the rows of the last known token and
+of every draft. A device runner turns the lists into tensors; nothing here touches one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepinfer.engine.core.block_manager import NULL_BLOCK_ID
+from deepinfer.engine.core.scheduler_output import SchedulerOutput
+
+
+@dataclass
+class RunnerSequence:
+    """The executor's copy of one sequence."""
+
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    sampling_params: Any
+    seed: int
+    block_ids: list[int]
+    state_slot: int
+    num_computed_tokens: int
+    has_user_seed: bool = True
+    # the sampling parameters of a row drawn with a given seed (built once, not every step)
+    row_params: dict[int, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunnerState:
+    """Every sequence the executor holds, updated from ``SchedulerOutput`` diffs."""
+
+    sequences: dict[str, RunnerSequence] = field(default_factory=dict)
+
+    def apply(self, scheduler_output: SchedulerOutput) -> None:
+        """Drop finished / preempted ids, register new ones, apply cached diffs.
+
+        Block and state copies are tensor work: the runner performs
+        ``scheduler_output.block_copies`` / ``state_copies`` itself, before the forward.
+        """
+        so = scheduler_output
+        for request_id in so.finished_request_ids | so.preempted_request_ids:
+            self.sequences.pop(request_id, None)
+        for new in so.new_requests:
+            self.sequences[new.request_id] = RunnerSequence(
+                request_id=new.request_id,
+                token_ids=list(new.token_ids),
+                num_prompt_tokens=new.num_prompt_tokens,
+                sampling_params=new.sampling_params,
+                seed=new.seed,
+                block_ids=list(new.block_ids),
+                state_slot=new.state_slot,
+                num_computed_tokens=new.num_computed_tokens,
+                has_user_seed=new.has_user_seed,
+            )
+        for cached in so.cached_requests:
+            seq = self.sequences[cached.request_id]
+            seq.token_ids.extend(cached.new_token_ids)
+            seq.block_ids.extend(cached.new_block_ids)
+            for index, block_id in cached.replaced_block_ids:
+                seq.block_ids[index] = block_id
+            seq.num_computed_tokens = cached.num_computed_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """One step as flat lists.
+
+    Per request ``b`` (scheduling order): ``request_ids[b]``; tokens ``input_ids[t]`` at
+    ``positions[t]`` for ``t`` in ``cu_seqlens_q[b] .. cu_seqlens_q[b+1]``; ``seq_lens[b]`` the
+    context length after the step; ``block_tables[b]`` padded with the null block 0 to the
+    longest table; ``state_slots[b]``; ``is_fresh[b]`` when the sequence starts from position
+    0 (its state slot holds nothing of it); ``num_drafts[b]`` drafts verified.
+
+    Sampling rows ``s``: the token at row ``sample_rows[s]`` predicts position
+    ``sample_positions[s]`` of request ``sample_requests[s]`` (an index ``b``), drawn with
+    ``sample_seeds[s]``. A request's rows are consecutive: one row, or ``n`` copies of its last
+    row for a fork (one seed each), or ``1 + num_drafts[b]`` rows for verification.
+
+    Prompt logprobs: ``prompt_logprob_rows[s]`` predicts prompt token
+    ``prompt_logprob_targets[s]`` of request ``prompt_logprob_requests[s]``.
+    """
+
+    request_ids: list[str]
+    input_ids: list[int]
+    positions: list[int]
+    cu_seqlens_q: list[int]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+    state_slots: list[int]
+    is_fresh: list[bool]
+    num_drafts: list[int]
+    sample_rows: list[int]
+    sample_positions: list[int]
+    sample_requests: list[int]
+    sample_seeds: list[int]
+    prompt_logprob_rows: list[int]
+    prompt_logprob_targets: list[int]
+    prompt_logprob_requests: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    def logits_layout(self) -> tuple[list[int], list[int], list[int]]:
+        """(``logits_indices``: the distinct rows that need logits, ascending; for each sampling
+        row, its index in them; for each prompt-logprob row, its index in them)."""
+        rows = sorted(set(self.sample_rows) | set(self.prompt_logprob_rows))
+        where = {row: i for i, row in enumerate(rows)}
+        return (
+            rows,
+            [where[r] for r in self.sample_rows],
+            [where[r] for r in self.prompt_logprob_rows],
+        )
+
+    def sample_params(self, state: RunnerState) -> list[Any]:
+        """The sampling parameters of every sampling row."""
+        return [state.sequences[self.request_ids[b]].sampling_params for b in self.sample_requests]
+
+
+def build_step_plan(state: RunnerState, scheduler_output: SchedulerOutput) -> StepPlan:
+    """Lay out ``scheduler_output`` (already applied to ``state``) as a :class:`StepPlan`."""
+    lists: dict[str, list] = {name: [] for name in StepPlan.__slots__}
+    lists["cu_seqlens_q"].append(0)
+    for b, (request_id, num_new) in enumerate(scheduler_output.num_scheduled_tokens.items()):
+        seq = state.sequences[request_id]
+        drafts = scheduler_output.scheduled_spec_token_ids.get(request_id, [])
+        seeds = scheduler_output.fork_seeds.get(request_id)
+        _add_request(lists, b, seq, num_new, drafts, seeds)
+    width = max((len(t) for t in lists["block_tables"]), default=0)
+    lists["block_tables"] = [t + [NULL_BLOCK_ID] * (width - len(t)) for t in lists["block_tables"]]
+    return StepPlan(**lists)
+
+
+def _add_request(lists, b, seq: RunnerSequence, num_new, drafts, seeds) -> None:
+    tokens = seq.token_ids + list(drafts)
+    start = seq.num_computed_tokens
+    end = start + num_new
+    first_row = lists["cu_seqlens_q"][-1]
+    lists["request_ids"].append(seq.request_id)
+    lists["input_ids"].extend(tokens[start:end])
+    lists["positions"].extend(range(start, end))
+    lists["cu_seqlens_q"].append(first_row + num_new)
+    lists["seq_lens"].append(end)
+    lists["block_tables"].append(list(seq.block_ids))
+    lists["state_slots"].append(seq.state_slot)
+    lists["is_fresh"].append(start == 0)
+    lists["num_drafts"].append(len(drafts))
+    if getattr(seq.sampling_params, "prompt_logprobs", None) is not None:
+        # row of position q predicts token q + 1: this step covers prompt tokens start+1 .. end
+        for position in range(start + 1, min(end + 1, seq.num_prompt_tokens)):
+            lists["prompt_logprob_rows"].append(first_row + position - 1 - start)
+            lists["prompt_logprob_targets"].append(seq.token_ids[position])
+            lists["prompt_logprob_requests"].append(b)
+    if end < len(tokens):
+        return  # a prefill chunk that does not reach the end samples nothing
+    last_row = first_row + num_new - 1
+    if seeds:
+        rows = [(last_row, end, seed) for seed in seeds]
+    else:
+        first = last_row - len(drafts)
+        rows = [(row, row - first_row + start + 1, seq.seed) for row in range(first, last_row + 1)]
+    for row, position, seed in rows:
+        lists["sample_rows"].append(row)
+        lists["sample_positions"].append(position)
+        lists["sample_requests"].append(b)
+        lists["sample_seeds"].append(seed)
