@@ -174,3 +174,8 @@ class Request:
             f"Request({self.request_id!r}, status={self.status.value}, tokens={self.num_tokens}, "
             f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)})"
         )
+
+
+def request_seeds(request: Request) -> list[int]:
+    """The seeds of the ``n`` samples a forking request's last prompt row is drawn with."""
+    return [child_seed(request.seed, k) for k in range(request.num_pending_samples)]

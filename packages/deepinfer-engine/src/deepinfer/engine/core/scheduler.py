@@ -33,7 +33,7 @@ from deepinfer.engine.core.request import (
     FINISH_ERROR,
     Request,
     RequestStatus,
-    child_seed,
+    request_seeds,
 )
 from deepinfer.engine.core.scheduler_output import (
     ModelRunnerOutput,
@@ -43,7 +43,7 @@ from deepinfer.engine.core.scheduler_output import (
 )
 from deepinfer.engine.core.state_slots import StateSlotPool
 from deepinfer.engine.core.updates import (
-    apply_sampled_tokens,
+    append_tokens,
     fork_children,
     sequence_update,
     with_spec_stats,
@@ -308,13 +308,12 @@ class Scheduler:
             return []
         now = self.clock()
         if request_id in scheduler_output.fork_seeds:
-            children = fork_children(self, request)
-            sequences = [request, *children]
+            sequences = [request, *self._fork(request)]
             return [
-                apply_sampled_tokens(self, seq, [tok], logprobs[k : k + 1], now)
+                self._append_sampled(seq, [tok], logprobs[k : k + 1], now)
                 for k, (seq, tok) in enumerate(zip(sequences, sampled))
             ]
-        update = apply_sampled_tokens(self, request, sampled, logprobs, now)
+        update = self._append_sampled(request, sampled, logprobs, now)
         stats = runner_output.spec_stats.get(request_id)
         if stats is not None:
             update = with_spec_stats(update, stats)
@@ -323,6 +322,25 @@ class Scheduler:
             room = self.config.max_model_len - request.num_tokens
             request.spec_token_ids = list(drafts[: max(0, room)])
         return [update]
+
+    def _append_sampled(self, request, token_ids, logprobs, now) -> SequenceUpdate:
+        previous_text_len = request.text.length
+        appended, stop = append_tokens(request, token_ids, logprobs, self.config.max_model_len, now)
+        if stop is not None:
+            self.mark_finished(request, stop.finish_reason, stop_reason=stop.stop_reason)
+        return sequence_update(request, appended, logprobs[: len(appended)], previous_text_len)
+
+    def _fork(self, parent: Request) -> list[Request]:
+        """Fork ``parent`` into its samples; they run right after it in the running order."""
+        children = fork_children(parent, self.block_manager, self.config.block_size)
+        assert parent.state_slot is not None
+        for child in children:
+            self.attach_detokenizer(child)
+            self.queue_state_copy(parent.state_slot, child.state_slot)
+            self.requests[child.request_id] = child
+        position = self.running.index(parent) + 1
+        self.running[position:position] = children
+        return children
 
     def _finish(
         self, request: Request, reason: str, *, stop_reason=None, error: str | None = None
@@ -363,8 +381,3 @@ class Scheduler:
         request.finished_time = self.clock()
         self.requests.pop(request.request_id, None)
         self._view.forget(request.request_id, preempted=False)
-
-
-def request_seeds(request: Request) -> list[int]:
-    """The seeds of the ``n`` samples a forking request's last prompt row is drawn with."""
-    return [child_seed(request.seed, k) for k in range(request.num_pending_samples)]

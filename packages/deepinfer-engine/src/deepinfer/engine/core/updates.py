@@ -3,41 +3,37 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
-from deepinfer.engine.core.block_manager import cdiv
+from deepinfer.engine.core.block_manager import BlockManager, cdiv
 from deepinfer.engine.core.request import Request, RequestStatus, child_seed
 from deepinfer.engine.core.scheduler_output import SequenceUpdate, SpecDecodeStats
-from deepinfer.engine.core.stop import check_new_token
-
-if TYPE_CHECKING:
-    from deepinfer.engine.core.scheduler import Scheduler
+from deepinfer.engine.core.stop import StopDecision, check_new_token
 
 
-def apply_sampled_tokens(
-    scheduler: Scheduler,
+def append_tokens(
     request: Request,
     token_ids: list[int],
     logprobs: list[dict[int, float]],
+    max_model_len: int,
     now: float,
-) -> SequenceUpdate:
-    """Append tokens one by one until a stop condition; tokens after a stop are dropped."""
+) -> tuple[list[int], StopDecision | None]:
+    """Append tokens one by one until a stop condition; tokens after a stop are dropped.
+
+    Returns the appended tokens and the stop that ended the sequence, if one did (the caller
+    finishes the request: that frees what it holds).
+    """
     if request.first_token_time is None:
         request.first_token_time = now
-    previous_text_len = request.text.length
     appended: list[int] = []
     for position, token_id in enumerate(token_ids):
         request.all_token_ids.append(token_id)
         appended.append(token_id)
         if position < len(logprobs):
             request.output_logprobs.append(logprobs[position])
-        decision = check_new_token(request, token_id, scheduler.config.max_model_len)
+        decision = check_new_token(request, token_id, max_model_len)
         if decision is not None:
-            scheduler.mark_finished(
-                request, decision.finish_reason, stop_reason=decision.stop_reason
-            )
-            break
-    return sequence_update(request, appended, logprobs[: len(appended)], previous_text_len)
+            return appended, decision
+    return appended, None
 
 
 def with_spec_stats(update: SequenceUpdate, stats: SpecDecodeStats) -> SequenceUpdate:
@@ -82,16 +78,16 @@ def sequence_update(
     )
 
 
-def fork_children(scheduler: Scheduler, parent: Request) -> list[Request]:
+def fork_children(parent: Request, block_manager: BlockManager, block_size: int) -> list[Request]:
     """Split a request whose prompt was just computed into its ``n`` samples.
 
     The parent becomes sample 0. Each child shares the blocks covering the prompt (ref
-    counts; the partly filled last block is copied on first write), takes one of the state
-    slots reserved at admission and gets the parent's state copied into it before the next
-    forward. Children run right after the parent in the running order.
+    counts; the partly filled last block is copied on first write) and takes one of the state
+    slots reserved at admission; the scheduler registers the children and has the parent's
+    state copied into their slots before the next forward.
     """
     num_computed = parent.num_computed_tokens
-    num_shared = cdiv(num_computed, scheduler.config.block_size)
+    num_shared = cdiv(num_computed, block_size)
     children = []
     for index in range(1, parent.num_pending_samples):
         child = Request(
@@ -107,16 +103,10 @@ def fork_children(scheduler: Scheduler, parent: Request) -> list[Request]:
             has_user_seed=parent.has_user_seed,
         )
         child.num_computed_tokens = num_computed
-        child.block_ids = scheduler.block_manager.share(parent.block_ids[:num_shared])
+        child.block_ids = block_manager.share(parent.block_ids[:num_shared])
         child.state_slot = parent.reserved_child_slots.pop(0)
         child.status = RequestStatus.RUNNING
         child.first_scheduled_time = parent.first_scheduled_time
-        scheduler.attach_detokenizer(child)
-        assert parent.state_slot is not None
-        scheduler.queue_state_copy(parent.state_slot, child.state_slot)
-        scheduler.requests[child.request_id] = child
         children.append(child)
     parent.num_pending_samples = 1
-    position = scheduler.running.index(parent) + 1
-    scheduler.running[position:position] = children
     return children
