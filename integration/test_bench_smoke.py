@@ -139,7 +139,7 @@ def test_roofline_scales_with_the_layer_count() -> None:
 
 
 def test_v41_dummy_shape_is_a_valid_engine_config_and_layers_are_validated() -> None:
-    from deepinfer.engine.model.config import parse_config
+    from deepinfer.engine.model.config_parsing import parse_config
 
     source = resolve_model("v41-flash-dummy", 4)
     assert "4 of 40 layers" in source.label

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from deepinfer.engine.model.cache import CacheLayout, ModelCache
-from deepinfer.engine.model.config import parse_config
+from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.model.model import build_model
 from deepinfer.engine.testing import make_random_checkpoint, tiny_v41_config
 from deepinfer.engine.testing.simple_runner import SimpleRunner

@@ -29,7 +29,7 @@ import train as tr  # noqa: E402
 from quantise import quant_groups, swap_in_quantised  # noqa: E402
 
 from deepinfer.engine.checkpoint import load_model  # noqa: E402
-from deepinfer.engine.model.config import parse_config  # noqa: E402
+from deepinfer.engine.model.config_parsing import parse_config  # noqa: E402
 
 SEQ_LEN, BATCH = 32, 2
 slow = pytest.mark.slow  # the recipe tests: a 33M-parameter model trained, exported, loaded

@@ -18,7 +18,7 @@ import time
 import torch
 
 from deepinfer.engine.checkpoint import load_into
-from deepinfer.engine.model.config import parse_config
+from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.model.model import build_model
 from deepinfer.engine.testing import tiny_v4_config
 from deepinfer.engine.testing.simple_runner import SimpleRunner

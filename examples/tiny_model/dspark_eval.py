@@ -164,7 +164,7 @@ def load_checkpoint_with_drafts(directory, device, dtype: torch.dtype) -> nn.Mod
     """The exported checkpoint through the engine's loader, with the draft stages."""
     from deepinfer.engine.checkpoint import bind_engram_from_tokenizer
     from deepinfer.engine.checkpoint.loader import load_into
-    from deepinfer.engine.model.config import load_config
+    from deepinfer.engine.model.config_parsing import load_config
     from deepinfer.engine.model.model import build_model
 
     config = load_config(directory)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from deepinfer.engine.checkpoint.inventory import ENGRAM_SCALE_BLOCK, official_inventory
-from deepinfer.engine.model.config import parse_config
+from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.kernels.reference.quant import (
     E2M1_MAX,
     E4M3_MAX,

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from deepinfer.engine.model.cache import CacheLayout, ModelCache
-from deepinfer.engine.model.config import ModelConfig, parse_config
+from deepinfer.engine.model.config import ModelConfig
+from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.model.metadata import AttentionMetadata, ForwardBatch, build_metadata
 from deepinfer.engine.model.model_v41 import DeepseekV41Model
 from deepinfer.engine.testing import tiny_v41_config, with_quantization

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from deepinfer.engine.model.cache import CacheLayout, ModelCache, cache_footprint
-from deepinfer.engine.model.config import parse_config
+from deepinfer.engine.model.config_parsing import parse_config
 
 from .test_config import V4_FLASH, V41  # noqa: TID252
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import deepinfer.engine.model.model as model_module
-import deepinfer.engine.model.model_v41 as model_v41_module
+import deepinfer.engine.model.stack as stack_module
 from deepinfer.engine.model.metadata import build_metadata
 from deepinfer.engine.testing.simple_runner import SimpleRunner
 
@@ -40,8 +39,7 @@ def _run(model, steps, compact: bool, monkeypatch, block_size: int) -> list[torc
     def metadata(*args, **kwargs):
         return build_metadata(*args, **{**kwargs, "compact": compact})
 
-    for module in (model_module, model_v41_module):
-        monkeypatch.setattr(module, "build_metadata", metadata)
+    monkeypatch.setattr(stack_module, "build_metadata", metadata)
     runner = SimpleRunner(model, max_seqs=4, max_len=MAX_LEN, block_size=block_size)
     out = []
     for chunks in steps:

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from deepinfer.engine.model.config import ConfigError, load_config, parse_config
+from deepinfer.engine.model.config import ConfigError
+from deepinfer.engine.model.config_parsing import load_config, parse_config
 
 V4_FLASH = {
     "architectures": ["DeepseekV4ForCausalLM"],

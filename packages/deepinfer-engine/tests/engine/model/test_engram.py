@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from deepinfer import kernels
-from deepinfer.engine.model.config import parse_config
+from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.model.engram import Engram, EngramConfig, EngramHasher
 from deepinfer.engine.model.engram_hashing import EngramHashLayout
 from deepinfer.engine.model.engram_history import (

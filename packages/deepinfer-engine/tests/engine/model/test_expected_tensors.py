@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from deepinfer.engine.checkpoint import official_inventory
-from deepinfer.engine.model.config import parse_config
+from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.model.model import build_model, expected_tensors
 from deepinfer.engine.testing.configs import tiny_v4_config, tiny_v41_config
 from deepinfer.engine.testing.writer import with_quantization

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from deepinfer.engine.checkpoint import load_into
-from deepinfer.engine.model.config import load_config
+from deepinfer.engine.model.config_parsing import load_config
 from deepinfer.engine.model.model import build_model
 from deepinfer.engine.model.moe import MoE, stack_grouped_experts
 from deepinfer.engine.testing import random_checkpoint

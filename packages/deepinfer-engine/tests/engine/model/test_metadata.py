@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from deepinfer.engine.model.cache import CacheLayout
-from deepinfer.engine.model.config import parse_config
+from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.model.metadata import ForwardBatch, build_metadata
 
 from .test_v4_invariants import RAW  # noqa: TID252  (window 8, ratios 4 and 128)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from deepinfer.engine.model.cache import CacheLayout, ModelCache
-from deepinfer.engine.model.config import parse_config
+from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.model.layers import Embedding, LinearFactory
 from deepinfer.engine.model.mtp import DSparkDraft, draft_config
 from deepinfer.engine.model.mtp_window import draft_metadata, seed_rows

@@ -6,7 +6,7 @@ import torch
 
 from deepinfer.engine.model.block import Block
 from deepinfer.engine.model.cache import CacheLayout, ModelCache
-from deepinfer.engine.model.config import parse_config
+from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.model.context import StepContext
 from deepinfer.engine.model.layers import Embedding, LinearFactory
 from deepinfer.engine.model.metadata import ForwardBatch, build_metadata

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.engine.model.config import parse_config
+from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.model.engram import Engram, EngramConfig
 from deepinfer.engine.model.layers import LinearFactory
 from deepinfer.engine.model.mtp import DSparkDraft

@@ -11,7 +11,7 @@ import torch
 
 import deepinfer.kernels as K
 from deepinfer.engine.checkpoint import load_into
-from deepinfer.engine.model.config import load_config
+from deepinfer.engine.model.config_parsing import load_config
 from deepinfer.engine.model.engram_hashing import compressed_token_map
 from deepinfer.engine.model.model import build_model
 from deepinfer.engine.testing import random_checkpoint

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer.engine.model.config import parse_config
+from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.model.model import build_model
 from deepinfer.engine.testing.simple_runner import SimpleRunner
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from deepinfer.engine.checkpoint import load_into
-from deepinfer.engine.model.config import parse_config
+from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.model.model import build_model
 from deepinfer.engine.testing.simple_runner import SimpleRunner
 

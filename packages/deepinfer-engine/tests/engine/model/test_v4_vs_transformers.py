@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 transformers = pytest.importorskip("transformers")
 
 from deepinfer.engine.checkpoint.transformers_names import from_transformers  # noqa: E402
-from deepinfer.engine.model.config import load_config  # noqa: E402
+from deepinfer.engine.model.config_parsing import load_config  # noqa: E402
 from deepinfer.engine.model.model import build_model  # noqa: E402
 from deepinfer.engine.testing.simple_runner import SimpleRunner  # noqa: E402
 

@@ -52,6 +52,70 @@ class HyperHead(nn.Module):
         super().__init__()
         self.norm_eps, self.hc_eps = config.rms_norm_eps, config.hc_eps
 
+    @staticmethod
+    def attach(owner: nn.Module, config: ModelConfig, device=None) -> None:
+        """Give ``owner`` (the model or a last draft stage) ``hc_head_fn [nc, nc D]``,
+        ``hc_head_base [nc]``, ``hc_head_scale [1]`` (fp32, the checkpoint's names) and the
+        ``hc_head`` that reads them."""
+        nc = config.hc_mult
+        for name, shape in (
+            ("fn", (nc, nc * config.hidden_size)),
+            ("base", (nc,)),
+            ("scale", (1,)),
+        ):
+            owner.register_parameter(f"hc_head_{name}", _param(shape, device))
+        owner.hc_head = HyperHead(config)
+
     def forward(self, h: torch.Tensor, fn, base, scale) -> torch.Tensor:
         pre = K.hc_head_coefficients(h, fn, base, scale, norm_eps=self.norm_eps, hc_eps=self.hc_eps)
         return K.hc_collapse(h, pre)
+
+
+class ImmediateMix:
+    """V4's threading of the streams through a stack of blocks: each block collapses the
+    streams at its own sites, and the stack ends with the owner's ``hc_head`` collapse."""
+
+    @staticmethod
+    def run(blocks, streams: torch.Tensor, ctx) -> tuple[torch.Tensor, None]:
+        """(streams after ``blocks``, None); V4-0731 taps each layer's output (spec C2)."""
+        for block in blocks:
+            streams = block(streams, ctx)
+            ctx.record_tap(block.layer_id, streams)
+        return streams, None
+
+    @staticmethod
+    def attach_head(owner: nn.Module, config: ModelConfig, device=None) -> None:
+        HyperHead.attach(owner, config, device)
+
+    @staticmethod
+    def collapse(owner: nn.Module, streams: torch.Tensor, pre: None) -> torch.Tensor:
+        """Streams ``[N, nc, D]`` -> ``[N, D]`` with the owner's ``hc_head_fn / base / scale``."""
+        return owner.hc_head(streams, owner.hc_head_fn, owner.hc_head_base, owner.hc_head_scale)
+
+
+class DeferredMix:
+    """V4.1's deferred pre-mix (spec 7.1): each site's ``pre`` collapses the streams of the
+    *next* sublayer, the chain starts on stream 0 and the last FFN site's ``pre`` makes the
+    final collapse (no ``hc_head``)."""
+
+    @staticmethod
+    def run(blocks, streams: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """(streams after ``blocks``, the last block's FFN-site ``pre`` ``[T, nc]``)."""
+        pre = torch.zeros(streams.shape[:2], dtype=torch.float32, device=streams.device)
+        pre[:, 0] = 1.0  # the first block's attention reads stream 0
+        for block in blocks:
+            streams, pre = block.forward_v41(streams, pre, ctx)
+        return streams, pre
+
+    @staticmethod
+    def attach_head(owner: nn.Module, config: ModelConfig, device=None) -> None:
+        """Nothing to attach: the deferred ``pre`` collapses the final streams."""
+
+    @staticmethod
+    def collapse(owner: nn.Module, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        return K.hc_collapse(streams, pre)
+
+
+def stream_mix(config: ModelConfig) -> ImmediateMix | DeferredMix:
+    """The way ``config``'s variant threads the streams through its blocks."""
+    return DeferredMix() if config.is_v41 else ImmediateMix()

@@ -36,7 +36,7 @@ from deepinfer.engine.model.block import Block
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.context import StepContext
-from deepinfer.engine.model.hc import HyperHead
+from deepinfer.engine.model.hc import HyperHead, stream_mix
 from deepinfer.engine.model.layers import LinearFactory, RMSNorm
 from deepinfer.engine.model.mtp_heads import ConfidenceHead, MarkovHead
 from deepinfer.engine.model.mtp_window import draft_metadata, seed_rows
@@ -61,13 +61,6 @@ def draft_config(config: ModelConfig) -> ModelConfig:
     )
 
 
-def _hc_head_params(module: nn.Module, config: ModelConfig, device) -> None:
-    nc, dim = config.hc_mult, config.hidden_size
-    for name, shape in (("fn", (nc, nc * dim)), ("base", (nc,)), ("scale", (1,))):
-        t = torch.empty(shape, dtype=torch.float32, device=device)
-        module.register_parameter(f"hc_head_{name}", nn.Parameter(t, requires_grad=False))
-
-
 class DSparkStage(Block):
     """One DSpark stage (``mtp.{index}``): a sliding-window block plus stage extras."""
 
@@ -78,7 +71,7 @@ class DSparkStage(Block):
         super().__init__(stage_cfg, config.num_layers + index, factory)
         c, f = config, factory
         dim, norm = c.hidden_size, dict(dtype=f.dtype, device=f.device)
-        self.index, self.is_last, self.is_v41 = index, index == num_stages - 1, c.is_v41
+        self.index, self.is_last = index, index == num_stages - 1
         if index == 0:
             self.main_proj = f.quantised(len(c.dspark_target_layer_ids) * dim, dim)
             self.main_norm = RMSNorm(dim, c.rms_norm_eps, **norm)
@@ -88,16 +81,7 @@ class DSparkStage(Block):
             rank = c.dspark_markov_rank
             self.markov_head = MarkovHead(c.vocab_size, rank, family, **norm)
             self.confidence_head = ConfidenceHead(dim, rank, **norm)
-            if not c.is_v41:
-                _hc_head_params(self, c, f.device)
-                self.hc_head = HyperHead(c)
-
-    def collapse(self, streams: torch.Tensor, pre: torch.Tensor | None = None) -> torch.Tensor:
-        """Last stage: streams ``[N, nc, D]`` -> the pre-norm hidden ``[N, D]`` (V4: the
-        stage's ``hc_head``; V4.1: the last FFN site's deferred ``pre``)."""
-        if self.is_v41:
-            return K.hc_collapse(streams, pre)
-        return self.hc_head(streams, self.hc_head_fn, self.hc_head_base, self.hc_head_scale)
+            stream_mix(c).attach_head(self, c, f.device)
 
 
 @dataclass(frozen=True)
@@ -126,6 +110,7 @@ class DSparkDraft(nn.ModuleList):
         n = config.num_mtp_layers
         super().__init__(DSparkStage(config, k, n, factory) for k in range(n))
         self.config = config
+        self.mix = stream_mix(config)
 
     def allocate(self, cache: ModelCache) -> None:
         """Add each stage's window ring to ``cache`` (rows ``num_slots * ring_size``)."""
@@ -188,24 +173,16 @@ class DSparkDraft(nn.ModuleList):
         )
         streams, pre = self.run_stages(streams, ctx)
         last = self[len(self) - 1]
-        hidden = last.collapse(streams, pre)  # [B*K, D] pre-norm
+        hidden = self.mix.collapse(last, streams, pre)  # [B*K, D] pre-norm
         base = K.linear(last.norm(hidden).float(), head_weight, out_dtype=torch.float32)
         return self._markov_decode(last, hidden, base, anchor_tokens, k, sample)
 
     def run_stages(
         self, streams: torch.Tensor, ctx: StepContext
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """All stages over the block streams ``[N, nc, D]``; V4.1 starts the deferred pre-mix
-        chain on stream 0 (as the backbone does) and returns the last ``pre``."""
-        if not self.config.is_v41:
-            for stage in self:
-                streams = stage(streams, ctx)
-            return streams, None
-        pre = torch.zeros(streams.shape[:2], dtype=torch.float32, device=streams.device)
-        pre[:, 0] = 1.0
-        for stage in self:
-            streams, pre = stage.forward_v41(streams, pre, ctx)
-        return streams, pre
+        """All stages over the block streams ``[N, nc, D]``, threaded as the backbone's
+        blocks are (V4.1 also returns the last ``pre``)."""
+        return self.mix.run(self, streams, ctx)
 
     def _block_inputs(self, anchor_tokens, last_positions, slots, cache, embed, rope, k):
         c = self.config
@@ -259,8 +236,7 @@ class MTPBlock(Block):
         self.enorm = RMSNorm(dim, c.rms_norm_eps, **norm)
         self.hnorm = RMSNorm(dim, c.rms_norm_eps, **norm)
         self.norm = RMSNorm(dim, c.rms_norm_eps, **norm)
-        _hc_head_params(self, c, f.device)
-        self.hc_head = HyperHead(c)
+        HyperHead.attach(self, c, f.device)
 
     def allocate(self, cache: ModelCache) -> None:
         rows = cache.layout.num_slots * cache.ring_size

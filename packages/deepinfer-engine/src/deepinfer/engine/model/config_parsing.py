@@ -1,19 +1,37 @@
-"""Field-by-field normalisation of a text config dict (flat V4, V4.1 ``text_config``, or the
-form ``transformers`` writes) into :class:`~deepinfer.engine.model.config.ModelConfig` kwargs."""
+"""Reading a checkpoint's ``config.json`` into a :class:`~deepinfer.engine.model.config.ModelConfig`.
+
+Three input shapes are accepted and normalised to one frozen config:
+
+- the flat V4 file as published (``compress_ratios``, ``num_hash_layers``, ``rope_scaling``,
+  ``qk_rope_head_dim``);
+- the nested V4.1 file (``DeepseekV41ForCausalLM`` with ``text_config`` / ``vision_config``);
+- the normalised form ``transformers`` writes with ``save_pretrained`` (``layer_types``,
+  ``mlp_layer_types``, ``compress_rates``, ``rope_parameters``, ``partial_rotary_factor``).
+"""
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from deepinfer.engine.model.config import (
-    DEFAULT_COMPRESS_RATES,
-    LAYER_TYPE_TO_RATIO_KEY,
+    ARCHITECTURES,
+    V4_ARCH,
     V41_ARCH,
     ConfigError,
+    ModelConfig,
     QuantConfig,
     RopeScaling,
 )
+
+LAYER_TYPE_TO_RATIO_KEY = {
+    "sliding_attention": None,
+    "compressed_sparse_attention": "compressed_sparse_attention",
+    "heavily_compressed_attention": "heavily_compressed_attention",
+}
+DEFAULT_COMPRESS_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
 
 # (our field, config.json key, default); a default of ... means required.
 _SCALARS: tuple[tuple[str, str, Any], ...] = (
@@ -76,6 +94,48 @@ _INT_LISTS = (
 
 def _fail(name: str, value: Any, expected: str) -> None:
     raise ConfigError(f"config field {name!r} = {value!r}: expected {expected}")
+
+
+def load_config(path: str | os.PathLike[str], **overrides: Any) -> ModelConfig:
+    """Read ``config.json`` from a file or checkpoint directory."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    with open(path, encoding="utf-8") as f:
+        raw = json.load(f)
+    return parse_config(raw, **overrides)
+
+
+def parse_config(raw: Mapping[str, Any], **overrides: Any) -> ModelConfig:
+    """Normalise any accepted ``config.json`` dict into a :class:`ModelConfig`."""
+    arch = _architecture(raw)
+    text = dict(raw.get("text_config") or raw) if arch == V41_ARCH else dict(raw)
+    if arch == V41_ARCH:
+        for key in ("quantization_config", "bos_token_id", "eos_token_id", "pad_token_id"):
+            if key in raw and key not in text:
+                text[key] = raw[key]
+    fields = text_fields(text, arch)
+    if arch == V41_ARCH:
+        fields["image_token_id"] = raw.get("image_token_id")
+        fields["vision_config"] = raw.get("vision_config")
+    # A quantised checkpoint runs the reference numerics unless told otherwise (spec 4.3).
+    fields["quant_simulation"] = fields["quantization"] is not None
+    fields.update(overrides)
+    return ModelConfig(architecture=arch, **fields)
+
+
+def _architecture(raw: Mapping[str, Any]) -> str:
+    archs = raw.get("architectures")
+    if archs:
+        known = [a for a in archs if a in ARCHITECTURES]
+        if not known:
+            _fail("architectures", archs, f"one of {ARCHITECTURES}")
+        return known[0]
+    model_type = raw.get("model_type")
+    by_type = {"deepseek_v4": V4_ARCH, "deepseek_v41": V41_ARCH, "deepseek_v41_text": V41_ARCH}
+    if model_type not in by_type:
+        _fail("model_type", model_type, f"one of {sorted(by_type)} (no 'architectures' given)")
+    return by_type[model_type]
 
 
 def text_fields(text: Mapping[str, Any], arch: str) -> dict[str, Any]:
