@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
 # Prefill/decode sweeps, transformers baseline, roofline; see benchmarks/sweep/run_sweep.py.
+# The benchmarks are modules of the `benchmarks` package, found from the repository root.
 set -euo pipefail
-exec python "$(dirname "$0")/sweep/run_sweep.py" "$@"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" exec python -m benchmarks.sweep.run_sweep "$@"

@@ -1,5 +1,8 @@
 """The benchmark sweep never rots: its CPU smoke mode runs end to end and writes every point,
-and its roofline reproduces the arithmetic of ``shared/specs/performance.md`` section 4."""
+and its roofline reproduces the arithmetic of ``shared/specs/performance.md`` section 4.
+
+The benchmarks are the ``benchmarks`` package of the repository root (``python -m pytest`` from
+the root, as nox runs it, has the root on ``sys.path``); the scripts run as ``python -m``."""
 
 from __future__ import annotations
 
@@ -15,12 +18,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "benchmarks" / "sweep"), str(REPO / "benchmarks")]
+from benchmarks.sweep.models import V4_FLASH_RATIOS, resolve_model
+from benchmarks.sweep.plots import _plot, matplotlib_missing
+from benchmarks.sweep.roofline import Device, ModelShape, decode_point
 
-from models import V4_FLASH_RATIOS, resolve_model  # noqa: E402
-from plots import _plot, matplotlib_missing  # noqa: E402
-from roofline import Device, ModelShape, decode_point  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 H200_2GPU = Device(bandwidth=4.3e12, flops=1.4e15)  # the spec's per-GPU assumptions
 
@@ -157,7 +159,7 @@ def test_v4_checkpoint_sweep_runs_the_transformers_baseline_side_by_side(tmp_pat
     )
     out = tmp_path / "out"
     subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "sweep" / "run_sweep.py"), "--model",
+        [sys.executable, "-m", "benchmarks.sweep.run_sweep", "--model",
          str(checkpoint), "--prefill-tokens", "32,64", "--prompt-len", "16", "--concurrency",
          "1,2", "--context-len", "16", "--decode-tokens", "3", "--repeats", "1", "--out", str(out)],
         check=True, cwd=REPO, timeout=120,
@@ -175,7 +177,7 @@ def test_v4_checkpoint_sweep_runs_the_transformers_baseline_side_by_side(tmp_pat
 
 
 def test_decode_steps_count_only_steps_that_ran_the_whole_batch() -> None:
-    from measure import full_batch_step_seconds
+    from benchmarks.sweep.measure import full_batch_step_seconds
 
     rng = random.Random(0)
     # Sequence 0 starts two steps early (prefill chunking); steps have random durations.
@@ -188,7 +190,7 @@ def test_decode_steps_count_only_steps_that_ran_the_whole_batch() -> None:
 
 
 def test_a_sweep_stops_after_a_point_over_the_time_budget() -> None:
-    from measure import SweepSettings, decode_sweep, prefill_sweep
+    from benchmarks.sweep.measure import SweepSettings, decode_sweep, prefill_sweep
 
     def fake_generate(prompts: list[list[int]], max_tokens: int) -> list[list[float]]:
         times = list(itertools.accumulate([0.01] * max_tokens))
@@ -207,8 +209,9 @@ def test_a_sweep_stops_after_a_point_over_the_time_budget() -> None:
 
 
 def test_auto_layer_count_fits_half_the_free_memory(monkeypatch) -> None:
-    import run_sweep
     import torch
+
+    from benchmarks.sweep import run_sweep
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (140e9, 141e9))
     layers = {}
@@ -231,7 +234,7 @@ def test_write_plots_draws_both_charts_of_a_smoke_result(smoke, monkeypatch, tmp
     real library may be absent here; with it, the smoke test above checks the PNGs)."""
     import types
 
-    import plots
+    from benchmarks.sweep import plots
 
     _, result = smoke
     figures = []
@@ -266,7 +269,7 @@ def test_write_plots_draws_both_charts_of_a_smoke_result(smoke, monkeypatch, tmp
 def test_spec_bench_smoke_reports_every_mode_and_the_cost_curve(tmp_path) -> None:
     out = tmp_path / "spec.json"
     subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "engine" / "bench_spec.py"), "--smoke",
+        [sys.executable, "-m", "benchmarks.engine.bench_spec", "--smoke",
          "--out", str(out)],
         check=True, cwd=REPO, timeout=300,
     )  # fmt: skip

@@ -25,8 +25,8 @@ and, with graphs, once more with ``padding=False`` graphs (one graph per exact s
 entry count); every graph mode starts with no graphs, so captures are part of the time. Rows:
 wall seconds, generated tokens per second, graphs captured, steps replayed.
 
-    python benchmarks/engine/bench_engine.py --out bench-out/engine.json
-    python benchmarks/engine/bench_engine.py --layers 28 --prefill-prompts 1,8 \
+    python -m benchmarks.engine.bench_engine --out bench-out/engine.json
+    python -m benchmarks.engine.bench_engine --layers 28 --prefill-prompts 1,8 \
         --decode-batches 1,8,32,64 --reference-ops-batches 1,32 --out bench-out/engine-28.json
 """
 
@@ -36,22 +36,17 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "model"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth_tbs, environment, print_table, write_json  # noqa: E402
-from dummy_forward import v4_flash_config  # noqa: E402
-
-from deepinfer.engine.frontend.llm import LLM  # noqa: E402
-from deepinfer.engine.runner.cuda_graphs import DecodeGraphs  # noqa: E402
-from deepinfer.sampling import SamplingParams  # noqa: E402
+from benchmarks.common import copy_bandwidth_tbs, environment, print_table, write_json
+from benchmarks.model.dummy_forward import v4_flash_config
+from deepinfer.engine.frontend.llm import LLM
+from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
+from deepinfer.sampling import SamplingParams
 
 RATIOS = [0, 0] + [4, 128] * 21  # V4-Flash: two sliding-window layers, then CSA/HCA pairs
 
@@ -114,7 +109,7 @@ def _decode_row(llm, model, gen, vocab, batch, tokens, copy_tbs, ops) -> dict:
 
 def _profiles(llm: LLM, vocab: int, batches: list[int], modes: list[str]) -> list[dict]:
     """``profile_decode``'s breakdown of decode steps of each batch, in each mode."""
-    from profile_decode import print_result, profile_batch
+    from benchmarks.engine.profile_decode import print_result, profile_batch
 
     options = argparse.Namespace(prompt_len=128, tokens=6, top=30)
     results = []

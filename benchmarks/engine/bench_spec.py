@@ -10,8 +10,8 @@ accepted, and the step-cost curve the varlen planner measured at start-up (token
 Prompts: Python snippets (the tiny model's domain) or ``--prompts-file`` (one per line),
 cycled to the batch size.
 
-    python benchmarks/engine/bench_spec.py --out bench-out/spec.json          # GPU
-    python benchmarks/engine/bench_spec.py --smoke --out bench-out/spec.json # CPU, seconds
+    python -m benchmarks.engine.bench_spec --out bench-out/spec.json          # GPU
+    python -m benchmarks.engine.bench_spec --smoke --out bench-out/spec.json # CPU, seconds
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from common import environment, print_table, write_json  # noqa: E402
+from benchmarks.common import environment, print_table, write_json
+from deepinfer.engine.frontend.llm import LLM
+from deepinfer.sampling import SamplingParams
 
-from deepinfer.engine.frontend.llm import LLM  # noqa: E402
-from deepinfer.sampling import SamplingParams  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 PROMPTS = [
     "def main():\n    ",

@@ -10,8 +10,8 @@ processing, Triton's launcher; plus the functions with the most own time). Print
 writes JSON. ``--modes graphs,eager`` profiles with the engine's decode CUDA graphs, then with
 every step eager (same model and cache).
 
-    python benchmarks/engine/profile_decode.py --dummy-layers 8 --batch 1,64 --out prof.json
-    python benchmarks/engine/profile_decode.py --accelerator cpu --batch 2 --tokens 6
+    python -m benchmarks.engine.profile_decode --dummy-layers 8 --batch 1,64 --out prof.json
+    python -m benchmarks.engine.profile_decode --accelerator cpu --batch 2 --tokens 6
 """
 
 from __future__ import annotations
@@ -20,20 +20,17 @@ import argparse
 import cProfile
 import json
 import pstats
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO / "benchmarks" / "model"))
-from common import environment, write_json  # noqa: E402
+from benchmarks.common import environment, write_json
+from deepinfer.engine.frontend.llm import LLM
+from deepinfer.sampling import SamplingParams
 
-from deepinfer.engine.frontend.llm import LLM  # noqa: E402
-from deepinfer.sampling import SamplingParams  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 RATIOS = [0, 0] + [4, 128] * 21  # V4-Flash layer kinds
 
@@ -76,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _load(args) -> tuple[LLM, int]:
     kwargs = dict(accelerator=args.accelerator, speculative_tokens=0, max_num_seqs=64)
     if args.dummy_layers:
-        from dummy_forward import v4_flash_config
+        from benchmarks.model.dummy_forward import v4_flash_config
 
         config = v4_flash_config(RATIOS[: args.dummy_layers])
         directory = Path(tempfile.mkdtemp())

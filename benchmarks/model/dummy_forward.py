@@ -1,8 +1,8 @@
 """V4-Flash-shaped model with dummy weights: build, fill, one prefill forward and one decode
 step on CUDA; prints a table of peak memory and time and writes JSON.
 
-    python benchmarks/model/dummy_forward.py                 # 2 layers (CSA, HCA), 1024 tokens
-    python benchmarks/model/dummy_forward.py --tokens 4096 --ratios 0,4 --json out.json
+    python -m benchmarks.model.dummy_forward                 # 2 layers (CSA, HCA), 1024 tokens
+    python -m benchmarks.model.dummy_forward --tokens 4096 --ratios 0,4 --json out.json
 
 The config is the published V4-Flash ``config.json`` (FP8 128x128 blocks, FP4 experts) with
 ``num_hidden_layers`` cut to ``len(--ratios)`` and no MTP block. Weights come from

@@ -7,7 +7,7 @@ corpus (30 JSON schemas, regexes, EBNF) it reports the compile time (cache off) 
 sampling from random logits under the grammar, the per-token cost of ``fill_bitmask`` (mask
 fill) and of ``accept_token``. Prints a table; ``--out`` writes JSON.
 
-    python benchmarks/sampling/bench_grammar.py --out benchmarks/sampling/grammar.json
+    python -m benchmarks.sampling.bench_grammar --out benchmarks/sampling/grammar.json
 """
 
 from __future__ import annotations

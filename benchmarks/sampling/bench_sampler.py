@@ -6,7 +6,7 @@ first kernel counts); the table shows the median (and p10/p90) of many runs in m
 ``--out`` writes the same numbers as JSON (rewritten after every variant, so a run cut short
 keeps what it measured).
 
-    python benchmarks/sampling/bench_sampler.py --out benchmarks/sampling/results.json
+    python -m benchmarks.sampling.bench_sampler --out benchmarks/sampling/results.json
 
 Variants:
   sample() ...             the public ``deepinfer.sampling.sample`` (host prep included); on

@@ -8,7 +8,8 @@ import time
 from typing import Any
 
 import torch
-from measure import Generate
+
+from benchmarks.sweep.measure import Generate
 
 # Keys our configs carry that are not DeepseekV4Config arguments.
 _DROP = ("architectures", "quantization_config", "expert_dtype", "model_type", "dtype")

@@ -11,8 +11,9 @@ import statistics
 import time
 
 import torch
-from common import copy_bandwidth_tbs, time_cuda
-from roofline import Device
+
+from benchmarks.common import copy_bandwidth_tbs, time_cuda
+from benchmarks.sweep.roofline import Device
 
 
 def _cpu_seconds(fn, iters: int = 5) -> float:

@@ -4,15 +4,14 @@ shapes with a stated number of layers, or a local checkpoint directory."""
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.model.dummy_forward import v4_flash_config
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks" / "model"))
-from dummy_forward import v4_flash_config  # noqa: E402
 
 FULL_LAYERS = 43
 # Published V4-Flash backbone: two sliding-only layers, then CSA/HCA alternating, CSA last.

@@ -19,15 +19,13 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
-from baseline_hf import baseline_generate, baseline_skip_reason, load_baseline  # noqa: E402
-from ceilings import measure_device  # noqa: E402
-from common import environment, print_table, write_json  # noqa: E402
-from measure import SweepSettings, decode_sweep, engine_generate, prefill_sweep  # noqa: E402
-from models import ModelSource, resolve_model  # noqa: E402
-from plots import matplotlib_missing, write_plots  # noqa: E402
-from roofline import Device, ModelShape, decode_point, prefill_point  # noqa: E402
+from benchmarks.common import environment, print_table, write_json
+from benchmarks.sweep.baseline_hf import baseline_generate, baseline_skip_reason, load_baseline
+from benchmarks.sweep.ceilings import measure_device
+from benchmarks.sweep.measure import SweepSettings, decode_sweep, engine_generate, prefill_sweep
+from benchmarks.sweep.models import ModelSource, resolve_model
+from benchmarks.sweep.plots import matplotlib_missing, write_plots
+from benchmarks.sweep.roofline import Device, ModelShape, decode_point, prefill_point
 
 
 def _ints(text: str) -> tuple[int, ...]:

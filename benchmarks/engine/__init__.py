@@ -1,0 +1,1 @@
+"""End-to-end engine benchmarks: throughput, decode profiles, speculative decoding."""

@@ -1,0 +1,1 @@
+"""Model-level benchmarks: one forward of a dummy-weight model."""

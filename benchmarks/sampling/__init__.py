@@ -1,0 +1,1 @@
+"""Sampler and structured-output benchmarks."""

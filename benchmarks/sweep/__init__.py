@@ -1,0 +1,1 @@
+"""Prefill/decode sweeps with the transformers baseline, the roofline and plots."""
