@@ -2,15 +2,11 @@
 2048, act group 128) and V4.1-Flash (384 experts, hidden 5120, inter 2304, group 32) shapes, for a
 decode batch (64 tokens) and a prefill batch (8,192 tokens), in one run:
 
-- ours: the default tiles (``choose_tiles``: ``moe_stream``'s chained MXFP4 kernels, with row
-  blocks of 16 rows for decode up to 128 for prefill), the batch-invariant tiles and a sweep of
-  variants: the previous defaults (``old_default`` for a middle / prefill batch, both models,
-  and ``old-default-bf16-16x64`` for decode: ``moe_gemm``'s bf16-upcast family), ``moe_fp8``'s
-  FP8 / fp16 tensor-core family (decode), ``moe_stream``'s tile shapes (decode:
-  ``SWEEP["decode"]``; a middle batch of up to 96 rows per expert: ``SWEEP["middle"]``,
-  V4-Flash; prefill: ``SWEEP["prefill"]``, both models); decode also times the launches around
-  the expert GEMMs alone (``part_*``: permutation, input round trip / quantisation, combine);
-  decode also replayed from a CUDA graph (device events around the replay: the kernels' rate
+- ours: the default tiles (``choose_tiles``), the batch-invariant tiles and a sweep of variants:
+  the bf16 family's tiles (``old_default`` for a middle / prefill batch and
+  ``old-default-bf16-16x64`` for decode), the stream families' tile shapes (``SWEEP``); decode
+  also times the launches around the expert GEMMs alone (``part_*``: permutation, input round
+  trip / quantisation, combine, each GEMM) and replays from a CUDA graph (the kernels' rate
   without the host's launch cost);
 - the best torch built-in compositions: ``torch_fp4`` dequantises the experts the batch uses to
   bf16 and runs ``torch._grouped_mm``; ``torch_bf16`` does the same on experts dequantised ahead
@@ -18,10 +14,10 @@ decode batch (64 tokens) and a prefill batch (8,192 tokens), in one run:
 - the reference (decode: 3 runs; larger batches: one run after one warm-up).
 
 Effective TFLOP/s counts ``6 * T * k * D * I`` (the padding rows of each expert's last block not
-counted); the bf16 tensor-core ceiling measured on the H200 is 786 TFLOP/s. TB/s counts the FP4
-expert bytes touched (packed weights + scales of every expert used at least once). Errors: max and
-mean of |ours - reference| over the output's standard deviation. Every tile shape is compiled
-first in parallel subprocesses (``--warm-only`` does only that), then timed one after another.
+counted). TB/s counts the FP4 expert bytes touched (packed weights + scales of every expert used
+at least once). Errors: max and mean of |ours - reference| over the output's standard deviation.
+Every tile shape is compiled first in parallel subprocesses (``--warm-only`` does only that),
+then timed one after another.
 
     python benchmarks/kernels/bench_moe.py --out bench-out/moe.json
     python benchmarks/kernels/bench_moe.py --tokens 512,2048,8192 --out bench-out/moe-prefill.json
@@ -39,14 +35,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import copy_bandwidth_tbs, environment, print_table, time_cuda, time_graph, write_json  # noqa: E402
+from moe_baselines import dequant_bf16, torch_moe, torch_moe_from_fp4  # noqa: E402
 
 from deepinfer.kernels import OPS  # noqa: E402
-from deepinfer.kernels.reference import moe as ref_moe  # noqa: E402
-from deepinfer.kernels.reference import quant as ref_quant  # noqa: E402
 from deepinfer.kernels.testing.cases.moe_kernels import random_fp4_weight  # noqa: E402
-from deepinfer.kernels_nvidia import moe_experts, moe_stream_launch  # noqa: E402
-from deepinfer.kernels_nvidia.moe_experts import MoeTiles  # noqa: E402
-from deepinfer.kernels_nvidia.moe_split_gate_up import launch_fused_gate_up  # noqa: E402
+from deepinfer.kernels_nvidia.moe import align, stream  # noqa: E402
+from deepinfer.kernels_nvidia.moe import experts as moe_experts  # noqa: E402
+from deepinfer.kernels_nvidia.moe.experts import MoeTiles  # noqa: E402
+from deepinfer.kernels_nvidia.moe.split import launch_fused_gate_up  # noqa: E402
 from deepinfer.kernels_nvidia.quant import quantize_rows  # noqa: E402
 
 MODELS = {"V4-Flash": (256, 4096, 2048, 128), "V4.1-Flash": (384, 5120, 2304, 32)}
@@ -54,10 +50,13 @@ TOP_K, LIMIT = 6, 10.0
 BF16_CEILING_TFLOPS = 786  # measured bf16 tensor-core rate on the H200 (toolchain.md)
 
 
-def _mx(block_m, block_k, warps, stages, group_m=4, down_block_n=0, split_tail=False,
-        wgmma_fence=False):  # fmt: skip
+# The bf16 family's tiles: the defaults before the stream kernels, timed for comparison.
+BF16_TILES = {"decode": MoeTiles(16, 64, 4, 4), "middle": MoeTiles(64, 128, 4, 3),
+              "prefill": MoeTiles(128, 128, 8, 2)}  # fmt: skip
+
+
+def _mx(block_m, block_k, warps, stages, group_m=4, wgmma_fence=False):
     return MoeTiles(block_m, 128, warps, stages, mma="mx", block_k=block_k, group_m=group_m,
-                    down_block_n=down_block_n, split_tail=split_tail,
                     wgmma_fence=wgmma_fence)  # fmt: skip
 
 
@@ -69,8 +68,8 @@ def _split(block_n, block_k, warps, stages, fused=False):
 
 SWEEP = {
     "decode": {
-        "old-default-bf16-16x64": moe_experts.BF16_TILES["decode"],
-        # the decode default of v4 (760e1cb): tl.dot_scaled's upcast for both GEMMs, fenced
+        "old-default-bf16-16x64": BF16_TILES["decode"],
+        # tl.dot_scaled's upcast for both GEMMs, fenced (the decode default before the split)
         "mx-v4-default": MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0,
                                   wgmma_fence=True),
         # moe_split's even/odd-split upcast for both GEMMs (gate and up as two weight tiles)
@@ -85,18 +84,15 @@ SWEEP = {
         "mx-then-split-down-n64": dataclasses.replace(
             moe_experts.DECODE_TILES, down=_split(64, 128, 4, 4)),
     },
-    # moe_stream shapes whose machine code waits for every wgmma (see its "Hazard"; "-fence":
-    # made so by MoeTiles.wgmma_fence); the default of each regime is timed as "default"
+    # stream shapes whose machine code waits for every wgmma ("-fence": made so by
+    # MoeTiles.wgmma_fence); the default of each regime is timed as "default"
     "middle": {
         "mx-32-k128-w8s4": _mx(32, 128, 8, 4),
         "mx-64-k128-w8s3": _mx(64, 128, 8, 3),
-        "mx-64-k128-w8s3-split": _mx(64, 128, 8, 3, split_tail=True),
     },
     "prefill": {
-        "mx-128-k128-w8s3-split": _mx(128, 128, 8, 3, split_tail=True),
         "mx-64-k128-w8s3": _mx(64, 128, 8, 3),
         "mx-128-k64-w8s4-fence": _mx(128, 64, 8, 4, wgmma_fence=True),
-        "mx-128-k64-w8s4-split-fence": _mx(128, 64, 8, 4, split_tail=True, wgmma_fence=True),
     },
 }  # fmt: skip
 # the sweep's models per phase (the others: default and batch-invariant tiles only)
@@ -128,7 +124,7 @@ def variants(model, tokens):
     bi = moe_experts.choose_tiles(tokens * TOP_K, experts, batch_invariant=True, on_cpu=False)
     out = {"default": None, "batch_invariant": bi}
     if phase != "decode":  # the bf16-upcast tiles, the default here before (moe_gemm)
-        out["old_default"] = moe_experts.BF16_TILES[phase]
+        out["old_default"] = BF16_TILES[phase]
     if model in SWEEP_MODELS[phase]:
         out.update(SWEEP[phase])
     return out
@@ -144,49 +140,6 @@ def run_ours(args, group, tiles):
     return moe_experts.fp4_moe_experts_tiles(
         *args, swiglu_limit=LIMIT, act_quant_group=group, tiles=tiles
     )
-
-
-def _dequant_bf16(packed, scale, chunk=32):
-    parts = [ref_quant.fp4_dequant(packed[i : i + chunk], scale[i : i + chunk], 32)
-             for i in range(0, packed.shape[0], chunk)]  # fmt: skip
-    return torch.cat(parts)
-
-
-def _grouped_matmul(rows, weight, offs):
-    """``rows[offs[g-1]:offs[g]] @ weight[g]^T`` per group: ``torch._grouped_mm`` where this
-    torch has it for these operands, else a loop of ``torch.mm`` (host sync)."""
-    try:
-        return torch._grouped_mm(rows, weight.transpose(1, 2), offs=offs)
-    except (AttributeError, RuntimeError):
-        ends = offs.tolist()
-        out = rows.new_empty((rows.shape[0], weight.shape[1]))
-        for g, (start, end) in enumerate(zip([0, *ends[:-1]], ends)):
-            if end > start:
-                out[start:end] = rows[start:end] @ weight[g].t()
-        return out
-
-
-def torch_moe(x, weights, ids, w13_bf16, w2_bf16):
-    """bf16 ``torch._grouped_mm`` over dequantised experts (``[E', 2I, D]``, ``[E', D, I]``)."""
-    inter = w13_bf16.shape[1] // 2
-    flat = ids.reshape(-1)
-    order = torch.argsort(flat)
-    counts = torch.zeros(w13_bf16.shape[0], dtype=torch.int64, device=x.device)
-    counts.index_add_(0, flat, torch.ones_like(flat))
-    offs = torch.cumsum(counts, 0).to(torch.int32)
-    rows = x.bfloat16()[order // TOP_K]
-    gate_up = _grouped_matmul(rows, w13_bf16, offs)
-    hidden = ref_moe.swiglu_clamped(gate_up[:, :inter], gate_up[:, inter:], LIMIT)
-    hidden = (hidden * weights.reshape(-1)[order, None]).bfloat16()
-    down = _grouped_matmul(hidden, w2_bf16, offs)
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    return out.index_add_(0, order // TOP_K, down.float())
-
-
-def torch_moe_from_fp4(x, weights, ids, w13, s13, w2, s2):
-    used, local = torch.unique(ids, return_inverse=True)
-    w13_bf16, w2_bf16 = _dequant_bf16(w13[used], s13[used]), _dequant_bf16(w2[used], s2[used])
-    return torch_moe(x, weights, local, w13_bf16, w2_bf16)
 
 
 def _time(row, name, fn, flops, nbytes, *, iters=20, warmup=2, graph=False):
@@ -225,9 +178,9 @@ def bench(model, tokens, weights, torch_bf16_weights):
         _time(row, name, fn, flops, nbytes, iters=20 if tokens <= 2048 else 10)
         if tokens <= 256:
             _time(row, f"{name}_graph", fn, flops, nbytes, iters=50, graph=True)
-    _time(row, "torch_fp4", lambda: torch_moe_from_fp4(*args), flops, nbytes, iters=5)
+    _time(row, "torch_fp4", lambda: torch_moe_from_fp4(*args, limit=LIMIT), flops, nbytes, iters=5)
     if torch_bf16_weights is not None:
-        pre = lambda: torch_moe(*args[:3], *torch_bf16_weights)  # noqa: E731
+        pre = lambda: torch_moe(*args[:3], *torch_bf16_weights, limit=LIMIT)  # noqa: E731
         _time(row, "torch_bf16", pre, flops, nbytes)
     kw = dict(swiglu_limit=LIMIT, act_quant_group=group)
     runs = dict(iters=3) if tokens <= 256 else dict(iters=1, warmup=1)
@@ -252,11 +205,11 @@ def _parts(row, model, args):
     y = torch.randn(tokens * top_k, dim, device="cuda").bfloat16()
     out = torch.empty(tokens, dim, device="cuda")
     parts = {
-        "part_align_one_launch": lambda: moe_experts.align_by_expert(ids, experts, block_m),
-        "part_align_torch": lambda: moe_experts._align_by_expert_torch(
+        "part_align_one_launch": lambda: align.align_by_expert(ids, experts, block_m),
+        "part_align_torch": lambda: align._align_by_expert_torch(
             flat.long(), experts, block_m, capacity
         ),
-        "part_fp8_round_trip_bf16": lambda: moe_experts._round_trip_bf16(x, group),
+        "part_fp8_round_trip_bf16": lambda: moe_experts.round_trip_bf16(x, group),
         "part_quantize_rows": lambda: quantize_rows(x, group),
         "part_combine": lambda: moe_experts._combine(y, out, top_k),
     }
@@ -268,44 +221,28 @@ def _parts(row, model, args):
 def _gemm_parts(row, args, group, experts):
     """The decode default's two expert GEMMs alone (graph replay), each with its own bytes."""
     x, topk_weights, ids, w13, s13, w2, s2 = args
-    top_k = ids.shape[1]
     tiles = moe_experts.choose_tiles(ids.numel(), experts, batch_invariant=False, on_cpu=False,
                                      act_quant_group=group)  # fmt: skip
-    layout = moe_experts.align_by_expert(ids, experts, tiles.block_m)
-    act = moe_experts._round_trip_bf16(x, group)
-    none_scale = x.new_empty((1, 1), dtype=torch.float32)
+    layout = align.align_by_expert(ids, experts, tiles.block_m)
+    act = moe_experts.round_trip_bf16(x, group)
+    rows = (layout.row_slot, layout.block_expert)
     inter, dim = w13.shape[1] // 2, x.shape[1]
     used = torch.unique(ids).numel()
-    upcast = moe_experts.STREAM_FAMILIES[tiles.mma]
-    down_tiles = tiles.down or tiles
-
-    def gate_up():
-        if tiles.fused_gate_up:
-            return launch_fused_gate_up(
-                act, topk_weights, layout.row_slot, layout.block_expert, w13, s13, top_k=top_k,
-                group=group, limit=LIMIT, tiles=tiles,
-                block_n=moe_experts._block_n(inter, tiles.block_n, group), on_cpu=False,
-            )  # fmt: skip
-        return moe_stream_launch.launch_gate_up(
-            act, none_scale, topk_weights, layout.row_slot, layout.block_expert, w13, s13,
-            top_k=top_k, group=group, limit=LIMIT, tiles=tiles, upcast=upcast,
-            block_n=moe_experts._block_n(inter, tiles.block_n, group), on_cpu=False,
-        )  # fmt: skip
-
+    launch = launch_fused_gate_up if tiles.fused_gate_up else stream.launch_gate_up
+    gate_up = lambda: launch(  # noqa: E731
+        act, topk_weights, *rows, w13, s13, top_k=ids.shape[1], group=group, limit=LIMIT,
+        tiles=tiles, block_n=moe_experts.block_n_for(inter, tiles.block_n, group), on_cpu=False,
+    )  # fmt: skip
     try:
-        h, hs = gate_up()
+        h = gate_up()
     except Exception as e:  # recorded, like a failing variant
         row["part_gate_up_error"] = f"{type(e).__name__}: {str(e)[-600:]}"
         return
-
-    def down():
-        return moe_stream_launch.launch_down(
-            h, hs, layout.row_slot, layout.block_expert, w2, s2, num_slots=ids.numel(),
-            group=group, tiles=down_tiles, upcast=moe_experts.STREAM_FAMILIES[down_tiles.mma],
-            block_n=moe_experts._block_n(dim, down_tiles.down_block_n or down_tiles.block_n, None),
-            on_cpu=False,
-        )  # fmt: skip
-
+    dt = tiles.down or tiles
+    down = lambda: stream.launch_down(  # noqa: E731
+        h, *rows, w2, s2, num_slots=ids.numel(), group=group, tiles=dt, on_cpu=False,
+        block_n=moe_experts.block_n_for(dim, dt.down_block_n or dt.block_n, None),
+    )  # fmt: skip
     gate_up_bytes = used * (w13[0].numel() + s13[0].numel())
     down_bytes = used * (w2[0].numel() + s2[0].numel())
     _time(row, "part_gate_up", gate_up, 0, gate_up_bytes, iters=50, graph=True)
@@ -383,7 +320,7 @@ def main() -> None:
     for model in MODELS:
         weights = weights_for(model)
         w13, s13, w2, s2 = weights
-        pre = (_dequant_bf16(w13, s13), _dequant_bf16(w2, s2))
+        pre = (dequant_bf16(w13, s13), dequant_bf16(w2, s2))
         for tokens in token_counts:
             rows.append(bench(model, tokens, weights, pre))
             write_json(opts.out, {"env": environment(), "copy_TB/s": ceiling, "rows": rows})

@@ -33,9 +33,10 @@ def _unavailable_reason() -> str:
 
 
 def _load_ops():
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name not in _NOT_KERNELS:
-            importlib.import_module(f"{__name__}.{info.name}")
+    modules = pkgutil.walk_packages(__path__, prefix=f"{__name__}.")
+    for info in sorted(modules, key=lambda m: m.name):
+        if info.name.rsplit(".", 1)[-1] not in _NOT_KERNELS:
+            importlib.import_module(info.name)
     return dict(IMPLEMENTATIONS)
 
 

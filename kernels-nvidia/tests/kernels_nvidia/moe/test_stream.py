@@ -1,8 +1,7 @@
-"""moe_stream's chained-accumulator decode kernels (``MoeTiles.mma`` "mx", "fp16-stream" and
-"split", moe_split's upcast)
-against the reference: the conformance cases (small under the interpreter, model shapes on the
-GPU), weights whose 32-column scales spread over many octaves within a row, and the decode
-choice of ``choose_tiles``."""
+"""The stream kernels with decode tiles (``MoeTiles.mma`` "mx" and "split") against the
+reference: the conformance cases (small under the interpreter, model shapes on the GPU), weights
+whose 32-column scales spread over many octaves within a row, and the decode choice of
+``choose_tiles``."""
 
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ import torch
 from deepinfer.kernels import OPS
 from deepinfer.kernels.testing import cases_for, check_case
 from deepinfer.kernels.testing.cases.moe_kernels import random_fp4_weight
-from deepinfer.kernels_nvidia import moe_align, moe_experts
-from deepinfer.kernels_nvidia.moe_experts import MoeTiles
+from deepinfer.kernels_nvidia.moe import experts as moe_experts
+from deepinfer.kernels_nvidia.moe.experts import MoeTiles
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -25,10 +24,8 @@ SMALL = {
     "mx": MoeTiles(16, 64, 4, 1, mma="mx", block_k=32, down_block_n=32),
     "mx-k256": MoeTiles(16, 64, 8, 1, mma="mx", block_k=256),
     "mx-swap": MoeTiles(16, 64, 4, 1, mma="mx", swap_ab=True, block_k=64, down_block_n=32),
-    "fp16": MoeTiles(16, 32, 4, 1, mma="fp16-stream", block_k=32),
-    "fp16-swap": MoeTiles(16, 64, 4, 1, mma="fp16-stream", swap_ab=True, block_k=64),
 }
-# every decode variant bench_moe.py sweeps (the default is also in test_moe_kernels' cases)
+# every decode variant bench_moe.py sweeps (the default is also in test_ops.py's conformance cases)
 REAL = {
     "decode-default": moe_experts.DECODE_TILES,
     "decode-default-small-group": moe_experts.DECODE_TILES_SMALL_GROUP,
@@ -38,7 +35,6 @@ REAL = {
     "mx-n256-k128-w8s3": MoeTiles(16, 256, 8, 3, mma="mx", block_k=128),
     "mx-n128-k256-w8s3-down-n256": MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, down_block_n=256),
     "mx-swap-n128-k128-w4s4": MoeTiles(16, 128, 4, 4, mma="mx", swap_ab=True, block_k=128),
-    "fp16-stream-n128-k128-w8s4": MoeTiles(16, 128, 8, 4, mma="fp16-stream", block_k=128),
     "mx-n128-k256-w8s3-fence": MoeTiles(
         16, 128, 8, 3, mma="mx", block_k=256, group_m=0, wgmma_fence=True
     ),  # fmt: skip
@@ -127,8 +123,6 @@ def _spread_scale_inputs(experts, dim, inter, gen, max_drop=10):
     ("name", "max_drop", "seed"),
     [
         ("mx", 10, 3),
-        ("fp16", 10, 3),
-        ("fp16-swap", 10, 3),
         ("split-swap", 12, 7),
         ("split-fused", 12, 7),
     ],
@@ -156,52 +150,3 @@ def test_decode_batches_choose_a_stream_family():
         invariant = moe_experts.choose_tiles(64 * 6, 256, batch_invariant=True, on_cpu=False,
                                              act_quant_group=group)  # fmt: skip
         assert invariant == moe_experts.BATCH_INVARIANT_TILES
-
-
-@pytest.mark.parametrize(
-    ("num_slots", "num_experts", "block_m"),
-    [(39, 9, 4), (384, 256, 16), (20, 384, 16), (600, 8, 64)],
-)
-def test_one_launch_alignment_equals_the_torch_composition(num_slots, num_experts, block_m):
-    gen = torch.Generator().manual_seed(num_slots)
-    ids = torch.randint(0, num_experts, (num_slots,), generator=gen).to(DEVICE)
-    capacity = -(-(num_slots + min(num_experts, num_slots) * (block_m - 1)) // block_m) * block_m
-    row_slot, block_expert = moe_align.align_small(ids, num_experts, block_m, capacity)
-    want = moe_experts._align_by_expert_torch(ids, num_experts, block_m, capacity)
-    assert torch.equal(row_slot, want.row_slot)
-    assert torch.equal(block_expert, want.block_expert)
-
-
-def _capacity(num_slots, num_experts, block_m):
-    return -(-(num_slots + min(num_experts, num_slots) * (block_m - 1)) // block_m) * block_m
-
-
-def _check_multi(num_slots, num_experts, block_m, slot_chunk, device):
-    gen = torch.Generator().manual_seed(num_slots + slot_chunk)
-    ids = torch.randint(0, num_experts, (num_slots,), generator=gen).to(device)
-    capacity = _capacity(num_slots, num_experts, block_m)
-    row_slot, block_expert = moe_align.align_multi(ids, num_experts, block_m, capacity, slot_chunk)
-    want = moe_experts._align_by_expert_torch(ids.long(), num_experts, block_m, capacity)
-    assert torch.equal(row_slot, want.row_slot)
-    assert torch.equal(block_expert, want.block_expert)
-
-
-@pytest.mark.parametrize(
-    ("num_slots", "num_experts", "block_m", "slot_chunk"),
-    [(39, 9, 4, 16), (384, 256, 16, 64), (20, 384, 16, 16), (600, 8, 64, 32), (1, 3, 16, 16)],
-)
-def test_multi_program_alignment_equals_the_torch_composition(
-    num_slots, num_experts, block_m, slot_chunk
-):
-    _check_multi(num_slots, num_experts, block_m, slot_chunk, DEVICE)
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize(
-    ("num_slots", "num_experts", "block_m", "slot_chunk"),
-    [(384, 256, 16, 64), (384, 384, 16, 64), (2048, 256, 16, 64), (1536, 384, 16, 32),
-     (2048, 256, 64, 128), (6, 256, 16, 64)],
-)  # fmt: skip
-def test_multi_program_alignment_real(num_slots, num_experts, block_m, slot_chunk):
-    _check_multi(num_slots, num_experts, block_m, slot_chunk, DEVICE)

@@ -1,29 +1,26 @@
-"""Grouped GEMMs over FP4 (e2m1 + ue8m0) expert weights for the routed experts, in Triton.
+"""The ``"bf16"`` family: grouped GEMMs over FP4 (e2m1 + ue8m0) expert weights upcast to bf16
+(``MoeTiles.mma="bf16"``), the batch-invariant tiles' kernels and the CPU path.
 
-Rows arrive grouped by expert in blocks of ``BLOCK_M`` (see ``moe_experts.align_by_expert``):
-``block_expert[b]`` names block ``b``'s expert (-1: unused block) and ``row_slot[r]`` the flat
-(token, slot) index ``t * k + j`` of row ``r`` (``num_slots``: padding). The packed weights are
-dequantised in registers to bf16 (exact: an e2m1 value times a power of two) and multiplied on
-the bf16 tensor cores with fp32 accumulation; FP8 activations are dequantised the same way.
+Rows arrive grouped by expert in ``BLOCK_M`` blocks (``align.align_by_expert``). The packed
+weights are dequantised in registers to bf16 (exact: an e2m1 value times a power of two) and
+multiplied on the bf16 tensor cores with fp32 accumulation, one block of K at a time; FP8
+activations are dequantised the same way. Slower than the chained ``"mx"`` kernels, but every
+tile shape gives the same row results whatever the batch, so it serves batch-invariant mode.
 
 - ``gate_up``: ``[rows, D] x [2I, D]^T`` as two accumulators (gate rows ``n``, up rows ``I + n``),
   whose epilogue applies the clamped SwiGLU and the router weight, rounds to bf16 and quantises the
   hidden row to FP8 per group (the reference's input quantisation of ``w2``, fused here).
 - ``down``: ``[rows, I] x [D, I]^T``, bf16 out, scattered to the (token, slot) rows.
-
-``PAIRS`` (opt-in, not yet measured on the GPU): instead of interleaving the two nibbles of each
-weight byte in registers, the activations are stored with each 32-column chunk's even columns
-first and odd columns second, so a byte's low and high nibbles meet their activations in two
-16-wide dots, and each 32-column step has a single weight scale per row (no register reshapes).
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from deepinfer.kernels_nvidia.gemm import e8m0_to_fp32
-from deepinfer.kernels_nvidia.quant import pow2_scale, to_bf16, to_e4m3
+from deepinfer.kernels_nvidia.quant import pow2_scale, quantize_rows, to_bf16, to_e4m3
 
 
 @triton.jit
@@ -60,43 +57,6 @@ def fp4_weight_tile(
 
 
 @triton.jit
-def fp4_pair_tile(w_ptr, ws_ptr, rows, k0, stride_wn, stride_wsn, BLOCK_N: tl.constexpr):
-    """Columns ``k0..k0+31`` (one scale group) of the weight rows ``rows`` as two bf16
-    ``[BLOCK_N, 16]`` tiles: the even columns (low nibbles) and the odd ones (high nibbles).
-    No register shuffles: the activation is permuted to match instead (``PAIRS`` layout)."""
-    half = k0 // 2 + tl.arange(0, 16)
-    packed = tl.load(w_ptr + rows[:, None] * stride_wn + half[None, :])
-    packed = packed.to(tl.uint8, bitcast=True).to(tl.int32)
-    scale = e8m0_to_fp32(tl.load(ws_ptr + rows * stride_wsn + k0 // 32))[:, None]
-    even = (_e2m1_to_fp32(packed & 15) * scale).to(tl.bfloat16)
-    odd = (_e2m1_to_fp32(packed >> 4) * scale).to(tl.bfloat16)
-    return even, odd
-
-
-@triton.jit
-def act_pair(
-    a_ptr, as_ptr, rows, valid, k0, stride_am, stride_asm,
-    A_FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-):  # fmt: skip
-    """bf16 ``[BLOCK_M, 16]`` even / odd columns of ``k0..k0+31`` from an activation stored in
-    the ``PAIRS`` layout (each 32-column chunk holds its 16 even columns, then its 16 odd)."""
-    base = a_ptr + rows[:, None] * stride_am + (k0 + tl.arange(0, 16))[None, :]
-    even = tl.load(base, mask=valid[:, None], other=0.0)
-    odd = tl.load(base + 16, mask=valid[:, None], other=0.0)
-    if A_FP8:
-        scale = tl.load(as_ptr + rows * stride_asm + k0 // GROUP, mask=valid, other=0.0)[:, None]
-        even = even.to(tl.float32) * scale
-        odd = odd.to(tl.float32) * scale
-    return even.to(tl.bfloat16), odd.to(tl.bfloat16)
-
-
-@triton.jit
-def pairs_position(cols):
-    """Column ``c`` -> its place in the ``PAIRS`` layout (evens then odds per 32 columns)."""
-    return (cols & -32) + (cols & 1) * 16 + ((cols & 31) >> 1)
-
-
-@triton.jit
 def act_tile(
     a_ptr, as_ptr, rows, valid, k0, stride_am, stride_asm,
     A_FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -118,14 +78,10 @@ def act_tile(
 def _store_hidden(
     h_ptr, hs_ptr, hidden, rows, col0, stride_hm, stride_hsm,
     OUT_GROUP: tl.constexpr, SOFT_ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAIRS: tl.constexpr,
 ):  # fmt: skip
-    """Store bf16(hidden) as is, or FP8-quantised per ``OUT_GROUP`` columns with fp32 scales;
-    ``PAIRS``: columns in the pairs layout that the down projection reads."""
+    """Store bf16(hidden) as is, or FP8-quantised per ``OUT_GROUP`` columns with fp32 scales."""
     hidden = to_bf16(hidden, SOFT_ROUND).to(tl.float32)
     cols = col0 + tl.arange(0, BLOCK_N)
-    if PAIRS:
-        cols = pairs_position(cols)
     ptrs = h_ptr + rows[:, None] * stride_hm + cols[None, :]
     if OUT_GROUP == 0:
         tl.store(ptrs, hidden.to(tl.bfloat16))
@@ -145,7 +101,6 @@ def moe_gate_up_kernel(
     stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_hm, stride_hsm,
     A_FP8: tl.constexpr, A_GROUP: tl.constexpr, OUT_GROUP: tl.constexpr,
     SOFT_ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PAIRS: tl.constexpr,
 ):  # fmt: skip
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
@@ -163,36 +118,18 @@ def moe_gate_up_kernel(
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        if PAIRS:
-            for kk in tl.static_range(BLOCK_K // 32):
-                kc = k0 + kk * 32
-                a_even, a_odd = act_pair(x_ptr, xs_ptr, tokens, valid, kc, stride_xm, stride_xsm,
-                                         A_FP8, A_GROUP, BLOCK_M)  # fmt: skip
-                g_even, g_odd = fp4_pair_tile(
-                    w_e, ws_e, gate_rows, kc, stride_wn, stride_wsn, BLOCK_N
-                )
-                acc_gate = tl.dot(a_even, tl.trans(g_even), acc_gate)
-                acc_gate = tl.dot(a_odd, tl.trans(g_odd), acc_gate)
-                u_even, u_odd = fp4_pair_tile(
-                    w_e, ws_e, up_rows, kc, stride_wn, stride_wsn, BLOCK_N
-                )
-                acc_up = tl.dot(a_even, tl.trans(u_even), acc_up)
-                acc_up = tl.dot(a_odd, tl.trans(u_odd), acc_up)
-        else:
-            a = act_tile(x_ptr, xs_ptr, tokens, valid, k0, stride_xm, stride_xsm,
-                         A_FP8, A_GROUP, BLOCK_M, BLOCK_K)  # fmt: skip
-            w_gate = fp4_weight_tile(
-                w_e, ws_e, gate_rows, k0, stride_wn, stride_wsn, BLOCK_N, BLOCK_K
-            )
-            acc_gate = tl.dot(a, tl.trans(w_gate), acc_gate)
-            w_up = fp4_weight_tile(w_e, ws_e, up_rows, k0, stride_wn, stride_wsn, BLOCK_N, BLOCK_K)
-            acc_up = tl.dot(a, tl.trans(w_up), acc_up)
+        a = act_tile(x_ptr, xs_ptr, tokens, valid, k0, stride_xm, stride_xsm,
+                     A_FP8, A_GROUP, BLOCK_M, BLOCK_K)  # fmt: skip
+        w_gate = fp4_weight_tile(w_e, ws_e, gate_rows, k0, stride_wn, stride_wsn, BLOCK_N, BLOCK_K)
+        acc_gate = tl.dot(a, tl.trans(w_gate), acc_gate)
+        w_up = fp4_weight_tile(w_e, ws_e, up_rows, k0, stride_wn, stride_wsn, BLOCK_N, BLOCK_K)
+        acc_up = tl.dot(a, tl.trans(w_up), acc_up)
     gate = tl.minimum(acc_gate, limit)
     up = tl.clamp(acc_up, -limit, limit)
     router_w = tl.load(topk_w_ptr + slots, mask=valid, other=0.0)
     hidden = gate / (1.0 + tl.exp(-gate)) * up * router_w[:, None]
     _store_hidden(h_ptr, hs_ptr, hidden, rows, tl.program_id(1) * BLOCK_N, stride_hm, stride_hsm,
-                  OUT_GROUP, SOFT_ROUND, BLOCK_M, BLOCK_N, PAIRS)  # fmt: skip
+                  OUT_GROUP, SOFT_ROUND, BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -201,7 +138,7 @@ def moe_down_kernel(
     num_slots, K, N,
     stride_hm, stride_hsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_ym,
     A_FP8: tl.constexpr, A_GROUP: tl.constexpr, SOFT_ROUND: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAIRS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
@@ -216,31 +153,66 @@ def moe_down_kernel(
     ws_e = ws_ptr + expert * stride_wse
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        if PAIRS:
-            for kk in tl.static_range(BLOCK_K // 32):
-                kc = k0 + kk * 32
-                a_even, a_odd = act_pair(h_ptr, hs_ptr, rows, valid, kc, stride_hm, stride_hsm,
-                                         A_FP8, A_GROUP, BLOCK_M)  # fmt: skip
-                w_even, w_odd = fp4_pair_tile(w_e, ws_e, w_rows, kc, stride_wn, stride_wsn, BLOCK_N)
-                acc = tl.dot(a_even, tl.trans(w_even), acc)
-                acc = tl.dot(a_odd, tl.trans(w_odd), acc)
-        else:
-            a = act_tile(h_ptr, hs_ptr, rows, valid, k0, stride_hm, stride_hsm,
-                         A_FP8, A_GROUP, BLOCK_M, BLOCK_K)  # fmt: skip
-            w = fp4_weight_tile(w_e, ws_e, w_rows, k0, stride_wn, stride_wsn, BLOCK_N, BLOCK_K)
-            acc = tl.dot(a, tl.trans(w), acc)
+        a = act_tile(h_ptr, hs_ptr, rows, valid, k0, stride_hm, stride_hsm,
+                     A_FP8, A_GROUP, BLOCK_M, BLOCK_K)  # fmt: skip
+        w = fp4_weight_tile(w_e, ws_e, w_rows, k0, stride_wn, stride_wsn, BLOCK_N, BLOCK_K)
+        acc = tl.dot(a, tl.trans(w), acc)
     out_rows = tl.where(valid, slots, 0).to(tl.int64)
     ptrs = y_ptr + out_rows[:, None] * stride_ym + cols[None, :]
     tl.store(ptrs, to_bf16(acc, SOFT_ROUND), mask=valid[:, None])
 
 
-@triton.jit
-def moe_combine_kernel(y_ptr, out_ptr, N, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
-    """``out[t] = ((y[t, 0] + y[t, 1]) + ...) + y[t, k-1]`` in fp32, slot order."""
-    token = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < N
-    acc = tl.load(y_ptr + token * TOP_K * N + cols, mask=mask, other=0.0).to(tl.float32)
-    for j in tl.static_range(1, TOP_K):
-        acc += tl.load(y_ptr + (token * TOP_K + j) * N + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + token * N + cols, acc, mask=mask)
+def bf16_experts(x, topk_weights, layout, w13, w13_scale, w2, w2_scale, *, top_k, group, limit,
+                 tiles, block_n_gate_up, block_n_down, on_cpu):  # fmt: skip
+    """Gate/up then down with this family's kernels: bf16 ``y [T * k, D]``, each row at its
+    (token, slot); FP8 activations per ``group`` columns, or bf16 for ``group=None``."""
+    tokens, dim = x.shape
+    inter = w13.shape[1] // 2
+    num_slots = tokens * top_k
+    xq, xs = quantised_input(x, group)
+    fp8 = group is not None
+    capacity, num_blocks = layout.row_slot.numel(), layout.block_expert.numel()
+    h = torch.empty(
+        (capacity, inter), dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16, device=x.device
+    )
+    hs = torch.empty((capacity, inter // group if fp8 else 1), dtype=torch.float32, device=x.device)
+    w13s, w2s = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
+    weights = topk_weights.float().contiguous().view(-1)
+    n1 = block_n_gate_up
+    moe_gate_up_kernel[(num_blocks, inter // n1)](
+        xq, xs, w13, w13s, h, hs, layout.row_slot, layout.block_expert, weights,
+        num_slots, top_k, dim, inter, limit,
+        xq.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0), w13s.stride(1),
+        h.stride(0), hs.stride(0),
+        A_FP8=fp8, A_GROUP=group or 1, OUT_GROUP=group or 0, SOFT_ROUND=on_cpu,
+        BLOCK_M=tiles.block_m, BLOCK_N=n1, BLOCK_K=_block_k(dim, group),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    y = torch.empty((num_slots, dim), dtype=torch.bfloat16, device=x.device)
+    n2 = block_n_down
+    moe_down_kernel[(num_blocks, dim // n2)](
+        h, hs, w2, w2s, y, layout.row_slot, layout.block_expert, num_slots, inter, dim,
+        h.stride(0), hs.stride(0), w2.stride(0), w2.stride(1), w2s.stride(0), w2s.stride(1),
+        y.stride(0),
+        A_FP8=fp8, A_GROUP=group or 1, SOFT_ROUND=on_cpu,
+        BLOCK_M=tiles.block_m, BLOCK_N=n2, BLOCK_K=_block_k(inter, group),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    return y
+
+
+def quantised_input(x, group):
+    """``(xq, xs)``: e4m3 rows with fp32 scales per ``group`` columns, or bf16 rows and a
+    placeholder scale for ``group=None``."""
+    if group is None:
+        return x.to(torch.bfloat16).contiguous(), x.new_empty((1, 1), dtype=torch.float32)
+    return quantize_rows(x if x.stride(-1) == 1 else x.contiguous(), group)
+
+
+def _block_k(k: int, group: int | None) -> int:
+    for block_k in (128, 64, 32):
+        if k % block_k == 0 and (group is None or (block_k % group == 0)):
+            return block_k
+    raise ValueError(
+        f"K={k} with act_quant_group={group}: expected K a multiple of 32 and of the group"
+    )

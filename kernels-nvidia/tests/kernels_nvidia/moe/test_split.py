@@ -1,7 +1,7 @@
-"""moe_split's even/odd-split MXFP4 upcast (``MoeTiles.mma="split"``): the bit-placed nibbles
-against the reference dequantisation (every byte value, scales over the whole ue8m0 range the
-upcast supports), and the validation of the split tiles. The expert op with split tiles against
-the reference is in test_moe_stream.py with the other stream families."""
+"""The split family's even/odd-split MXFP4 upcast (``MoeTiles.mma="split"``): the bit-placed
+nibbles against the reference dequantisation (every byte value, scales over the whole ue8m0
+range the upcast supports), and the validation of the split tiles. The expert op with split
+tiles against the reference is in test_stream.py with the "mx" family."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import triton.language as tl
 
 from deepinfer.kernels.reference import quant as ref_quant
 from deepinfer.kernels.testing.cases.moe_kernels import random_fp4_weight
-from deepinfer.kernels_nvidia import moe_experts
-from deepinfer.kernels_nvidia.moe_experts import MoeTiles
-from deepinfer.kernels_nvidia.moe_split import nibbles_to_bf16_scaled, split_factor
+from deepinfer.kernels_nvidia.moe import experts as moe_experts
+from deepinfer.kernels_nvidia.moe.experts import MoeTiles
+from deepinfer.kernels_nvidia.moe.split import nibbles_to_bf16_scaled, split_factor
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"

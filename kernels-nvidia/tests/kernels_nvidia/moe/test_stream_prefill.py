@@ -1,4 +1,4 @@
-"""moe_stream's MXFP4 kernels with prefill-sized tiles (tall row blocks, programs in grouped
+"""The stream kernels ("mx") with prefill-sized tiles (tall row blocks, programs in grouped
 order) against the reference: small shapes under the interpreter (several row blocks per
 expert, so the grouped order and the padding rows matter), and on the GPU every tile shape that
 bench_moe.py sweeps for the middle and prefill regimes at V4-Flash and V4.1-Flash shapes (8,192
@@ -13,8 +13,8 @@ import torch
 
 from deepinfer.kernels.testing import Case, cases_for, check_case
 from deepinfer.kernels.testing.cases.moe_kernels import random_fp4_weight
-from deepinfer.kernels_nvidia import moe_align, moe_experts
-from deepinfer.kernels_nvidia.moe_experts import MoeTiles
+from deepinfer.kernels_nvidia.moe import experts as moe_experts
+from deepinfer.kernels_nvidia.moe.experts import MoeTiles
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -24,11 +24,9 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
 ATOL, RTOL = 4e-2, 2e-2
 
 
-def _mx(block_m, block_k, warps, stages, group_m=4, down_block_n=0, split_tail=False,
-        wgmma_fence=False):  # fmt: skip
+def _mx(block_m, block_k, warps, stages, group_m=4, down_block_n=0, wgmma_fence=False):
     return MoeTiles(block_m, 128, warps, stages, mma="mx", block_k=block_k, group_m=group_m,
-                    down_block_n=down_block_n, split_tail=split_tail,
-                    wgmma_fence=wgmma_fence)  # fmt: skip
+                    down_block_n=down_block_n, wgmma_fence=wgmma_fence)  # fmt: skip
 
 
 # Interpreter-sized variants: 16/32-row blocks, grouped order over 2 or 3 blocks, 2-D grid.
@@ -36,26 +34,18 @@ SMALL = {
     "mx-32-g2": MoeTiles(32, 64, 4, 1, mma="mx", block_k=64, group_m=2, down_block_n=32),
     "mx-16-g3": MoeTiles(16, 32, 4, 1, mma="mx", block_k=32, group_m=3),
     "mx-32-grid2d": MoeTiles(32, 64, 4, 1, mma="mx", block_k=32, group_m=0),
-    "mx-32-split": MoeTiles(32, 64, 4, 1, mma="mx", block_k=64, group_m=2, split_tail=True),
-    "mx-32-split-grid2d": MoeTiles(
-        32, 32, 4, 1, mma="mx", block_k=32, group_m=0, split_tail=True
-    ),  # fmt: skip
 }
 # Every prefill / middle variant bench_moe.py sweeps (the defaults come from STREAM_TILES). Shapes
-# whose machine code leaves wgmmas in flight across the K loop (moe_stream's "Hazard") are not
-# candidates: 128 x 128 with K step 64 failed here on the H200 at 8,192 tokens (174611d), unless
-# ``wgmma_fence`` (not yet run on a GPU) removes the pattern.
+# whose machine code leaves wgmmas in flight across the K loop are not candidates (128 x 128 with
+# K step 64 failed here on the H200 at 8,192 tokens) unless ``wgmma_fence`` removes the pattern.
 PREFILL = {
     "mx-128-k128-w8s3": _mx(128, 128, 8, 3),
-    "mx-128-k128-w8s3-split": _mx(128, 128, 8, 3, split_tail=True),
     "mx-64-k128-w8s3": _mx(64, 128, 8, 3),
     "mx-128-k64-w8s4-fence": _mx(128, 64, 8, 4, wgmma_fence=True),
-    "mx-128-k64-w8s4-split-fence": _mx(128, 64, 8, 4, split_tail=True, wgmma_fence=True),
 }
 MIDDLE = {
     "mx-64-k128-w8s3": _mx(64, 128, 8, 3),
     "mx-32-k128-w8s4": _mx(32, 128, 8, 4),
-    "mx-64-k128-w8s3-split": _mx(64, 128, 8, 3, split_tail=True),
 }
 for _limit, _tiles in moe_experts.STREAM_TILES:  # the defaults are always among the tested
     assert _tiles in {*PREFILL.values(), *MIDDLE.values()}, _tiles
@@ -136,74 +126,3 @@ def test_choose_tiles_picks_row_blocks_by_rows_per_expert(tokens, experts, block
     assert tiles.block_m == block_m
     invariant = moe_experts.choose_tiles(tokens * 6, experts, batch_invariant=True, on_cpu=False)
     assert invariant == moe_experts.BATCH_INVARIANT_TILES
-
-
-def _programs_brute_force(block_expert, num_experts):
-    """Per expert run of blocks: pairs from its first block on, a single for an odd last one."""
-    pairs, singles, b = [], [], 0
-    experts = block_expert.tolist()
-    while b < len(experts):
-        if experts[b] < 0:
-            b += 1
-            continue
-        end = b
-        while end < len(experts) and experts[end] == experts[b]:
-            end += 1
-        pairs += list(range(b, end - 1, 2))
-        singles += [end - 1] if (end - b) % 2 else []
-        b = end
-    n = len(experts)
-    return pairs + [-1] * (n // 2 + 1 - len(pairs)), singles + [-1] * (
-        min(num_experts, n) - len(singles)
-    )
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_split_programs_cover_each_block_once(seed):
-    gen = torch.Generator().manual_seed(seed)
-    experts = 7
-    ids = torch.randint(
-        0, experts, (int(torch.randint(1, 90, (1,), generator=gen)),), generator=gen
-    )
-    layout = moe_experts.align_by_expert(ids, experts, 4)
-    pairs, singles = moe_align.split_programs(layout.block_expert, experts)
-    want_pairs, want_singles = _programs_brute_force(layout.block_expert, experts)
-    assert pairs.tolist() == want_pairs
-    assert singles.tolist() == want_singles
-
-
-def test_split_tail_needs_a_stream_family():
-    args, kwargs = _inputs(torch.Generator().manual_seed(0), DEVICE, tokens=4, experts=3, top_k=2,
-                           dim=64, inter=64, group=32)  # fmt: skip
-    with pytest.raises(ValueError, match="split_tail"):
-        moe_experts.fp4_moe_experts_tiles(*args, **kwargs,
-                                          tiles=MoeTiles(32, 64, 4, 1, split_tail=True))  # fmt: skip
-
-
-def _check_large(num_slots, num_experts, block_m, chunk):
-    gen = torch.Generator().manual_seed(num_slots + block_m)
-    ids = torch.randint(0, num_experts, (num_slots,), generator=gen).to(DEVICE)
-    capacity = -(-(num_slots + min(num_experts, num_slots) * (block_m - 1)) // block_m) * block_m
-    row_slot, block_expert = moe_align.align_large(ids, num_experts, block_m, capacity, chunk)
-    want = moe_experts._align_by_expert_torch(ids.long(), num_experts, block_m, capacity)
-    assert torch.equal(row_slot, want.row_slot)
-    assert torch.equal(block_expert, want.block_expert)
-
-
-@pytest.mark.parametrize(
-    ("num_slots", "num_experts", "block_m", "chunk"),
-    [(300, 9, 4, 16), (1000, 40, 16, 64), (1, 5, 16, 16), (257, 300, 32, 32)],
-)
-def test_chunked_alignment_equals_the_torch_composition(num_slots, num_experts, block_m, chunk):
-    _check_large(num_slots, num_experts, block_m, chunk)
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize(
-    ("num_slots", "num_experts", "block_m", "chunk"),
-    [(8192 * 6, 256, 128, 64), (8192 * 6, 384, 128, 64), (2048 * 6, 256, 64, 64),
-     (3001, 384, 32, 32)],
-)  # fmt: skip
-def test_chunked_alignment_real(num_slots, num_experts, block_m, chunk):
-    _check_large(num_slots, num_experts, block_m, chunk)
