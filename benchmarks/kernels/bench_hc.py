@@ -34,8 +34,8 @@ from deepinfer.kernels_nvidia.hc_pre import DEFAULT_TILES, HcPreTiles, hc_pre  #
 
 NC = 4
 KW = {"norm_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20}
-# H200 sweep at 0ec05b4: 64x512x4x32x3 fastest (551 us deferred at D 4096); 8-warp or 16-column
-# steps 2x slower. The neighbours below are unmeasured.
+# The first shape is the measured fastest (the default; RESULTS.md, mHC pre); 8-warp and
+# 16-column-step shapes were much slower. The neighbours below are unmeasured.
 SWEEP = [  # (tokens per program, chunk columns, warps, columns per step, stages[, chunk-major])
     HcPreTiles(64, 512, 4, 32, 3), HcPreTiles(64, 512, 4, 32, 3, True),
     HcPreTiles(64, 1024, 4, 32, 3), HcPreTiles(64, 256, 4, 32, 3), HcPreTiles(128, 512, 4, 32, 3),

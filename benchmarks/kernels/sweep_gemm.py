@@ -1,4 +1,4 @@
-"""Exploration sweep for the FP8 block GEMM on the H200 (issue 7): tile-kernel variants at prefill
+"""Exploration sweep for the FP8 block GEMM on the H200: tile-kernel variants at prefill
 M, the bf16 route for 32-column blocks, streaming-kernel variants at decode M (eager and
 CUDA-graph replay of many kernels on distinct weights), and torch's blockwise-scaled built-in.
 

@@ -49,20 +49,18 @@ __all__ = [
     "linear",
 ]
 
-# Measured on the H200 (benchmarks/kernels/sweep_gemm.py, commit 51ae27f, M=4096, V4 shapes):
-# 64 x 128 tiles, 4 warps, 4 stages (two programs per SM, whose promotions overlap each other's
-# tensor-core work) with one weight scale per K step: 692-839 TFLOP/s, the best pointer-load
-# configuration at every shape (128 x 128 / 8 warps 511-780, 5 stages 474-660); TMA descriptor
-# loads won only at K = 8192 (905 vs 808; 780 vs 769 in the a8be7b3 bench) and lost at K <= 4096.
-# Batch-invariant mode uses the pointer configuration for every M.
+# 64 x 128 tiles, 4 warps, 4 stages: two programs per SM, whose promotions overlap each other's
+# tensor-core work; the best pointer-load configuration at every V4 shape swept
+# (``sweep_gemm.py``). TMA descriptor loads won only at K = 8192. Batch-invariant mode uses the
+# pointer configuration for every M.
 UNIFORM_TILES = GemmTiles(64, 128, 8, 4, 4)
 PREFILL_TILES = UNIFORM_TILES
 PREFILL_TMA_TILES = GemmTiles(64, 128, 8, 4, 4, use_tma=True)
 PREFILL_TMA_MIN_K = 8192
 PREFILL_MIN_M = 1024
-# Decode (CUDA-graph replay, commit a8be7b3): the stream kernel wins at M <= 16 everywhere and at
-# M = 64 for 32-column scales (3 of 4 shapes); with 128-column scales at M = 64 the 64 x 128 tiles
-# win at 5 of 6 shapes (the stream kernel re-reads a 64-row activation tile per 64 weight rows).
+# Decode (CUDA-graph replay): the stream kernel wins at M <= 16 everywhere and at M = 64 for
+# 32-column scales; with 128-column scales at M = 64 the 64 x 128 tiles win at most shapes (the
+# stream kernel re-reads a 64-row activation tile per 64 weight rows).
 STREAM_MAX_M_COARSE = 32
 BF16_MIN_M = 1024
 CPU_TILES = GemmTiles(32, 64, 8, 4, 1)  # the interpreter: few big programs

@@ -4,8 +4,8 @@ For V4's recipe (activations in 1 x 128 groups, weights in 128 x 128 blocks, pow
 scales) torch exposes cuBLAS's blockwise FP8 GEMM as ``torch.nn.functional.scaled_mm`` with
 ``ScalingType.BlockWise1x128`` x ``ScalingType.BlockWise128x128``. It is the same math as
 ``fp8_gemm_nt`` (each 128-deep FP8 product promoted into fp32 with its two scales) and on the
-H200 it ran 918-1,294 TFLOP/s at M = 4096 on the V4 shapes, against 456-769 for our Triton tiles
-(``benchmarks/RESULTS.md``, "FP8 block GEMM v2"). There is no cuBLAS recipe for V4.1's 32-column
+H200 it ran well above our Triton tiles at prefill M on the V4 shapes (``benchmarks/RESULTS.md``,
+FP8 block GEMM). There is no cuBLAS recipe for V4.1's 32-column
 blocks on SM90, and batch-invariant mode keeps the Triton tiles (cuBLAS picks its algorithm per
 shape).
 
@@ -29,9 +29,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 MIN_M = 1024  # below this the Triton tiles' launch is as fast (measured at M = 4096 only)
-# H200, M = 4096, graph replay: with two scale conversions per call this route lost to the tiles
-# at N = 512, K = 4096 (604 vs 665, results/2026-11-30-h200-gemm-v3.json); without them it
-# runs that shape at 919 (results/2026-11-30-h200-gemm-v4.json)
+# The narrowest weight measured: with the scales converted once per weight (not per call) this
+# route beats the Triton tiles there too.
 MIN_N = 512
 _REFUSED: set[tuple[int, int, int, int]] = set()
 _WEIGHT_SCALES: dict[tuple, tuple] = {}  # (device, data_ptr, shape, stride) -> (ref, version, fp32)

@@ -14,28 +14,16 @@ chunks) and finishes ``pre``, ``post`` and ``comb``. Nobody waits.
   collapse then runs as a second pass (:func:`.hc.hc_collapse`), which reads the streams from L2
   when ``T x 4 x D`` fits there (decode batches) and from HBM at prefill sizes.
 
-Measured (H200, 16,384 tokens x 4 x 4096 bf16, copy 4.13 TB/s; ``benchmarks/results/
-2026-11-30-h200-hc-v3.json``): the fastest launch shape (the default: 64 tokens x 512 columns,
-4 warps, 32-column steps, 3 stages) takes 551 us deferred (1.22 TB/s counted) and 570-582 us
-for V4 -- no faster than ``hc_mix_coefficients`` + ``hc_collapse`` (537 us). The streaming
-launch is bound by the per-step work around the projection (three bf16 products per stream,
-the fp32 conversions for the sum of squares and the collapse; cross-compiled for sm_90 with
-Triton 3.9 the shape takes 255 registers with spills, so 2 programs per multiprocessor), not by
-memory (inferred, not profiled); 8-warp and 16-column-step shapes were 2x slower.
+The streaming launch measured no faster than ``hc_mix_coefficients`` + ``hc_collapse``: it is
+bound by the per-step work around the projection (three bf16 products per stream, the fp32
+conversions for the sum of squares and the collapse; on sm_90 the shape needs all 255 registers,
+so 2 programs per multiprocessor), not by memory (inferred, not profiled).
 
-Why no single V4 pass (``benchmarks/results/2026-11-30-h200-hc-v3-sweep.json``): the grid-wide
-variant (programs keep their columns in registers, wait for the tile's other chunks, then
-collapse; code at 7fee014) measured 1.47 ms at best and 0.75 ms even with the wait removed
-(wrong results; the floor): a program holds ~16 KB of streams, its load, projection and arrival
-take 7-10 us (per-program timestamps), and ~280 programs fit at once, i.e. < 1 TB/s; holding a
-3 TB/s stream across a ~10 us wait needs ~30 MB on chip. The first version's 77 ms came with
-every program loading all chunks' partials at once (255 registers); the same algorithm with
-grouped loads ran 1.98 ms, still latency-bound. A persistent, software-pipelined grid was
-slower still (4.9-15 ms).
-
-Chunking depends only on ``D`` (never on ``T``) and a token's sums never mix rows, so results
-are batch invariant; they equal ``hc_mix_coefficients`` + ``hc_collapse`` up to fp32 summation
-order. Under the Triton interpreter nothing waits either, so the same code runs on CPU.
+Why no single V4 pass: a grid-wide variant (programs keep their columns in registers, wait for
+the tile's other chunks, then collapse) stayed latency-bound even with the wait removed: each
+program holds a few KB of streams for the microseconds its load, projection and arrival take,
+and holding a 3 TB/s stream across such a wait needs tens of MB on chip. A persistent,
+software-pipelined grid was slower still. The numbers are in ``benchmarks/RESULTS.md`` (mHC).
 """
 
 from __future__ import annotations

@@ -17,11 +17,8 @@ import triton.language as tl
 
 from deepinfer.kernels_nvidia.registry import implements
 
-# H200, 64 rows x 16,384 bf16 entries, scoring + top-k (bench_indexer, bf9d811): keys as the
-# product's M side with 64-candidate blocks, 16 per program, 4 warps: 190 us, against 250-285 us
-# for the heads-as-M launches (scoring alone was 103.5 us at 128 / 8 / 8 warps, heads as M).
-# At 2ef4222 (top-k v5): scoring 59.7 us, scoring + top-k 93.6 us = 2.87 TB/s of keys read;
-# 32 blocks per program measured 92.6 us (within the noise, so the default stays).
+# Keys as the product's M side with 64-candidate blocks, 16 per program, 4 warps: faster than
+# every heads-as-M launch measured (bench_indexer.py); 32 blocks per program was within noise.
 BLOCK_C = 64  # candidates per matrix product
 BLOCKS_PER_PROGRAM = 16  # blocks one program walks with its queries resident
 SCORE_WARPS = 4

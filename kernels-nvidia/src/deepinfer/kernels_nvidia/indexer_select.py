@@ -23,12 +23,6 @@ runs. No atomics: the result is deterministic, depends on the row alone (batch i
 equals the first k of a stable descending sort. (Slots from ``tl.atomic_add`` were tried: ptxas
 aggregates them per warp but waits for each returned slot before the next, up to 32 round
 trips per warp, so they were dropped unmeasured.)
-
-H200, 64 rows x 16,384 real indexer scores, k = 512 (benchmarks/results/
-2026-11-30-h200-indexer-v3*.json): 36-37 us at 2ef4222 (torch.topk 98-103 us in the same runs;
-the previous kernel, 4 x 8-bit radix with 512-bin masked histograms and two full-width prefix
-sums, 134 us, of which 68 us histograms and 57 us prefix sums; the 5-bit radix with one
-full-width prefix sum, 42 us).
 """
 
 from __future__ import annotations

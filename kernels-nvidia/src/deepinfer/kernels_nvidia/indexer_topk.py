@@ -16,8 +16,8 @@ from deepinfer.kernels_nvidia.indexer_select import _ordered_key, launch_select
 from deepinfer.kernels_nvidia.registry import implements
 
 TOPK_MAX_CANDIDATES = 16384  # widest row the register-resident top-k kernel takes
-# H200 (sweep at 2ef4222, noisy): digits 4 / 5 / 6 within a few us of each other; 16 warps
-# (8 and 32 spill); v5 default 35.5-36.9 us for 64 rows x 16,384, k = 512.
+# Radix digits of 4, 5 and 6 bits measured within noise of each other; 16 warps, since 8 and 32
+# spill registers.
 SELECT_DIGIT = 5  # radix digit bits per pass (histograms of 2**SELECT_DIGIT bins)
 SELECT_CAP = 2048  # keys left sharing the prefix when the radix passes move to a compact copy
 SELECT_WARPS = 16  # most warps per selection program (16,384-wide rows)

@@ -36,7 +36,7 @@ from deepinfer.kernels_nvidia.sampling_cutoff_search import exp_nonpositive, fin
 
 NUM_BINS = 64  # bin 0: gap < 1/16; then 4 bins per octave up to ~4000 nats; the last: the rest
 DEFAULT_CAP = 8192  # candidates per row; more: the row is searched
-# defaults from the H200 sweep of 2026-11-30 (v3): (256, 16) beat (1024, 32) by 15%; at
+# these defaults (sort cap 256, at most 16 chunks) beat (1024, 32) in the H200 sweep; at
 # V = 129,280 both chunkings give 32 chunks of 4,096 (the chunk is capped at 4,096)
 DEFAULT_SORT_CAP = 256  # candidates sorted in registers instead of searched
 _CAND_BLOCK = 256
@@ -201,7 +201,7 @@ def _gather_kernel(
             idx_row_ptr = idx_ptr + row.to(tl.int64) * CAP
             row_ptr = logits_ptr + row.to(tl.int64) * stride
             # blocked (not whole-chunk) loads: the appends' cumsums over a whole chunk cost
-            # registers and ran at 1.6x the blocked loop's time on the H200 (v3 vs v2)
+            # registers and ran slower than the blocked loop on the H200
             for start in range(chunk * CHUNK, chunk * CHUNK + CHUNK, GATHER_BLOCK):
                 cols = start + tl.arange(0, GATHER_BLOCK)
                 inside = cols < vocab

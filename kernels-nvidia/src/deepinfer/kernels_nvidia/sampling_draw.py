@@ -4,8 +4,8 @@ The cutoff's gather pass already collects, per row, an upper set of the row's va
 every kept token (``sampling_cutoff``). With their token ids stored beside them, the row's
 finishing program reads the cut and then draws ``argmax(s + g)`` over the kept candidates, with
 the same counter-hash noise and the same lowest-id tie rule as ``gumbel_sample``: the same token
-bit for bit, without reading the logits a fourth time (the whole-row draw was ~80 us of the
-~400 us step at 256 x 129,280 on the H200). Rows whose cut did not come from the candidates
+bit for bit, without reading the logits a fourth time (the whole-row draw was a fifth of the
+sampling step at a decode batch's shapes). Rows whose cut did not come from the candidates
 (top-k and top-p off, the whole-row search, or no finite value) are flagged and drawn by the
 whole-row Gumbel kernel, whose programs for the other rows return at once.
 """

@@ -1,8 +1,8 @@
-"""Exploration sweep for issue 8's targets on one GPU: mHC post/pre launch shapes, indexer
-scoring + top-k launch shapes, prefill sparse attention tiles (both whole-list kernels).
+"""Launch-shape sweep on one GPU: mHC post/pre launch shapes, indexer scoring + top-k launch
+shapes, prefill sparse attention tiles (both whole-list kernels).
 Prints a line per variant and writes JSON after each section.
 
-    python benchmarks/kernels/sweep_issue8.py {indexer,hc,attn} --out DIR
+    python benchmarks/kernels/sweep_launch_shapes.py {indexer,hc,attn} --out DIR
 """
 
 from __future__ import annotations
