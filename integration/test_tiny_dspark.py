@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,12 +26,10 @@ from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.model.model import build_model
 from deepinfer.engine.testing import make_random_checkpoint, tiny_v41_config
 from deepinfer.engine.testing.simple_runner import SimpleRunner
+from examples.tiny_model import dspark_eval as de
+from examples.tiny_model import dspark_training as dt
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "tiny_model"))
-
-import dspark_eval as de  # noqa: E402
-import dspark_training as dt  # noqa: E402
-
+REPO = Path(__file__).resolve().parents[1]
 VOCAB, FIRST_TEXT_ID = 512, 17  # the tiny config's vocabulary; ids below 17 are special
 
 
@@ -332,7 +332,9 @@ def test_eval_script_on_a_micro_checkpoint(micro_checkpoint, tmp_path):
     argv = ["--checkpoint", str(micro_checkpoint), "--device", "cpu", "--dtype", "float32"]
     argv += ["--anchors", "6", "--prefix-len", "12", "--chunk", "4", "--out", str(out)]
     argv += ["--data-dir", str(tmp_path), "--accelerator", "cpu"]
-    de.main(argv)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the single thread of this module's tests
+    module = "examples.tiny_model.dspark_eval"
+    subprocess.run([sys.executable, "-m", module, *argv], check=True, cwd=REPO, env=env)
     results = json.loads(out.read_text())
     m = results["models"]["exported checkpoint"]
     k = m["block_size"]

@@ -6,12 +6,15 @@ here: every trainable parameter gets a gradient; a few steps on one batch lower 
 shards, an index, configs, tokenizer) within 36 MB; the engine's loader reads it back and
 scores exactly what the fake-quantised training model scores; the batched fake quantisation
 is bit-identical to the kernels' quantisers; the bigram baseline matches a dense count.
+``train`` and ``export`` run as programs (``python -m examples.tiny_model.train``), the way a
+user runs them; the training code's parts come from the ``examples.tiny_model`` package.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,19 +23,21 @@ import pytest
 import torch
 from safetensors import safe_open
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "tiny_model"))
+from deepinfer.engine.checkpoint import load_model
+from deepinfer.engine.model.config_parsing import parse_config
+from examples.tiny_model import evaluate as ev
+from examples.tiny_model import tiny_common as tc
+from examples.tiny_model.quantise import quant_groups, swap_in_quantised
 
-import evaluate as ev  # noqa: E402
-import export as ex  # noqa: E402
-import tiny_common as tc  # noqa: E402
-import train as tr  # noqa: E402
-from quantise import quant_groups, swap_in_quantised  # noqa: E402
-
-from deepinfer.engine.checkpoint import load_model  # noqa: E402
-from deepinfer.engine.model.config_parsing import parse_config  # noqa: E402
-
+REPO = Path(__file__).resolve().parents[1]
 SEQ_LEN, BATCH = 32, 2
 slow = pytest.mark.slow  # the recipe tests: a 33M-parameter model trained, exported, loaded
+
+
+def run_example(script: str, *argv: str) -> None:
+    """``python -m examples.tiny_model.<script> ARGV`` from the repository root, as a user runs it."""
+    module = f"examples.tiny_model.{script}"
+    subprocess.run([sys.executable, "-m", module, *argv], check=True, cwd=REPO, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +56,15 @@ def trained(data_dir, tmp_path_factory) -> Path:
     argv = ["--steps", "3", "--batch", str(BATCH), "--seq-len", str(SEQ_LEN), "--warmup", "1"]
     argv += ["--device", "cpu", "--out", str(out), "--data-dir", str(data_dir)]
     argv += ["--log-every", "1", "--eval-tokens", "64", "--qat-fraction", "0.34", "--repeat-batch"]
-    tr.train(tr.parse_args(argv))
+    run_example("train", *argv)
     return out
 
 
 @pytest.fixture(scope="module")
 def exported(trained) -> Path:
-    return ex.export(trained / "backbone.pt", trained / "checkpoint")
+    out = trained / "checkpoint"
+    run_example("export", "--backbone", str(trained / "backbone.pt"), "--out", str(out))
+    return out
 
 
 @slow
@@ -166,11 +173,10 @@ def test_bigram_matches_dense_counts():
 
 
 def test_training_twin_of_sparse_attention_matches_the_reference():
-    from training_ops import sparse_mqa_sink as twin
-    from training_ops import training_ops
-
     import deepinfer.kernels as K
     from deepinfer.kernels.reference.attention import sparse_mqa_sink as reference
+    from examples.tiny_model.training_ops import sparse_mqa_sink as twin
+    from examples.tiny_model.training_ops import training_ops
 
     g = torch.Generator().manual_seed(5)
     q = torch.randn(40, 4, 64, generator=g)
@@ -234,11 +240,10 @@ def twin_values_and_grads(fn, q, kv, indices, sink):
 
 @pytest.mark.parametrize("arena", [0, 6], ids=["window-only", "window+compressed"])
 def test_dense_attention_twin_equals_the_gather_twin(arena):
-    from dense_attention import SequenceBlocks
-    from training_ops import sparse_mqa_sink as gather
-    from training_ops import training_ops
-
     import deepinfer.kernels as K
+    from examples.tiny_model.dense_attention import SequenceBlocks
+    from examples.tiny_model.training_ops import sparse_mqa_sink as gather
+    from examples.tiny_model.training_ops import training_ops
 
     g = torch.Generator().manual_seed(11 + arena)
     num_seqs, seq_len, ring = 3, 8, 5
@@ -256,8 +261,8 @@ def test_dense_attention_twin_equals_the_gather_twin(arena):
 
 
 def test_dense_attention_twin_falls_back_or_raises_off_its_layout():
-    from dense_attention import DenseAttention, SequenceBlocks
-    from training_ops import sparse_mqa_sink as gather
+    from examples.tiny_model.dense_attention import DenseAttention, SequenceBlocks
+    from examples.tiny_model.training_ops import sparse_mqa_sink as gather
 
     g = torch.Generator().manual_seed(3)
     q, kv, indices, sink = training_layout_call(2, 8, 5, 4, 6, g, outside=True)
@@ -275,7 +280,7 @@ def test_dense_attention_twin_falls_back_or_raises_off_its_layout():
 
 
 def test_grouped_moe_twin_equals_the_reference_loop():
-    from training_ops import grouped_moe_forward, moe_twins
+    from examples.tiny_model.training_ops import grouped_moe_forward, moe_twins
 
     model = tc.build_model("cpu", seed=4)
     moe = model.layers[3].ffn
@@ -300,8 +305,8 @@ def test_grouped_moe_twin_equals_the_reference_loop():
 
 @slow
 def test_one_training_step_is_the_same_with_the_dense_and_moe_twins():
-    from dense_attention import SequenceBlocks
-    from training_ops import training_ops
+    from examples.tiny_model.dense_attention import SequenceBlocks
+    from examples.tiny_model.training_ops import training_ops
 
     model = tc.build_model("cpu", seed=1)
     seq_len = 160  # > window (128): rows see the window and compressed entries beyond it
@@ -336,11 +341,10 @@ def test_dense_attention_twin_on_cuda_at_the_training_shapes(monkeypatch):
     slot (the twins), never a backend's kernel (no backward): on CUDA that takes
     ``DEEPINFER_REFERENCE_OPS=1`` (train.py selects the CPU backend instead)."""
     monkeypatch.setenv("DEEPINFER_REFERENCE_OPS", "1")
-    from dense_attention import SequenceBlocks
-    from training_ops import sparse_mqa_sink as gather
-    from training_ops import training_ops
-
     import deepinfer.kernels as K
+    from examples.tiny_model.dense_attention import SequenceBlocks
+    from examples.tiny_model.training_ops import sparse_mqa_sink as gather
+    from examples.tiny_model.training_ops import training_ops
 
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -6,7 +6,7 @@ stages against (``fake_quantise_`` of them is the identity: every stored value i
 its block's grid), so the draft stages can be (re)trained from a shipped checkpoint whose
 ``backbone.pt`` is gone, and ``export.py`` re-exports the same backbone tensors.
 
-    python examples/tiny_model/backbone_from_checkpoint.py --checkpoint CKPT --out OUT/backbone.pt
+    python -m examples.tiny_model.backbone_from_checkpoint --checkpoint CKPT --out OUT/backbone.pt
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import argparse
 from pathlib import Path
 
 import torch
-from tiny_common import build_model, save_backbone
 
 from deepinfer.engine.checkpoint.loader import load_into
 from deepinfer.engine.checkpoint.model_loader import load_config
+
+from .tiny_common import build_model, save_backbone
 
 
 def recover(checkpoint: Path) -> torch.nn.Module:

@@ -7,7 +7,7 @@ AdamW + expert balancing, exactly ``train.py``'s step), device-synchronised; pea
 size. ``--compare-gather`` times the gather twin too at the first size; ``--profile`` writes a
 ``torch.profiler`` table of one step at the last size.
 
-    python examples/tiny_model/bench_train_step.py --batches 64 96 128 --out bench.json
+    python -m examples.tiny_model.bench_train_step --batches 64 96 128 --out bench.json
 
 Prints a table and writes ``--out`` (JSON: device, commit from ``BENCH_COMMIT``, rows).
 """
@@ -21,15 +21,17 @@ import time
 from pathlib import Path
 
 import torch
-import train as tr
-from quantise import quant_groups
-from tiny_common import (
+
+from . import train as tr
+from .quantise import quant_groups
+from .tiny_common import (
     TRAIN_SEQ_LEN,
     build_model,
     load_tokens,
     trainable_parameters,
     training_batch,
 )
+from .training_run import sync_time
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -106,16 +108,16 @@ def measure(batch: int, args: argparse.Namespace, twin: str, profile: Path | Non
 def _timed(fn, first: int, count: int, device) -> float:
     if count <= 0:
         return float("nan")
-    t0 = tr._sync_time(device)
+    t0 = sync_time(device)
     for i in range(first, first + count):
         fn(i)
-    return (tr._sync_time(device) - t0) / count
+    return (sync_time(device) - t0) / count
 
 
 def _profile(fn, path: Path, device) -> None:
     with torch.profiler.profile() as prof:
         fn()
-        tr._sync_time(device)
+        sync_time(device)
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(prof.key_averages().table(sort_by=key, row_limit=40))

@@ -1,6 +1,6 @@
 """Measure the DSpark drafts of the tiny model: greedy acceptance and confidence calibration.
 
-    python examples/tiny_model/dspark_eval.py --checkpoint examples/tiny_model/checkpoint \\
+    python -m examples.tiny_model.dspark_eval --checkpoint examples/tiny_model/checkpoint \\
         [--backbone out/backbone.pt --dspark out/dspark.pt] --out out/dspark_results.json
 
 For ``--anchors`` windows of ``--prefix-len`` validation tokens (random offsets, fixed seed),
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -27,10 +26,8 @@ import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import deepinfer.kernels as K  # noqa: E402
-from deepinfer.engine.testing.simple_runner import SimpleRunner  # noqa: E402
+import deepinfer.kernels as K
+from deepinfer.engine.testing.simple_runner import SimpleRunner
 
 NUM_BINS = 10
 
@@ -176,7 +173,7 @@ def load_checkpoint_with_drafts(directory, device, dtype: torch.dtype) -> nn.Mod
 
 def load_unquantised_pair(backbone, dspark, device) -> nn.Module:
     """``backbone.pt`` + ``dspark.pt`` as trained (fp32, no quantisation)."""
-    import tiny_common as tc
+    from . import tiny_common as tc
 
     model = tc.load_backbone(backbone, device, torch.float32, include_mtp=True)
     state = torch.load(dspark, map_location="cpu", weights_only=True)
@@ -199,7 +196,7 @@ def evaluate(model: nn.Module, prefixes: torch.Tensor, chunk: int) -> dict:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    import tiny_common as tc
+    from . import tiny_common as tc
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", help="exported checkpoint directory (engine loader)")
@@ -254,7 +251,7 @@ def main(argv=None) -> dict:
 
 
 def _main(args: argparse.Namespace) -> dict:
-    import tiny_common as tc
+    from . import tiny_common as tc
 
     K.set_accelerator(args.accelerator)
     tokens = tc.load_tokens("validation", args.data_dir)

@@ -126,7 +126,7 @@ def teacher_forced_drafts(
     )
     streams, pre = draft.run_stages(streams, ctx)
     last = draft[len(draft) - 1]
-    hidden = last.collapse(streams, pre)  # [N*K, D] pre-norm
+    hidden = draft.mix.collapse(last, streams, pre)  # [N*K, D] pre-norm, as DSparkDraft.propose
     base = K.linear(last.norm(hidden).float(), head_weight, out_dtype=torch.float32)
     prev = flat_ids[anchors["target_rows"]].reshape(-1)  # x[p+1+i]: the real previous token
     emb = last.markov_head.embedding(prev)

@@ -14,7 +14,7 @@ Every model is scored on the same targets: the first ``--eval-tokens`` (262,144)
   fitted on ``train.bin``, ``l`` chosen on the last 5% of train (fitted on the first 95%);
 - five Python prompts completed greedily (64 new tokens) by ``deepinfer.engine.LLM``.
 
-    python examples/tiny_model/evaluate.py --backbone OUT/backbone.pt --checkpoint OUT/checkpoint
+    python -m examples.tiny_model.evaluate --backbone OUT/backbone.pt --checkpoint OUT/checkpoint
 
 (Without ``backbone.pt``: ``--unquantised-nll X --out FILE`` takes the unquantised NLL as given.)
 
@@ -30,7 +30,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tiny_common import (
+
+import deepinfer.kernels as K
+
+from .tiny_common import (
     DATA_DIR,
     EVAL_TOKENS,
     TRAIN_SEQ_LEN,
@@ -39,8 +42,6 @@ from tiny_common import (
     load_tokens,
     mean_nll,
 )
-
-import deepinfer.kernels as K
 
 PROMPTS = (
     "def fibonacci(n):",
@@ -183,8 +184,8 @@ def evaluate(args: argparse.Namespace) -> dict:
 def eval_twins(model, seq_len: int):
     """The training twins (dense attention over the eval windows' layout, grouped MoE): the
     same values as the reference ops, without the gather's ``[T, K, D]`` copy."""
-    from dense_attention import SequenceBlocks
-    from training_ops import training_ops
+    from .dense_attention import SequenceBlocks
+    from .training_ops import training_ops
 
     return training_ops(SequenceBlocks(seq_len, model.config.sliding_window), model=model)
 

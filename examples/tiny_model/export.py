@@ -8,7 +8,7 @@ format says; ``model-0000k-of-0000n.safetensors`` shards of at most 15 MB with
 ``model.safetensors.index.json``; ``config.json``, ``generation_config.json``,
 ``tokenizer.json`` and ``tokenizer_config.json``.
 
-    python examples/tiny_model/export.py --backbone OUT/backbone.pt [--dspark OUT/dspark.pt] \
+    python -m examples.tiny_model.export --backbone OUT/backbone.pt [--dspark OUT/dspark.pt] \
         --out OUT/checkpoint
 
 Without ``--dspark`` the draft stages keep their seeded initialisation (they propose noise).
@@ -21,9 +21,10 @@ import shutil
 from pathlib import Path
 
 import torch
-from tiny_common import TOKENIZER_DIR, build_model
 
 from deepinfer.engine.testing import write_checkpoint
+
+from .tiny_common import TOKENIZER_DIR, build_model
 
 MAX_SHARD_FILE_BYTES = 15_000_000
 SHARD_HEADER_MARGIN = 200_000  # the safetensors JSON header sits on top of the tensor bytes

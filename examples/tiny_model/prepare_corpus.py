@@ -16,7 +16,7 @@ Writes into ``--output-dir`` (default ``examples/tiny_model/data``, git-ignored)
 path order) and ``corpus.json`` (Python version, counts, bytes, skipped files, sha256 of the
 two JSONL files). Same Python version -> byte-identical output.
 
-    python examples/tiny_model/prepare_corpus.py
+    python -m examples.tiny_model.prepare_corpus
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The whole tiny-model pipeline on one GPU: backbone -> DSpark stages -> export -> evaluate.
 
-    python examples/tiny_model/recipe.py --seed 0 --out runs/seed0 [--device cuda]
+    python -m examples.tiny_model.recipe --seed 0 --out runs/seed0 [--device cuda]
 
 Phases (each a subprocess; wall times printed and written to ``OUT/recipe.json`` after each
 phase, so a run stopped late keeps what it finished):
@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# the shipped checkpoint's run (README "Results"): 538 backbone steps of 128 x 512 tokens (35 M
-# tokens, ~4.2 passes over train.bin, 320 s on an H200), then 900 DSpark steps (205 s)
+# the defaults reproduce the shipped checkpoint's run (README "Results"; its times are in
+# benchmarks/RESULTS.md)
 DEFAULT_BATCH = 128
 DEFAULT_STEPS = 538
 DEFAULT_DSPARK_STEPS = 900
@@ -78,7 +78,10 @@ class Phases:
     def run(self, name: str, argv: list[str]) -> bool:
         print(f"=== {name}: {' '.join(argv)}", flush=True)
         t0 = time.perf_counter()
-        rc = subprocess.run([sys.executable, *argv], cwd=HERE).returncode
+        module = f"{__package__}.{argv[0].removesuffix('.py')}"  # this package's script
+        rc = subprocess.run(
+            [sys.executable, "-m", module, *argv[1:]], cwd=HERE.parents[1]
+        ).returncode
         self.wall_s[name] = round(time.perf_counter() - t0, 1)
         print(f"=== {name}: {self.wall_s[name]} s" + (f", FAILED (exit {rc})" if rc else ""))
         if rc:

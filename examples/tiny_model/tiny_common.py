@@ -9,7 +9,8 @@
 - :func:`fake_quantise_`: round every weight exactly as the export stores it.
 - :func:`save_backbone` / :func:`load_backbone`: ``backbone.pt`` (state dict + config dict).
 
-Import from a script in this folder (``sys.path`` holds it) or add the folder to ``sys.path``.
+The folder is the package ``examples.tiny_model``: its scripts run from the repository root as
+``python -m examples.tiny_model.<script>`` and import each other relatively.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import copy
 import functools
 import math
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,8 +34,6 @@ from deepinfer.engine.model.model_v41 import DeepseekV41Model
 from deepinfer.engine.testing import tiny_v41_config, with_quantization
 
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # the sibling modules (quantise.py) import by plain name
-    sys.path.insert(0, str(HERE))
 TOKENIZER_DIR = HERE / "tokenizer"
 DATA_DIR = HERE / "data"
 EVAL_TOKENS = 262_144  # validation targets every model is scored on (first tokens of the split)
@@ -314,7 +312,7 @@ def fake_quantise_(model: torch.nn.Module, config: dict[str, Any] | None = None)
     """Replace every weight by the value the exported checkpoint stores: FP8 e4m3 32x32 blocks
     (ue8m0), FP4 e2m1 experts (ue8m0 per 32), FP8 Engram rows (per 32), BF16 where the format
     stores BF16 (F32 tensors unchanged). Names are the model's (= official) names."""
-    from quantise import quant_groups, swap_in_quantised
+    from .quantise import quant_groups, swap_in_quantised
 
     swap_in_quantised(quant_groups(model, config or hf_config(quantized=True)))
 

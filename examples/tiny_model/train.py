@@ -8,7 +8,7 @@ quantisation-aware training for the last ``--qat-fraction`` of the steps (the sh
 / BF16 weights in forward and backward, updates applied to the fp32 masters). Seeded: torch,
 numpy and the data order depend only on ``--seed``.
 
-    python examples/tiny_model/train.py --device cuda --out runs/seed0 [--steps N] [--batch B]
+    python -m examples.tiny_model.train --device cuda --out runs/seed0 [--steps N] [--batch B]
 
 Writes ``OUT/backbone.pt`` and ``OUT/train.json`` (losses, validation NLL, timings).
 """
@@ -24,9 +24,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from dense_attention import SequenceBlocks
-from quantise import quant_groups, restore, swap_in_quantised
-from tiny_common import (
+
+import deepinfer.kernels as K
+
+from .dense_attention import SequenceBlocks
+from .quantise import quant_groups, restore, swap_in_quantised
+from .tiny_common import (
     DATA_DIR,
     EVAL_TOKENS,
     TRAIN_SEQ_LEN,
@@ -40,10 +43,8 @@ from tiny_common import (
     trainable_parameters,
     training_batch,
 )
-from tqdm import tqdm
-from training_ops import training_ops
-
-import deepinfer.kernels as K
+from .training_ops import training_ops
+from .training_run import CALIBRATION, StepBudget, TrainingRun, sync_time
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -155,17 +156,6 @@ class ExpertBalancer:
         return worst
 
 
-CALIBRATION = (3, 9)  # steps timed to size an automatic run (after warm-up, inside LR warm-up)
-QAT_STEP_COST = 1.1  # a QAT step's time relative to a plain one (the weight rounding)
-
-
-def planned_steps(done: int, step_s: float, left_s: float, qat_fraction: float) -> int:
-    """Total steps so that the rest (``qat_fraction`` of the total at QAT cost) fits ``left_s``
-    with a 5% margin."""
-    per_step = step_s * (1 + (QAT_STEP_COST - 1) * qat_fraction)
-    return done + max(1, int(0.95 * left_s / per_step))
-
-
 def train(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
     setup(args)
@@ -180,9 +170,9 @@ def train(args: argparse.Namespace) -> dict:
     qat_groups = quant_groups(model, _quantised_config())
     tb = training_batch(model.config, args.batch, args.seq_len, device)
     params = [p for _, p in trainable_parameters(model)]
-    t0 = _sync_time(device)
+    t0 = sync_time(device)
     print(f"startup {t0 - t_start:.1f} s; {sum(p.numel() for p in params):,} trainable parameters")
-    run = _Run(args, device, t0, total=None if auto else args.steps)
+    run = TrainingRun(args, device, t0, total=None if auto else args.steps)
     budget = StepBudget(run, device, t0 + 60 * args.train_minutes) if auto else None
     with twins(args, model, tb.cache.ring_size) as run.dense:
         while run.total is None or run.step < run.total:
@@ -199,7 +189,7 @@ def train(args: argparse.Namespace) -> dict:
             if run.past_deadline():
                 print(f"--max-train-minutes {args.max_train_minutes} reached at step {run.step}")
                 break
-    train_s = _sync_time(device) - t0
+    train_s = sync_time(device) - t0
     return finish(model, args, device, run, train_s, t0 - t_start)
 
 
@@ -225,149 +215,17 @@ def _train_step(model, tb, tokens, args, step, qat_groups) -> torch.Tensor:
     return loss.detach()
 
 
-class StepBudget:
-    """Sizes an automatic run: times steps 3-8 and plans the total that fills the budget, then
-    re-plans from the latest segment's pace at 1/4 and 1/2 of the plan and 5 steps into QAT
-    (the LR schedule follows the plan; QAT's start stays put once passed)."""
-
-    def __init__(self, run: _Run, device, budget_end: float) -> None:
-        self.run, self.device, self.budget_end = run, device, budget_end
-        self.mark: tuple[int, float] | None = None
-        self.checkpoints = {CALIBRATION[1]}
-
-    def at_step(self, step: int) -> None:
-        if step == CALIBRATION[0]:
-            self.mark = (step, _sync_time(self.device))
-        if step not in self.checkpoints or self.mark is None:
-            return
-        now = _sync_time(self.device)
-        step_s = (now - self.mark[1]) / (step - self.mark[0])
-        self.mark, left_s, run = (step, now), self.budget_end - now, self.run
-        if run.qat_start is not None and step > run.qat_start:  # every step left is QAT
-            run.set_total(step + max(1, int(0.97 * left_s / step_s)), step_s, keep_qat=True)
-        else:
-            run.set_total(planned_steps(step, step_s, left_s, run.args.qat_fraction), step_s)
-        wanted = (run.total // 4, run.total // 2, run.qat_start + 5)
-        self.checkpoints = {c for c in wanted if step < c < run.total}
-
-
-class StepProfiler:
-    """``torch.profiler`` over ``count`` steps from step 10 (after the step-time calibration);
-    writes the op table (by device time, else CPU time) to ``path`` and prints its head."""
-
-    START = CALIBRATION[1] + 1
-
-    def __init__(self, count: int, path: Path) -> None:
-        self.count, self.path, self.prof = count, path, None
-
-    def at_step(self, step: int) -> None:
-        if self.count <= 0:
-            return
-        if step == self.START:
-            self.prof = torch.profiler.profile(record_shapes=False)
-            self.prof.__enter__()
-        elif step == self.START + self.count and self.prof is not None:
-            self.prof.__exit__(None, None, None)
-            cuda = torch.cuda.is_available()
-            key = "self_device_time_total" if cuda else "self_cpu_time_total"
-            table = self.prof.key_averages().table(sort_by=key, row_limit=40)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(table)
-            tqdm.write(table[:6000])
-            self.prof = None
-
-
-class _Run:
-    """Step counter, schedule facts and the log of one training run."""
-
-    def __init__(self, args, device, t0: float, total: int | None) -> None:
-        self.args, self.t0, self.step, self.log = args, t0, 0, []
-        self.dense = None  # the DenseAttention twin in use (checked at each log step)
-        self.loss_sum = torch.zeros((), device=device)
-        self.last_log = (0, t0)
-        self.plans: list[dict] = []
-        self.total = self.qat_start = None
-        self.bar = tqdm(total=total, desc="train", mininterval=2.0)
-        if total is not None:
-            self.set_total(total, None)
-        minutes = args.max_train_minutes
-        self.deadline = None if minutes is None else t0 + 60 * minutes
-        self.profiler = StepProfiler(args.profile_steps, args.out / "profile.txt")
-
-    def set_total(self, total: int, step_s: float | None, keep_qat: bool = False) -> None:
-        self.total, self.args.steps = total, total  # the LR schedule reads args.steps
-        if step_s is not None:  # a short automatic run (slow device) still decays
-            self.args.warmup = min(self.args.warmup, max(CALIBRATION[1] + 1, total // 5))
-        if not keep_qat:
-            self.qat_start = total - int(round(self.args.qat_fraction * total))
-        self.bar.total = total
-        if step_s is not None:
-            self.plans.append({"at_step": self.step, "step_s": round(step_s, 4), "total": total})
-            tqdm.write(
-                f"step {self.step}: {step_s:.3f} s/step -> {total} steps, QAT from {self.qat_start}"
-            )
-
-    def after_step(self, loss, grad_norm, imbalance, schedule) -> None:
-        self.loss_sum += loss
-        self.step += 1
-        self.bar.update(1)
-        if self.step % self.args.log_every == 0 or self.step == self.total or self.step <= 2:
-            self.last_log = _log(self, grad_norm, imbalance, schedule)
-            self.loss_sum.zero_()
-
-    def past_deadline(self) -> bool:
-        return self.deadline is not None and time.perf_counter() > self.deadline
-
-
-def _log(run: _Run, grad_norm, imbalance, schedule) -> tuple[int, float]:
-    prev_step, prev_t = run.last_log
-    now = _sync_time(run.loss_sum.device)
-    n, args = run.step - prev_step, run.args
-    entry = {
-        "step": run.step,
-        "loss": round(float(run.loss_sum) / n, 4),
-        "grad_norm": round(float(grad_norm), 3),
-        "expert_max_over_mean": round(float(imbalance), 2),
-        "lr": schedule.get_last_lr()[0],
-        "tokens_per_s": round(n * args.batch * args.seq_len / (now - prev_t)),
-        "steps_per_s": round(n / (now - prev_t), 3),
-        "elapsed_s": round(now - run.t0, 1),
-    }
-    run.log.append(entry)
-    run.bar.set_postfix(loss=entry["loss"], tok_s=entry["tokens_per_s"])
-    tqdm.write(json.dumps(entry))
-    if run.dense is not None:
-        run.dense.raise_on_violations()
-    _write_progress(run)
-    return run.step, now
-
-
-def _write_progress(run: _Run) -> None:
-    """``OUT/train.json`` so far (``"finished": false``): a run killed later keeps its log."""
-    args = run.args
-    facts = {"finished": False, "seed": args.seed, "steps": run.total, "steps_done": run.step}
-    facts.update(batch=args.batch, seq_len=args.seq_len, step_plans=run.plans, log=run.log)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "train.json").write_text(json.dumps(facts, indent=1) + "\n")
-
-
 def _twin_calls(dense) -> dict | None:
     return None if dense is None else {"dense": dense.num_dense, "gather": dense.num_fallback}
 
 
-def _sync_time(device) -> float:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 def _quantised_config() -> dict:
-    from tiny_common import hf_config
+    from .tiny_common import hf_config
 
     return hf_config(quantized=True)
 
 
-def finish(model, args, device, run: _Run, train_s: float, startup_s: float) -> dict:
+def finish(model, args, device, run: TrainingRun, train_s: float, startup_s: float) -> dict:
     run.bar.close()
     run.profiler.at_step(run.profiler.START + run.profiler.count)  # a run that ended inside
     model.eval()

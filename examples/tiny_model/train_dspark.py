@@ -1,6 +1,6 @@
 """Train the three DSpark draft stages of the tiny model on its frozen backbone.
 
-    python examples/tiny_model/train_dspark.py --backbone out/backbone.pt --out out/dspark.pt
+    python -m examples.tiny_model.train_dspark --backbone out/backbone.pt --out out/dspark.pt
 
 The target (``backbone.pt``, weights fake-quantised as exported; ``--target-quant-sim`` adds
 the shipped activation / KV rounding) is frozen; only the draft stages ``mtp.*`` train (the
@@ -16,21 +16,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import deepinfer.kernels as K
 
-import dspark_training as dt  # noqa: E402
-import tiny_common as tc  # noqa: E402
-from dense_attention import SequenceBlocks  # noqa: E402
-from training_ops import moe_twins, training_ops  # noqa: E402
-
-import deepinfer.kernels as K  # noqa: E402
+from . import dspark_training as dt
+from . import tiny_common as tc
+from .dense_attention import SequenceBlocks
+from .training_ops import moe_twins, training_ops
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -13,8 +13,8 @@ both splits into the data directory: ``train.bin`` / ``validation.bin`` (little-
 each file as BOS + its tokens + EOS, files concatenated in corpus order) and ``tokens.json``
 (counts, bytes per token, sha256 of the tokenizer).
 
-    python examples/tiny_model/prepare_corpus.py
-    python examples/tiny_model/train_tokenizer.py
+    python -m examples.tiny_model.prepare_corpus
+    python -m examples.tiny_model.train_tokenizer
 """
 
 from __future__ import annotations

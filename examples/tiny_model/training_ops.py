@@ -31,9 +31,10 @@ import functools
 from collections.abc import Iterator
 
 import torch
-from dense_attention import DenseAttention, SequenceBlocks
 
 from deepinfer.kernels import registry
+
+from .dense_attention import DenseAttention, SequenceBlocks
 
 
 def sparse_mqa_sink(

@@ -10,15 +10,15 @@ t0=$(date +%s); T=examples/tiny_model
 bash tools/gpu_setup.sh .whl > setup.txt 2>&1 || { tail -20 setup.txt; exit 1; }
 echo "setup $(( $(date +%s) - t0 )) s"
 mkdir -p r/a r/b
-python $T/backbone_from_checkpoint.py --checkpoint examples/tiny_model/checkpoint --out r/backbone.pt || exit 1
+python -m examples.tiny_model.backbone_from_checkpoint --checkpoint examples/tiny_model/checkpoint --out r/backbone.pt || exit 1
 UNQ=2.433845969848335  # run b's unquantised validation NLL (train.json, the same windows)
 DS="--backbone r/backbone.pt --seed 0 --device cuda --steps ${DSTEPS:-1200} --max-minutes ${DM:-4.6}"
 one() {  # $1 = a|b, on CUDA_VISIBLE_DEVICES
-  python $T/train_dspark.py $DS --out r/$1/dspark.pt > r/$1/train_dspark.log 2>&1
+  python -m examples.tiny_model.train_dspark $DS --out r/$1/dspark.pt > r/$1/train_dspark.log 2>&1
   echo "dspark $1 rc=$? at $(( $(date +%s) - t0 )) s"
-  python $T/export.py --backbone r/backbone.pt --dspark r/$1/dspark.pt --out r/$1/checkpoint > r/$1/export.log 2>&1
+  python -m examples.tiny_model.export --backbone r/backbone.pt --dspark r/$1/dspark.pt --out r/$1/checkpoint > r/$1/export.log 2>&1
   echo "export $1 rc=$? at $(( $(date +%s) - t0 )) s"
-  python $T/dspark_eval.py --checkpoint r/$1/checkpoint --device cuda --out r/$1/dspark_eval.json > r/$1/dspark_eval.log 2>&1
+  python -m examples.tiny_model.dspark_eval --checkpoint r/$1/checkpoint --device cuda --out r/$1/dspark_eval.json > r/$1/dspark_eval.log 2>&1
   echo "dspark_eval $1 rc=$? at $(( $(date +%s) - t0 )) s"
 }
 ( export CUDA_VISIBLE_DEVICES=0; one a
@@ -26,7 +26,7 @@ one() {  # $1 = a|b, on CUDA_VISIBLE_DEVICES
   echo "sampling tests rc=$? at $(( $(date +%s) - t0 )) s" ) &
 pa=$!
 ( export CUDA_VISIBLE_DEVICES=1
-  python $T/evaluate.py --backbone r/backbone.pt --checkpoint examples/tiny_model/checkpoint --out r/b/results.json --device cuda --unquantised-nll $UNQ > r/b/evaluate.log 2>&1
+  python -m examples.tiny_model.evaluate --backbone r/backbone.pt --checkpoint examples/tiny_model/checkpoint --out r/b/results.json --device cuda --unquantised-nll $UNQ > r/b/evaluate.log 2>&1
   echo "evaluate rc=$? at $(( $(date +%s) - t0 )) s" ) &
 pe=$!
 ( export CUDA_VISIBLE_DEVICES=1; one b ) &

@@ -15,7 +15,7 @@ echo "setup $(( $(date +%s) - t0 )) s"; nvidia-smi --query-gpu=name,memory.used 
 BATCH=${BATCH:-128}
 mkdir -p bench-out/runs/a bench-out/runs/b
 if [ -z "${STEPS:-}" ]; then
-  CUDA_VISIBLE_DEVICES=0 timeout 70 $PY examples/tiny_model/bench_train_step.py --batches $BATCH \
+  CUDA_VISIBLE_DEVICES=0 timeout 70 $PY -m examples.tiny_model.bench_train_step --batches $BATCH \
     --warmup 3 --steps 5 --qat-steps 0 --out bench-out/runs/a/calibration.json > calibration.log 2>&1
   STEPS=$(python3 -c "
 import json, sys
@@ -27,9 +27,9 @@ print(max(100, min(cap, int(${LOOP_S:-275} / (1.05 * s)))))")
 fi
 echo "STEPS=$STEPS BATCH=$BATCH at $(( $(date +%s) - t0 )) s"
 ARGS="--steps $STEPS --batch $BATCH --max-train-minutes ${MAXM:-5.6} --dspark-steps ${DSTEPS:-900} --dspark-max-minutes ${DM:-3.5} ${EXTRA:-}"
-CUDA_VISIBLE_DEVICES=0 $PY examples/tiny_model/recipe.py --seed 0 --out bench-out/runs/a $ARGS > runs_a.log 2>&1 &
+CUDA_VISIBLE_DEVICES=0 $PY -m examples.tiny_model.recipe --seed 0 --out bench-out/runs/a $ARGS > runs_a.log 2>&1 &
 pa=$!
-CUDA_VISIBLE_DEVICES=1 $PY examples/tiny_model/recipe.py --seed 0 --out bench-out/runs/b $ARGS > runs_b.log 2>&1 &
+CUDA_VISIBLE_DEVICES=1 $PY -m examples.tiny_model.recipe --seed 0 --out bench-out/runs/b $ARGS > runs_b.log 2>&1 &
 pb=$!
 pack() {  # $1 = a or b: its checkpoint in <= 15 MB parts, its logs and JSON (no checkpoint)
   [ -d bench-out/runs/$1/checkpoint ] && tar cf - -C bench-out/runs/$1 checkpoint | split -b 15000000 - $OUT/ckpt_$1.tar.part-

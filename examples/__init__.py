@@ -1,0 +1,1 @@
+"""Runnable examples; ``tiny_model`` is a package whose scripts run as ``python -m``."""
