@@ -16,17 +16,32 @@ from deepinfer.engine.model.indexer import Indexer
 from deepinfer.engine.model.indexer_v41 import IndexerV41
 from deepinfer.engine.model.layers import LinearFactory, RMSNorm
 from deepinfer.engine.model.metadata import CompressionPlan
+from deepinfer.engine.model.selection import AllVisible, OwnTopK, SharedTopK
+from deepinfer.engine.model.variant import variant_of
+
+
+class QueryHeadNorm(nn.Module):
+    """V4's RMSNorm of each query head, without a learned weight."""
+
+    def __init__(self, head_dim: int, eps: float, device=None) -> None:
+        super().__init__()
+        self.eps = eps
+        ones = torch.ones(head_dim, dtype=torch.float32, device=device)
+        self.register_buffer("unit_weight", ones, persistent=False)
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return K.rms_norm(q, self.unit_weight, self.eps)
 
 
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int, factory: LinearFactory) -> None:
         super().__init__()
         c, f = config, factory
+        variant = variant_of(c)
         self.config, self.layer_id = c, layer_id
         self.ratio = c.compress_ratios[layer_id]
-        self.kind = c.layer_kind(layer_id)
         self.n_heads, self.head_dim, self.groups = c.num_heads, c.head_dim, c.o_groups
-        self.simulate = c.quant_simulation
+        self.rounding = variant.kv_rounding(c)
         self.wq_a = f.quantised(c.hidden_size, c.q_lora_rank)
         self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps, dtype=f.dtype, device=f.device)
         self.wq_b = f.quantised(c.q_lora_rank, c.num_heads * c.head_dim)
@@ -36,30 +51,39 @@ class Attention(nn.Module):
         self.wo_b = f.quantised(c.o_groups * c.o_lora_rank, c.hidden_size)
         sink = torch.empty(c.num_heads, dtype=torch.float32, device=f.device)
         self.attn_sink = nn.Parameter(sink, requires_grad=False)
-        ones = torch.ones(c.head_dim, dtype=torch.float32, device=f.device)
-        self.register_buffer("unit_weight", ones, persistent=False)
+        if variant.query_head_norm:
+            self.q_head_norm = QueryHeadNorm(c.head_dim, c.rms_norm_eps, f.device)
+        else:
+            self.q_head_norm = nn.Identity()
         if self.ratio and c.owns_compressor(layer_id):
             self.compressor = Compressor(
                 c.head_dim,
                 self.ratio,
                 overlap=overlapped(c, layer_id),
-                with_ape=not c.is_v41,
+                with_ape=variant.compressor_ape,
                 factory=f,
                 eps=c.rms_norm_eps,
             )
-        if self.kind == "csa":
+        if self.ratio:
+            self.selection = self._selection(c, layer_id, f)
+
+    def _selection(self, c: ModelConfig, layer_id: int, f: LinearFactory):
+        """This layer's way of picking compressed entries, with the indexer it needs (under
+        the checkpoint's name ``indexer``)."""
+        if variant_of(c).own_index_compressor:
+            if c.index_source_of(layer_id) is None:
+                return AllVisible()
             self.indexer = Indexer(c, layer_id, f)
-        elif c.is_v41 and self.ratio and (c.owns_compressor(layer_id) or c.owns_indexer(layer_id)):
+            return OwnTopK(self.indexer)
+        if c.owns_compressor(layer_id) or c.owns_indexer(layer_id):
             self.indexer = IndexerV41(c, layer_id, f)
+        return SharedTopK(c, layer_id, getattr(self, "indexer", None))
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """x ``[T, D]`` (normed, collapsed streams) -> ``[T, D]``."""
-        c = self.config
         cos, sin = ctx.angles[self.ratio > 0]
         qr = self.q_norm(self.wq_a(x))
-        q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
-        if not c.is_v41:
-            q = K.rms_norm(q, self.unit_weight, c.rms_norm_eps)
+        q = self.q_head_norm(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)))
         q = K.apply_rope(q, cos, sin)
         kv = self.simulate_kv(K.apply_rope(self.kv_norm(self.wkv(x)), cos, sin))
         md = ctx.metadata
@@ -108,14 +132,8 @@ class Attention(nn.Module):
         return torch.cat(sources), torch.cat(indices, dim=1)
 
     def simulate_kv(self, kv: torch.Tensor) -> torch.Tensor:
-        """Reference KV rounding (spec 2.3 step 7 / 7.1): V4 FP8 on the nope dims (block 64),
-        V4.1 FP8 on the whole row (block 32). Identity without quantisation simulation."""
-        if not self.simulate:
-            return kv
-        if self.config.is_v41:
-            return K.fp8_sim(kv, 32)
-        nope = self.config.nope_head_dim
-        return torch.cat([K.fp8_sim(kv[..., :nope], 64), kv[..., nope:]], dim=-1)
+        """Reference window-KV rounding (spec 2.3 step 7 / 7.1; :mod:`.variant`)."""
+        return self.rounding.kv(kv)
 
     @staticmethod
     def read_compressed(
@@ -141,24 +159,7 @@ class Attention(nn.Module):
         if source == self.layer_id:
             latent = self.compressor(x, ctx, plan, f"{self.layer_id}.comp")
             cos_e, sin_e = ctx.entry_angles(plan.emit_positions)
-            if c.is_v41:
-                keys = ctx.cache[f"{self.layer_id}.index_keys"]
-                self.indexer.write_keys(latent, cos_e, sin_e, keys, plan)
-            entries = self.simulate_entries(K.apply_rope(latent, cos_e, sin_e))
+            self.selection.write_keys(latent, cos_e, sin_e, ctx, plan)
+            entries = self.rounding.entries(K.apply_rope(latent, cos_e, sin_e))
             arena.index_copy_(0, plan.emit_rows, entries.to(arena.dtype))
-        if self.kind == "csa":
-            return arena, self.indexer(x, qr, ctx, plan), plan
-        if not c.is_v41:
-            return arena, plan.visible, plan
-        if c.owns_indexer(self.layer_id):
-            keys = ctx.cache[f"{source}.index_keys"]
-            ctx.selected[self.ratio] = self.indexer(x, qr, ctx, plan, keys)
-        return arena, ctx.selected[self.ratio], plan
-
-    def simulate_entries(self, entries: torch.Tensor) -> torch.Tensor:
-        """Compressed-entry rounding: V4 as the window KV; V4.1 FP4 with e4m3 scales, block 16."""
-        if not self.simulate:
-            return entries
-        if self.config.is_v41:
-            return K.fp4_sim(entries, 16, scale_fmt="e4m3")
-        return self.simulate_kv(entries)
+        return arena, self.selection.rows(x, qr, ctx, plan), plan

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.engine.model.config import ModelConfig
+from deepinfer.engine.model.variant import variant_of
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class CacheLayout:
 
 def overlapped(config: ModelConfig, layer_id: int) -> bool:
     """Whether a layer's compressor uses overlapping windows (V4's ratio 4)."""
-    return not config.is_v41 and config.compress_ratios[layer_id] == 4
+    return config.compress_ratios[layer_id] == variant_of(config).overlap_ratio
 
 
 def compressor_state_rows(config: ModelConfig, layer_id: int, max_draft: int = 0) -> int:
@@ -100,12 +101,14 @@ class ModelCache:
         rows = slots * compressor_state_rows(c, i, lay.max_draft)
         coff = 2 if overlapped(c, i) else 1
         self._state(f"{i}.comp", rows, coff * hd, device)
-        has_index_keys = c.owns_indexer(i) if not c.is_v41 else True
-        if has_index_keys and (c.layer_kind(i) == "csa" or c.is_v41):
+        # V4: a CSA layer's indexer keeps its keys and its own compressor's state; V4.1: each
+        # kv source keeps the index keys its group shares (derived from its own latent)
+        own_index_compressor = variant_of(c).own_index_compressor
+        if c.owns_indexer(i) or not own_index_compressor:
             self.tensors[f"{i}.index_keys"] = torch.zeros(
                 entries, idx_d, dtype=self.dtype, device=device
             )
-            if not c.is_v41:
+            if own_index_compressor:
                 self._state(f"{i}.index_comp", rows, coff * idx_d, device)
 
     def _state(self, name: str, rows: int, width: int, device: torch.device) -> None:

@@ -114,8 +114,3 @@ class DeferredMix:
     @staticmethod
     def collapse(owner: nn.Module, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         return K.hc_collapse(streams, pre)
-
-
-def stream_mix(config: ModelConfig) -> ImmediateMix | DeferredMix:
-    """The way ``config``'s variant threads the streams through its blocks."""
-    return DeferredMix() if config.is_v41 else ImmediateMix()

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import deepinfer.kernels as K
+from deepinfer.engine.model.variant import variant_of
 
 FP8 = torch.float8_e4m3fn
 E8M0 = torch.float8_e8m0fnu
@@ -104,8 +105,8 @@ class LinearFactory:
         q = config.quantization
         self.block = None if q is None else q.weight_block_size
         self.act_group = None
-        if config.quant_simulation:  # the reference's activation groups: 128 (V4), 32 (V4.1)
-            self.act_group = q.weight_block_size[1] if q else (32 if config.is_v41 else 128)
+        if config.quant_simulation:  # the reference's activation groups
+            self.act_group = q.weight_block_size[1] if q else variant_of(config).activation_group
 
     def quantised(self, in_f: int, out_f: int) -> Linear:
         """A linear stored FP8 in a quantised checkpoint (dense otherwise)."""

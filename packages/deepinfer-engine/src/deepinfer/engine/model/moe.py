@@ -19,6 +19,7 @@ from torch import nn
 import deepinfer.kernels as K
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.layers import LinearFactory
+from deepinfer.engine.model.variant import variant_of
 
 
 class Gate(nn.Module):
@@ -29,12 +30,12 @@ class Gate(nn.Module):
         self, config: ModelConfig, layer_id: int, factory: LinearFactory, n_experts: int, top_k: int
     ) -> None:
         super().__init__()
-        c, dev = config, factory.device
+        c, dev, variant = config, factory.device, variant_of(config)
         self.top_k, self.is_hash = top_k, c.is_hash_layer(layer_id)
         self.scoring_func, self.route_scale = c.scoring_func, c.routed_scaling_factor
         self.renormalize = c.norm_topk_prob and top_k > 1
-        self.norm_eps = 1e-20 if c.is_v41 else 0.0
-        self.temperature = c.gate_temp if c.is_v41 else 1.0
+        self.norm_eps = variant.router_norm_eps
+        self.temperature = c.gate_temp if variant.router_temperature else 1.0
         self.weight = nn.Parameter(
             torch.empty(n_experts, c.hidden_size, dtype=factory.dtype, device=dev),
             requires_grad=False,
@@ -45,7 +46,7 @@ class Gate(nn.Module):
         else:
             bias = torch.empty(n_experts, dtype=torch.float32, device=dev)
             self.bias = nn.Parameter(bias, requires_grad=False)
-            if c.is_v41:
+            if variant.router_image_bias:
                 self.bias_vl = nn.Parameter(bias.clone(), requires_grad=False)
 
     def forward(

@@ -36,11 +36,12 @@ from deepinfer.engine.model.block import Block
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.context import StepContext
-from deepinfer.engine.model.hc import HyperHead, stream_mix
+from deepinfer.engine.model.hc import HyperHead
 from deepinfer.engine.model.layers import LinearFactory, RMSNorm
 from deepinfer.engine.model.mtp_heads import ConfidenceHead, MarkovHead
 from deepinfer.engine.model.mtp_window import draft_metadata, seed_rows
 from deepinfer.engine.model.rope import RopeTables
+from deepinfer.engine.model.variant import variant_of
 
 Sampler = Callable[[torch.Tensor, int], torch.Tensor]
 
@@ -77,11 +78,10 @@ class DSparkStage(Block):
             self.main_norm = RMSNorm(dim, c.rms_norm_eps, **norm)
         if self.is_last:
             self.norm = RMSNorm(dim, c.rms_norm_eps, **norm)
-            family = "v41" if c.is_v41 else "v4"
-            rank = c.dspark_markov_rank
+            family, rank = variant_of(c).name, c.dspark_markov_rank
             self.markov_head = MarkovHead(c.vocab_size, rank, family, **norm)
             self.confidence_head = ConfidenceHead(dim, rank, **norm)
-            stream_mix(c).attach_head(self, c, f.device)
+            variant_of(c).mix.attach_head(self, c, f.device)
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class DSparkDraft(nn.ModuleList):
         n = config.num_mtp_layers
         super().__init__(DSparkStage(config, k, n, factory) for k in range(n))
         self.config = config
-        self.mix = stream_mix(config)
+        self.mix = variant_of(config).mix
 
     def allocate(self, cache: ModelCache) -> None:
         """Add each stage's window ring to ``cache`` (rows ``num_slots * ring_size``)."""

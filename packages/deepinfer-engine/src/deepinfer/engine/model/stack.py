@@ -15,11 +15,11 @@ from deepinfer.engine.model.block import Block
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.context import StepContext
-from deepinfer.engine.model.hc import stream_mix
 from deepinfer.engine.model.layers import Embedding, LinearFactory, RMSNorm
 from deepinfer.engine.model.metadata import AttentionMetadata, ForwardBatch, build_metadata
 from deepinfer.engine.model.mtp import build_draft_stages
 from deepinfer.engine.model.rope import RopeTables
+from deepinfer.engine.model.variant import variant_of
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class DecoderStack(nn.Module):
         super().__init__()
         c = self.config = config
         factory = LinearFactory(config, dtype, device)
-        self.mix = stream_mix(config)
+        self.mix = variant_of(config).mix
         self.embed = Embedding(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
         self.layers = nn.ModuleList(Block(c, i, factory) for i in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype, device=device)
