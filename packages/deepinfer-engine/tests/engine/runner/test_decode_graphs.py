@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from deepinfer.engine.frontend.llm import LLM
-from deepinfer.engine.model.decode_metadata import padded_count
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs, graph_batch_size
+from deepinfer.engine.runner.decode_metadata import padded_count
 from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config, tiny_v41_config
 from deepinfer.sampling import SamplingParams
 

@@ -67,8 +67,9 @@ class AttentionMetadata:
     window_write_src: torch.Tensor
     window_write_dst: torch.Tensor
     plans: dict[tuple[int, bool], CompressionPlan] = field(default_factory=dict)
-    # fixed-shape decode metadata (:mod:`.decode_metadata`): window_indices are ring rows
-    # (the step's KV is written to the rings before attention reads), and window_gather
+    # fixed-shape decode metadata (:mod:`deepinfer.engine.runner.decode_metadata`):
+    # window_indices are ring rows (the step's KV is written to the rings before attention
+    # reads), and window_gather
     # ``[T, W]`` numbers each query's window rows in a per-query gather buffer (-1: none)
     window_gather: torch.Tensor | None = None
 

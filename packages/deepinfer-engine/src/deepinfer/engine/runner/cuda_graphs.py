@@ -9,7 +9,7 @@ context bucket: the smallest power of two at least the longest context and at le
 ``min_context``; per compressed kind the entry rows: none when no token completes an entry,
 as the eager step leaves the pooling out then, else the count rounded up to a power of two).
 The padding rows copy the step's first token and write only to the reserved scratch slot and
-null block (:mod:`deepinfer.engine.model.decode_metadata`), so a batch that shrinks as its
+null block (:mod:`deepinfer.engine.runner.decode_metadata`), so a batch that shrinks as its
 sequences finish, with prompts of any lengths, keeps reusing a few dozen graphs instead of
 capturing one per sequence count and entry count.
 
@@ -43,15 +43,15 @@ import numpy as np
 import torch
 
 from deepinfer.engine.model.cache import CacheLayout, ModelCache
-from deepinfer.engine.model.decode_metadata import (
+from deepinfer.engine.model.moe import MoE
+from deepinfer.engine.runner.batch_plan import StepPlan
+from deepinfer.engine.runner.decode_metadata import (
     DecodeLayout,
     compression_kinds,
     context_bucket,
     emitting,
     padded_count,
 )
-from deepinfer.engine.model.moe import MoE
-from deepinfer.engine.runner.batch_plan import StepPlan
 
 logger = logging.getLogger(__name__)
 

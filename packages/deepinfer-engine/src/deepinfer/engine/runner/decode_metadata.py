@@ -8,8 +8,8 @@ entry rows, ``sliding_window`` window columns, ``context // ratio`` visible colu
 (plain integers in, numpy on the host, no torch op) into one flat int64 host buffer, which one
 copy moves into the device buffer a captured graph reads (:meth:`DecodeLayout.metadata` views).
 
-Differences from :func:`.metadata.build_metadata`, none of which changes a value attention
-reads or the order it reads them in:
+Differences from :func:`deepinfer.engine.model.metadata.build_metadata`, none of which changes
+a value attention reads or the order it reads them in:
 
 - ``fixed=True``: attention writes the step's KV rows into the window rings *before* reading,
   and ``window_indices`` are ring rows only (the row a token's KV overwrites holds a position
