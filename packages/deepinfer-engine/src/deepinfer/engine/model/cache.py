@@ -9,8 +9,8 @@ State slots (fixed per sequence): each attention layer's sliding-window ring of
 ``window + max_draft`` rows (row of position ``p`` = ``p % ring``), and each compressor's partial
 windows (``2 * ratio`` rows for the overlapped ratio-4 compressor, ``ratio`` otherwise, plus
 ``max_draft``; row of position ``p`` = ``p % rows``; the score rows hold the gate logits with
-the position bias added). Addressed by a state-slot id per sequence. Engram history will get its own slot tensors
-here (hook: :attr:`ModelCache.extra`).
+the position bias added). Addressed by a state-slot id per sequence. The Engram n-gram
+history has its own per-slot tensor in :attr:`ModelCache.extra`.
 
 Every tensor is flat ``[rows, width]`` so kernels index rows directly.
 """
