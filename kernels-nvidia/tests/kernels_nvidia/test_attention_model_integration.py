@@ -10,7 +10,7 @@ import torch
 from deepinfer.kernels import registry
 from deepinfer.kernels_nvidia import backend
 
-engine_config = pytest.importorskip("deepinfer.engine.model.config")
+engine_config = pytest.importorskip("deepinfer.engine.model.config_parsing")
 from deepinfer.engine.model.model import build_model  # noqa: E402
 from deepinfer.engine.testing.simple_runner import SimpleRunner  # noqa: E402
 
