@@ -1,6 +1,6 @@
 """FP8 x FP8 block-scaled GEMM on the GPU at the V4-Flash (128x128 blocks) and V4.1-Flash
 (32x32 blocks) linear shapes: the op (``op``: its default plan, which for V4 blocks at prefill M
-is cuBLAS's blockwise GEMM, see ``gemm_cublas.py``; ``op_m_major``: the op given M-major activation
+is cuBLAS's blockwise GEMM, see ``kernels_nvidia/gemm/cublas.py``; ``op_m_major``: the op given M-major activation
 scales, as ``linear`` passes them on that route; ``tiles``: the Triton prefill tiles; ``triton_bi``:
 the batch-invariant tiles) vs
 torch's blockwise-scaled built-in (``torch.nn.functional.scaled_mm`` with ``BlockWise1x128`` x
@@ -36,7 +36,9 @@ from common import copy_bandwidth_tbs, environment, print_table, time_cuda, writ
 from deepinfer.kernels import OPS  # noqa: E402
 from deepinfer.kernels.reference import quant as ref_quant  # noqa: E402
 from deepinfer.kernels.testing.cases.gemm import random_fp8_weight  # noqa: E402
-from deepinfer.kernels_nvidia import gemm, gemm_bf16, gemm_cublas  # noqa: E402
+from deepinfer.kernels_nvidia.gemm import bf16 as gemm_bf16  # noqa: E402
+from deepinfer.kernels_nvidia.gemm import cublas as gemm_cublas  # noqa: E402
+from deepinfer.kernels_nvidia.gemm import ops as gemm  # noqa: E402
 
 DEVICE = "cuda"
 T = gemm.GemmTiles

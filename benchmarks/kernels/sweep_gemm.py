@@ -25,9 +25,10 @@ from common import copy_bandwidth_tbs, environment, time_cuda, write_json  # noq
 from deepinfer.kernels import OPS  # noqa: E402
 from deepinfer.kernels.reference import quant as ref_quant  # noqa: E402
 from deepinfer.kernels.testing.cases.gemm import random_fp8_weight  # noqa: E402
-from deepinfer.kernels_nvidia import gemm, gemm_bf16  # noqa: E402
-from deepinfer.kernels_nvidia.gemm import GemmTiles as T  # noqa: E402
-from deepinfer.kernels_nvidia.gemm import StreamTiles as S  # noqa: E402
+from deepinfer.kernels_nvidia.gemm import bf16 as gemm_bf16  # noqa: E402
+from deepinfer.kernels_nvidia.gemm import ops as gemm  # noqa: E402
+from deepinfer.kernels_nvidia.gemm.ops import GemmTiles as T  # noqa: E402
+from deepinfer.kernels_nvidia.gemm.ops import StreamTiles as S  # noqa: E402
 
 V4 = [(1024, 4096), (32768, 1024), (512, 4096), (4096, 8192), (2048, 4096), (4096, 2048)]
 V41 = [(1280, 5120), (32768, 1280), (2304, 5120), (5120, 2304)]

@@ -10,7 +10,11 @@ from deepinfer.kernels import OPS
 from deepinfer.kernels.reference import quant as ref_quant
 from deepinfer.kernels.testing import cases_for, check_case
 from deepinfer.kernels.testing.cases.gemm import random_fp8_weight
-from deepinfer.kernels_nvidia import gemm, gemm_bf16, gemm_cublas, gemm_dense, gemm_stream
+from deepinfer.kernels_nvidia.gemm import bf16 as gemm_bf16
+from deepinfer.kernels_nvidia.gemm import cublas as gemm_cublas
+from deepinfer.kernels_nvidia.gemm import dense as gemm_dense
+from deepinfer.kernels_nvidia.gemm import ops as gemm
+from deepinfer.kernels_nvidia.gemm import stream as gemm_stream
 from deepinfer.kernels_nvidia.registry import IMPLEMENTATIONS
 
 HAS_CUDA = torch.cuda.is_available()

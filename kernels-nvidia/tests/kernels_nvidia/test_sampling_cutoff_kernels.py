@@ -105,7 +105,7 @@ def test_top_p_exactly_at_the_boundary_matches_the_reference():
 @interpreted_only
 @pytest.mark.parametrize("case_name, seed, row", [("64x129280-random", 7, 44)])
 def test_searching_candidates_for_top_p_alone_starts_below_every_kept_value(case_name, seed, row):
-    """Regression (H200 run of 2026-11-30): with top-k off the candidates' mass may exceed
+    """Regression (seen on the H200): with top-k off the candidates' mass may exceed
     p Z by a hair, so the whole-row mass bound must not start the candidate search (it cut a
     kept value). One real-size row, searched rather than sorted."""
     case = next(c for c in cases_for([CUTOFF], "real") if c.name == case_name)

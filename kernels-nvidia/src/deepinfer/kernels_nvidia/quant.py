@@ -113,7 +113,7 @@ def quantize_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``[M, K]`` (unit column stride) -> (``[M, K]`` e4m3, ``[M, K / group]`` fp32); with
     ``m_major`` the scales are laid out with unit stride along M (what cuBLAS's blockwise GEMM
-    reads, :mod:`gemm_cublas`)."""
+    reads, :mod:`.gemm.cublas`)."""
     q = torch.empty(x2.shape, dtype=torch.float8_e4m3fn, device=x2.device)
     m, groups = x2.shape[0], x2.shape[1] // group_size
     strides = (1, max(m, 1)) if m_major else (groups, 1)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.kernels_nvidia.gemm import e8m0_to_fp32
+from deepinfer.kernels_nvidia.gemm.tiles import e8m0_to_fp32
 from deepinfer.kernels_nvidia.quant import pow2_scale, quantize_rows, to_bf16, to_e4m3
 
 

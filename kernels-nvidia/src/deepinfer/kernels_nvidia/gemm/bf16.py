@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.kernels_nvidia.gemm_tiles import e8m0_to_fp32
+from deepinfer.kernels_nvidia.gemm.tiles import e8m0_to_fp32
 
 
 @triton.jit

@@ -3,14 +3,14 @@
 ``c[m, n] = sum_k a[m, k] sa[m, k // ga] * b[n, k] sb[n // bn, k // bk]``. Three kernels, picked
 by :func:`choose_plan`:
 
-- ``tiles`` (:mod:`gemm_tiles`): output tiles, one FP8 tensor-core dot per scale sub-block,
+- ``tiles`` (:mod:`.tiles`): output tiles, one FP8 tensor-core dot per scale sub-block,
   promoted into fp32 with its scales. Large tiles for prefill-sized M, smaller ones in between.
-- ``stream`` (:mod:`gemm_stream`): decode-sized M (<= 64): split-N over many programs, plus a
+- ``stream`` (:mod:`.stream`): decode-sized M (<= 64): split-N over many programs, plus a
   split-K chosen from (N, K) whose fp32 partials are summed in a fixed order.
-- ``bf16`` (:mod:`gemm_bf16`): 32-column scale blocks (V4.1) at large M with a bf16 output:
+- ``bf16`` (:mod:`.bf16`): 32-column scale blocks (V4.1) at large M with a bf16 output:
   both operands dequantised to bf16 (exact) and one bf16 GEMM, which beats promoting an FP8
   accumulator every 32 columns.
-- ``cublas`` (:mod:`gemm_cublas`): V4's 1 x 128 / 128 x 128 recipe at prefill-sized M with a
+- ``cublas`` (:mod:`.cublas`): V4's 1 x 128 / 128 x 128 recipe at prefill-sized M with a
   bf16 output on Hopper: cuBLAS's blockwise-scaled FP8 GEMM through torch, 1.1-1.9x the
   Triton tiles' rate there; a shape cuBLAS refuses runs the tiles.
 
@@ -25,14 +25,13 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.kernels import OPS, envs
-from deepinfer.kernels_nvidia import gemm_cublas
-from deepinfer.kernels_nvidia.gemm_bf16 import fp8_gemm_via_bf16
-from deepinfer.kernels_nvidia.gemm_dense import linear_f32_bf16
-from deepinfer.kernels_nvidia.gemm_stream import MAX_M as STREAM_MAX_M
-from deepinfer.kernels_nvidia.gemm_stream import StreamTiles, fp8_gemm_stream
-from deepinfer.kernels_nvidia.gemm_tiles import (
+from deepinfer.kernels_nvidia.gemm import cublas as gemm_cublas
+from deepinfer.kernels_nvidia.gemm.bf16 import fp8_gemm_via_bf16
+from deepinfer.kernels_nvidia.gemm.dense import linear_f32_bf16
+from deepinfer.kernels_nvidia.gemm.stream import MAX_M as STREAM_MAX_M
+from deepinfer.kernels_nvidia.gemm.stream import StreamTiles, fp8_gemm_stream
+from deepinfer.kernels_nvidia.gemm.tiles import (
     GemmTiles,
-    e8m0_to_fp32,
     fp8_gemm_tiled,
     tma_compatible,
 )
@@ -44,7 +43,6 @@ __all__ = [
     "GemmTiles",
     "StreamTiles",
     "choose_plan",
-    "e8m0_to_fp32",  # shared with the MoE kernels
     "fp8_gemm_nt",
     "linear",
 ]
@@ -190,7 +188,7 @@ def linear(
 ):  # fmt: skip
     """FP8 block weights with FP8 activation quantisation run the Triton GEMM; fp32 activations
     times bf16 weights with an fp32 result (the LM head, the MoE router) run
-    :func:`gemm_dense.linear_f32_bf16`; every other weight format (dense, FP4, FP8 without
+    :func:`.dense.linear_f32_bf16`; every other weight format (dense, FP4, FP8 without
     activation quantisation) runs the reference."""
     if _is_f32_bf16(x, weight, scale, act_quant_group, out_dtype):
         x2 = x.reshape(-1, x.shape[-1])
