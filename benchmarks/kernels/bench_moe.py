@@ -72,10 +72,10 @@ SWEEP = {
         # tl.dot_scaled's upcast for both GEMMs, fenced (the decode default before the split)
         "mx-v4-default": MoeTiles(16, 128, 8, 3, mma="mx", block_k=256, group_m=0,
                                   wgmma_fence=True),
-        # moe_split's even/odd-split upcast for both GEMMs (gate and up as two weight tiles)
+        # the split family's even/odd upcast for both GEMMs (gate and up as two weight tiles)
         "split-n128-k128-w4s4": _split(128, 128, 4, 4),
         "split-n128-k128-w8s4": _split(128, 128, 8, 4),
-        # gate and up rows in one weight tile (moe_split_gate_up), the default's split down
+        # gate and up rows in one weight tile (the split family's fused gate/up), the default's split down
         "split-fused-n128-k128-w8s3": _split(128, 128, 8, 3, fused=True),
         "split-fused-n128-k64-w4s4": _split(128, 64, 4, 4, fused=True),
         # block_n a multiple of the group: 128 for V4-Flash (then 4 warps on 256 weight rows)
@@ -123,7 +123,7 @@ def variants(model, tokens):
     phase = _phase(tokens, experts)
     bi = moe_experts.choose_tiles(tokens * TOP_K, experts, batch_invariant=True, on_cpu=False)
     out = {"default": None, "batch_invariant": bi}
-    if phase != "decode":  # the bf16-upcast tiles, the default here before (moe_gemm)
+    if phase != "decode":  # the bf16 family's tiles, the default here before
         out["old_default"] = BF16_TILES[phase]
     if model in SWEEP_MODELS[phase]:
         out.update(SWEEP[phase])
