@@ -1,6 +1,6 @@
 """FP8 x FP8 block-scaled GEMM on the GPU at the V4-Flash (128x128 blocks) and V4.1-Flash
 (32x32 blocks) linear shapes: the op (``op``: its default plan, which for V4 blocks at prefill M
-is cuBLAS's blockwise GEMM, see ``kernels_nvidia/gemm/cublas.py``; ``op_m_major``: the op given M-major activation
+is cuBLAS's blockwise GEMM, see ``gemm/cublas.py``; ``op_m_major``: the op given M-major activation
 scales, as ``linear`` passes them on that route; ``tiles``: the Triton prefill tiles; ``triton_bi``:
 the batch-invariant tiles) vs
 torch's blockwise-scaled built-in (``torch.nn.functional.scaled_mm`` with ``BlockWise1x128`` x

@@ -75,7 +75,8 @@ SWEEP = {
         # the split family's even/odd upcast for both GEMMs (gate and up as two weight tiles)
         "split-n128-k128-w4s4": _split(128, 128, 4, 4),
         "split-n128-k128-w8s4": _split(128, 128, 8, 4),
-        # gate and up rows in one weight tile (the split family's fused gate/up), the default's split down
+        # gate and up rows in one weight tile (the split family's fused gate/up), the default's
+        # split down
         "split-fused-n128-k128-w8s3": _split(128, 128, 8, 3, fused=True),
         "split-fused-n128-k64-w4s4": _split(128, 64, 4, 4, fused=True),
         # block_n a multiple of the group: 128 for V4-Flash (then 4 warps on 256 weight rows)
