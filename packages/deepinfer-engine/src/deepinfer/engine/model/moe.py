@@ -6,9 +6,10 @@ The routed experts run one of two ways. The host loop over the experts a step ro
 FP4 experts on a GPU go through the one grouped op :func:`deepinfer.kernels.fp4_moe_experts`
 instead: right after loading (:func:`stack_grouped_experts`, or else on first use) the experts'
 packed weights are moved into stacked ``[E, ...]`` tensors and each expert's parameters become
-views of them, so loading, ``state_dict`` and memory stay as they were. The two paths round
-the same values; they differ only in the fp32 order in which a token's experts are summed (slot order in the op, expert order in the loop) and in the op
-keeping the gate/up outputs in fp32 before the SwiGLU.
+views of them, so loading, ``state_dict`` and memory stay as they were. The two paths round the
+same values; they differ only in the fp32 order in which a token's experts are summed (slot
+order in the op, expert order in the loop) and in the op keeping the gate/up outputs in fp32
+before the SwiGLU.
 """
 
 from __future__ import annotations
