@@ -36,7 +36,7 @@ from deepinfer.engine.runner.drafting import DraftRequest, DraftSource, Proposal
 from deepinfer.engine.runner.grammar import GrammarManager
 from deepinfer.engine.runner.speculation import SpecConfig, verify_mode
 from deepinfer.engine.runner.varlen import trim_verification
-from deepinfer.engine.runner.verify import Emitted, sample_and_verify
+from deepinfer.engine.runner.verify import Emitted, Verifier
 
 
 class ModelRunner:
@@ -65,6 +65,13 @@ class ModelRunner:
         self.graphs = graphs
         self.state = RunnerState()
         self.proposals: dict[str, Proposal] = {}
+        self.verifier = Verifier(
+            self.state.sequences,
+            self.proposals,
+            grammar,
+            acceptance=spec.acceptance if spec is not None else "auto",
+            return_confidences=spec.return_confidences if spec is not None else False,
+        )
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -83,7 +90,7 @@ class ModelRunner:
         if plan.prompt_logprob_rows:
             self._prompt_logprobs(plan, logits[prompt_at], out)
         if plan.sample_rows:
-            emitted = sample_and_verify(self, plan, so, logits[sample_at], out.errors)
+            emitted = self.verifier.sample_and_verify(plan, so, logits[sample_at], out.errors)
             self._emit(emitted, verifying, out)
             if self.drafter is not None:
                 self._propose([e for e in emitted if e.request_id not in so.fork_seeds], out)

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from deepinfer.engine.core.scheduler_output import SchedulerOutput, SpecDecodeStats
-from deepinfer.engine.runner.batch_plan import StepPlan
+from deepinfer.engine.runner.batch_plan import RunnerSequence, StepPlan
+from deepinfer.engine.runner.grammar import GrammarManager
 from deepinfer.engine.runner.spec_sampling import processed_probs
 from deepinfer.engine.runner.speculation import GREEDY, REJECTION, verify_mode
 from deepinfer.sampling import allocate_token_bitmask, sample
@@ -59,48 +60,174 @@ class Emitted:
     stats: SpecDecodeStats | None = None
 
 
-def request_rows(runner: Any, plan: StepPlan, so: SchedulerOutput, errors) -> list[RequestRows]:
-    """Group the sampling rows by request; requests whose grammar failed are left out."""
-    groups: list[RequestRows] = []
-    acceptance = runner.spec.acceptance if runner.spec is not None else "auto"
-    for s, b in enumerate(plan.sample_requests):
-        if groups and groups[-1].b == b:
-            groups[-1].count += 1
-            continue
-        request_id = plan.request_ids[b]
-        seq = runner.state.sequences[request_id]
-        drafts = list(so.scheduled_spec_token_ids.get(request_id, []))[: plan.num_drafts[b]]
-        mode = verify_mode(seq.sampling_params, seq.has_user_seed, acceptance)
-        fork = request_id in so.fork_seeds
-        groups.append(RequestRows(b, request_id, s, 1, drafts, fork, mode))
-    ready = []
-    for g in groups:
-        if runner.grammar is not None and not runner.grammar.ready(g.request_id, errors):
-            continue
-        _fill_rows(runner, plan, g)
-        ready.append(g)
-    return ready
+class Verifier:
+    """Samples and verifies a step's rows against what the runner keeps between steps.
 
+    sequences / proposals: the runner's own dicts (its mirror of the scheduler's sequences and
+    the drafts' proposals), read, never replaced; grammar: structured outputs, if any;
+    acceptance / return_confidences: the speculation settings (``"auto"`` / False without).
+    """
 
-def _fill_rows(runner: Any, plan: StepPlan, g: RequestRows) -> None:
-    seq = runner.state.sequences[g.request_id]
-    generated = seq.token_ids[seq.num_prompt_tokens :]
-    for j in range(g.count):
-        seed = plan.sample_seeds[g.first + j]
-        params = seq.row_params.get(seed)
-        if params is None:
-            params = seq.row_params[seed] = replace(seq.sampling_params, seq_seed=seed, seed=None)
-        g.params.append(params)
-        g.histories.append(generated if g.is_fork else generated + g.drafts[:j])
-    state = runner.grammar.state(g.request_id) if runner.grammar is not None else None
-    if state is None:
-        return
-    g.masks = allocate_token_bitmask(g.count, runner.grammar.vocab_size)
-    if g.is_fork:
-        state.fill_bitmask(g.masks, 0)
-        g.masks[1:] = g.masks[0]
-    else:
-        state.fill_draft_bitmasks(g.masks, 0, g.drafts)
+    def __init__(
+        self,
+        sequences: dict[str, RunnerSequence],
+        proposals: dict[str, Any],
+        grammar: GrammarManager | None,
+        *,
+        acceptance: str = "auto",
+        return_confidences: bool = False,
+    ) -> None:
+        self.sequences = sequences
+        self.proposals = proposals
+        self.grammar = grammar
+        self.acceptance = acceptance
+        self.return_confidences = return_confidences
+
+    def sample_and_verify(
+        self, plan: StepPlan, so: SchedulerOutput, logits: torch.Tensor, errors
+    ) -> list[Emitted]:
+        """Sample / verify every request's rows; ``logits`` ``[S, V]`` are the sampling rows."""
+        groups = self.request_rows(plan, so, errors)
+        rejecting = [g for g in groups if g.mode == REJECTION and g.drafts]
+        matching = [g for g in groups if not (g.mode == REJECTION and g.drafts)]
+        emitted = self._match(plan, matching, logits) if matching else []
+        if rejecting:
+            emitted += self._reject(plan, rejecting, logits)
+        return emitted
+
+    def request_rows(self, plan: StepPlan, so: SchedulerOutput, errors) -> list[RequestRows]:
+        """Group the sampling rows by request; requests whose grammar failed are left out."""
+        groups: list[RequestRows] = []
+        for s, b in enumerate(plan.sample_requests):
+            if groups and groups[-1].b == b:
+                groups[-1].count += 1
+                continue
+            request_id = plan.request_ids[b]
+            seq = self.sequences[request_id]
+            drafts = list(so.scheduled_spec_token_ids.get(request_id, []))[: plan.num_drafts[b]]
+            mode = verify_mode(seq.sampling_params, seq.has_user_seed, self.acceptance)
+            fork = request_id in so.fork_seeds
+            groups.append(RequestRows(b, request_id, s, 1, drafts, fork, mode))
+        ready = []
+        for g in groups:
+            if self.grammar is not None and not self.grammar.ready(g.request_id, errors):
+                continue
+            self._fill_rows(plan, g)
+            ready.append(g)
+        return ready
+
+    def _fill_rows(self, plan: StepPlan, g: RequestRows) -> None:
+        seq = self.sequences[g.request_id]
+        generated = seq.token_ids[seq.num_prompt_tokens :]
+        for j in range(g.count):
+            seed = plan.sample_seeds[g.first + j]
+            params = seq.row_params.get(seed)
+            if params is None:
+                params = seq.row_params[seed] = replace(
+                    seq.sampling_params, seq_seed=seed, seed=None
+                )
+            g.params.append(params)
+            g.histories.append(generated if g.is_fork else generated + g.drafts[:j])
+        state = self.grammar.state(g.request_id) if self.grammar is not None else None
+        if state is None:
+            return
+        g.masks = allocate_token_bitmask(g.count, self.grammar.vocab_size)
+        if g.is_fork:
+            state.fill_bitmask(g.masks, 0)
+            g.masks[1:] = g.masks[0]
+        else:
+            state.fill_draft_bitmasks(g.masks, 0, g.drafts)
+
+    def _match(self, plan, groups, logits) -> list[Emitted]:
+        params = [p for g in groups for p in g.params]
+        result = sample(
+            logits[_row_index(groups, logits.device)],
+            params,
+            [plan.sample_positions[g.first + j] for g in groups for j in range(g.count)],
+            output_token_ids=[h for g in groups for h in g.histories],
+            bitmask=_stack_masks(groups, logits.shape[1]),
+        )
+        tokens = result.token_ids
+        logprobs = logprob_dicts(result, params)
+        accepted = _accept_by_match(groups, tokens)
+        host = tokens.tolist()
+        out, at = [], 0
+        for g, a in zip(groups, accepted):
+            rows = range(at, at + (g.count if g.is_fork else a + 1))
+            lps = [logprobs[r] for r in rows]
+            emitted_tokens = [host[r] for r in rows]
+            out.append(self._emitted(plan, g, emitted_tokens, lps, a))
+            at += g.count
+        return out
+
+    def _reject(self, plan, groups, logits) -> list[Emitted]:
+        probs = processed_probs(
+            logits[_row_index(groups, logits.device)],
+            [p for g in groups for p in g.params],
+            [h for g in groups for h in g.histories],
+            _stack_masks(groups, logits.shape[1]),
+        )
+        vocab, device = probs.shape[1], probs.device
+        width = max(len(g.drafts) for g in groups)
+        target = torch.zeros(len(groups), width + 1, vocab, device=device)
+        draft_probs = torch.zeros(len(groups), width, vocab, device=device)
+        drafts = torch.full((len(groups), width), PAD_TOKEN_ID, dtype=torch.long, device=device)
+        at = 0
+        for k, g in enumerate(groups):
+            d = len(g.drafts)
+            target[k, : g.count] = probs[at : at + g.count]
+            drafts[k, :d] = torch.tensor(g.drafts, device=device)
+            draft_probs[k, :d] = self._draft_probs(g, vocab, device)
+            at += g.count
+        seeds = torch.tensor(
+            [g.params[0].seq_seed for g in groups], dtype=torch.long, device=device
+        )
+        first = [plan.sample_positions[g.first] for g in groups]
+        result = accept_rejection(
+            drafts,
+            torch.tensor([len(g.drafts) for g in groups], device=device),
+            draft_probs,
+            target,
+            seeds,
+            torch.tensor(first, dtype=torch.long, device=device),
+        )
+        accepted = result.num_accepted.tolist()
+        outputs = result.output_tokens.tolist()
+        out = []
+        for k, g in enumerate(groups):
+            tokens = outputs[k][: accepted[k] + 1]
+            lps = _rejection_logprobs(target[k], tokens, g.params[0].logprobs)
+            out.append(self._emitted(plan, g, tokens, lps, accepted[k]))
+        return out
+
+    def _draft_probs(self, g: RequestRows, vocab: int, device) -> torch.Tensor:
+        """The kept ``q`` rows of the verified drafts; one-hot for a draft source without them."""
+        proposal = self.proposals.get(g.request_id)
+        d = len(g.drafts)
+        if proposal is not None and proposal.probs is not None and len(proposal.probs) >= d:
+            return proposal.probs[:d].to(device)
+        one_hot = torch.zeros(d, vocab, device=device)
+        one_hot[torch.arange(d), torch.tensor(g.drafts, device=device)] = 1.0
+        return one_hot
+
+    def _emitted(self, plan, g: RequestRows, tokens, logprobs, accepted: int) -> Emitted:
+        final = g.first + (0 if g.is_fork else accepted)
+        stats = None
+        if g.drafts:
+            confidences = None
+            if self.return_confidences:
+                proposal = self.proposals.get(g.request_id)
+                known = proposal.confidences if proposal is not None else []
+                confidences = list(known[: len(g.drafts)])
+            stats = SpecDecodeStats(len(g.drafts), accepted, confidences)
+        has_logprobs = any(lp is not None for lp in logprobs)
+        return Emitted(
+            g.request_id,
+            tokens,
+            logprobs if has_logprobs else None,
+            plan.sample_positions[final] - 1,
+            stats,
+        )
 
 
 def _stack_masks(groups: list[RequestRows], vocab_size: int) -> torch.Tensor | None:
@@ -115,45 +242,9 @@ def _stack_masks(groups: list[RequestRows], vocab_size: int) -> torch.Tensor | N
     return mask
 
 
-def sample_and_verify(
-    runner: Any, plan: StepPlan, so: SchedulerOutput, logits: torch.Tensor, errors
-) -> list[Emitted]:
-    """Sample / verify every request's rows; ``logits`` ``[S, V]`` are the sampling rows."""
-    groups = request_rows(runner, plan, so, errors)
-    rejecting = [g for g in groups if g.mode == REJECTION and g.drafts]
-    matching = [g for g in groups if not (g.mode == REJECTION and g.drafts)]
-    emitted = _match(runner, plan, matching, logits) if matching else []
-    if rejecting:
-        emitted += _reject(runner, plan, rejecting, logits)
-    return emitted
-
-
 def _row_index(groups: list[RequestRows], device) -> torch.Tensor:
     rows = [g.first + j for g in groups for j in range(g.count)]
     return torch.tensor(rows, dtype=torch.long, device=device)
-
-
-def _match(runner, plan, groups, logits) -> list[Emitted]:
-    params = [p for g in groups for p in g.params]
-    result = sample(
-        logits[_row_index(groups, logits.device)],
-        params,
-        [plan.sample_positions[g.first + j] for g in groups for j in range(g.count)],
-        output_token_ids=[h for g in groups for h in g.histories],
-        bitmask=_stack_masks(groups, logits.shape[1]),
-    )
-    tokens = result.token_ids
-    logprobs = logprob_dicts(result, params)
-    accepted = _accept_by_match(groups, tokens)
-    host = tokens.tolist()
-    out, at = [], 0
-    for g, a in zip(groups, accepted):
-        rows = range(at, at + (g.count if g.is_fork else a + 1))
-        lps = [logprobs[r] for r in rows]
-        emitted_tokens = [host[r] for r in rows]
-        out.append(_emitted(runner, plan, g, emitted_tokens, lps, a))
-        at += g.count
-    return out
 
 
 def _accept_by_match(groups: list[RequestRows], tokens: torch.Tensor) -> list[int]:
@@ -182,56 +273,6 @@ def _accept_by_match(groups: list[RequestRows], tokens: torch.Tensor) -> list[in
     return accepted
 
 
-def _reject(runner, plan, groups, logits) -> list[Emitted]:
-    probs = processed_probs(
-        logits[_row_index(groups, logits.device)],
-        [p for g in groups for p in g.params],
-        [h for g in groups for h in g.histories],
-        _stack_masks(groups, logits.shape[1]),
-    )
-    vocab, device = probs.shape[1], probs.device
-    width = max(len(g.drafts) for g in groups)
-    target = torch.zeros(len(groups), width + 1, vocab, device=device)
-    draft_probs = torch.zeros(len(groups), width, vocab, device=device)
-    drafts = torch.full((len(groups), width), PAD_TOKEN_ID, dtype=torch.long, device=device)
-    at = 0
-    for k, g in enumerate(groups):
-        d = len(g.drafts)
-        target[k, : g.count] = probs[at : at + g.count]
-        drafts[k, :d] = torch.tensor(g.drafts, device=device)
-        draft_probs[k, :d] = _draft_probs(runner, g, vocab, device)
-        at += g.count
-    seeds = torch.tensor([g.params[0].seq_seed for g in groups], dtype=torch.long, device=device)
-    first = [plan.sample_positions[g.first] for g in groups]
-    result = accept_rejection(
-        drafts,
-        torch.tensor([len(g.drafts) for g in groups], device=device),
-        draft_probs,
-        target,
-        seeds,
-        torch.tensor(first, dtype=torch.long, device=device),
-    )
-    accepted = result.num_accepted.tolist()
-    outputs = result.output_tokens.tolist()
-    out = []
-    for k, g in enumerate(groups):
-        tokens = outputs[k][: accepted[k] + 1]
-        lps = _rejection_logprobs(target[k], tokens, g.params[0].logprobs)
-        out.append(_emitted(runner, plan, g, tokens, lps, accepted[k]))
-    return out
-
-
-def _draft_probs(runner, g: RequestRows, vocab: int, device) -> torch.Tensor:
-    """The kept ``q`` rows of the verified drafts; one-hot for a draft source without them."""
-    proposal = runner.proposals.get(g.request_id)
-    d = len(g.drafts)
-    if proposal is not None and proposal.probs is not None and len(proposal.probs) >= d:
-        return proposal.probs[:d].to(device)
-    one_hot = torch.zeros(d, vocab, device=device)
-    one_hot[torch.arange(d), torch.tensor(g.drafts, device=device)] = 1.0
-    return one_hot
-
-
 def _rejection_logprobs(probs: torch.Tensor, tokens: list[int], num_top: int | None):
     """``{token: logprob}`` plus the top alternatives of the processed target rows."""
     if num_top is None:
@@ -246,26 +287,6 @@ def _rejection_logprobs(probs: torch.Tensor, tokens: list[int], num_top: int | N
                 entry.setdefault(t, v)
         dicts.append(entry)
     return dicts
-
-
-def _emitted(runner, plan, g: RequestRows, tokens, logprobs, accepted: int) -> Emitted:
-    final = g.first + (0 if g.is_fork else accepted)
-    stats = None
-    if g.drafts:
-        confidences = None
-        if runner.spec is not None and runner.spec.return_confidences:
-            proposal = runner.proposals.get(g.request_id)
-            known = proposal.confidences if proposal is not None else []
-            confidences = list(known[: len(g.drafts)])
-        stats = SpecDecodeStats(len(g.drafts), accepted, confidences)
-    has_logprobs = any(lp is not None for lp in logprobs)
-    return Emitted(
-        g.request_id,
-        tokens,
-        logprobs if has_logprobs else None,
-        plan.sample_positions[final] - 1,
-        stats,
-    )
 
 
 def logprob_dicts(result: Any, params: list[Any]) -> list[dict[int, float] | None]:
