@@ -1,4 +1,11 @@
-"""``LLM`` constructor arguments, validated and resolved once into a frozen ``EngineConfig``.
+"""The engine's configuration: one declaration of every engine parameter, resolved once.
+
+:class:`EngineConfig`'s fields are the parameters: their defaults, the help text, the check of
+a value and the command-line flag live in each field's metadata, and ``LLM``'s keyword
+arguments, its docstring and the ``deepinfer generate / chat`` flags are derived from them.
+Values left to the environment (``model``, ``speculative_tokens``, ``spec_varlen``) and
+``max_num_batched_tokens`` are settled when the config is built, the argument beating the
+environment, so everything downstream reads plain values.
 
 What the model side reports back after loading and profiling (vocabulary, EOS ids, context
 limit, compression ratios, cache capacity) is a ``LoadedModel``; ``max_model_len`` is settled
@@ -8,11 +15,13 @@ only then, against the cache capacity.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from deepinfer.engine.core.config import SchedulerConfig
 from deepinfer.engine.core.executor import Executor
+from deepinfer.kernels import envs
 
 logger = logging.getLogger("deepinfer.engine")
 
@@ -24,96 +33,245 @@ LOAD_FORMATS = ("auto", "dummy")
 SPEC_ACCEPTANCE = ("auto", "seed_exact", "rejection")
 
 
+def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if value not in choices:
+            raise ValueError(f"{name}={value!r}: expected one of {', '.join(choices)}")
+
+    return check
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r}: expected a positive integer")
+
+
+def _optional_positive_int(name: str, value: Any) -> None:
+    if value is not None:
+        _positive_int(name, value)
+
+
+def _integer(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r}: expected an integer")
+
+
+def _fraction(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"{name}={value!r}: expected a number in (0, 1]")
+
+
+def _bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r}: expected a bool")
+
+
+def _optional_bool(name: str, value: Any) -> None:
+    if value not in (None, True, False):
+        raise ValueError(f"{name}={value!r}: expected None, True or False")
+
+
+def _model(name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name}={value!r}: expected a hub id or a directory")
+
+
+def _draft_count(name: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(
+            f"{name}={value!r}: expected None (DEEPINFER_USE_NEXTN_DECODE) or an integer >= 0 "
+            "(0 disables speculation)"
+        )
+
+
+def _cost_curve(name: str, value: Any) -> None:
+    if value is not None and not callable(getattr(value, "costs", None)):
+        raise ValueError(f"{name}={value!r}: expected a deepinfer.spec.StepCostCurve or None")
+
+
+def param(
+    default: Any,
+    help: str,
+    check: Callable[[str, Any], None] | None = None,
+    *,
+    choices: tuple[str, ...] | None = None,
+    cli: bool = True,
+    cli_type: Callable[[str], Any] | None = None,
+) -> Any:
+    """A parameter of the engine: a dataclass field whose metadata holds its help text, its
+    check (``check(name, value)`` raises ValueError naming the field) and its command-line
+    flag (``cli``; the flag is ``--`` plus the name with dashes, of type ``cli_type``)."""
+    if choices is not None and check is None:
+        check = _choice(choices)
+    metadata = {"help": help, "check": check, "choices": choices, "cli": cli, "type": cli_type}
+    return field(default=default, metadata=metadata)
+
+
+def _internal(default: Any, help: str) -> Any:
+    """A resolved fact that is not a user parameter (no keyword of ``LLM``, no flag)."""
+    return field(default=default, metadata={"help": help, "internal": True})
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Every engine setting, resolved (``max_model_len`` may stay None until the model loads).
 
-    Speculative decoding (DSpark, checkpoints with draft stages): ``speculative_tokens``
-    drafts per decode step (None: ``DEEPINFER_USE_NEXTN_DECODE``; 0: off), checked against the
-    checkpoint's ``dspark_block_size`` at load; ``spec_acceptance`` how sampled requests verify
-    drafts (``"auto"``: seed-exact when the user gave a seed, else rejection sampling);
-    ``spec_varlen`` confidence-scheduled verification (None: ``DEEPINFER_ENABLE_MTP_VARLEN``);
-    ``spec_cost_curve`` the planner's step-cost curve (None: measured at start-up);
-    ``return_draft_confidences`` report the drafts' confidences in ``RequestOutput.metrics``.
-    ``enforce_eager``: never replay decode-step CUDA graphs (on a CUDA device without
-    speculation, decode-only steps replay them by default).
+    Built from ``LLM``'s arguments; each field's metadata says what it means.
     """
 
-    model: str
-    accelerator: str = "auto"
-    dtype: str = "bfloat16"
-    max_model_len: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    gpu_memory_utilization: float = 0.9
-    load_format: str = "auto"
-    quant_simulation: bool | None = None
-    seed: int = 0
-    block_size: int = 128
-    enable_chunked_prefill: bool = True
-    num_cache_blocks: int | None = None
-    speculative_tokens: int | None = None
-    spec_acceptance: str = "auto"
-    spec_varlen: bool | None = None
-    spec_cost_curve: Any = None
-    return_draft_confidences: bool = False
-    enforce_eager: bool = False
+    model: str | None = param(
+        None,
+        "a hub id or a local checkpoint directory; None means ``DEEPINFER_HF_MODEL_DIR`` if "
+        f"set, else ``{DEFAULT_MODEL}``.",
+        _model,
+    )
+    accelerator: str = param(
+        "auto",
+        "where to run, ``auto | nvidia | ascend | cpu`` (auto: ``DEEPINFER_ACCELERATOR``, else "
+        "detect).",
+        choices=ACCELERATORS,
+    )
+    dtype: str = param(
+        "bfloat16",
+        "activation dtype, ``bfloat16 | float16 | float32`` (the command line defaults to "
+        "float32 on cpu).",
+        choices=DTYPES,
+    )
+    max_model_len: int | None = param(
+        None,
+        "most tokens (prompt + output) per sequence; None = the model's limit capped by the "
+        "KV-cache capacity.",
+        _optional_positive_int,
+        cli_type=int,
+    )
+    max_num_seqs: int = param(256, "most sequences running at once.", _positive_int, cli_type=int)
+    max_num_batched_tokens: int | None = param(
+        None,
+        f"token budget per step (None = {DEFAULT_MAX_NUM_BATCHED_TOKENS}, or ``max_model_len`` "
+        "when chunked prefill is off).",
+        _optional_positive_int,
+        cli_type=int,
+    )
+    gpu_memory_utilization: float = param(
+        0.9,
+        "fraction of device memory for weights, activations and cache.",
+        _fraction,
+        cli_type=float,
+    )
+    load_format: str = param(
+        "auto",
+        "``auto`` (the checkpoint's weights) or ``dummy`` (random weights of the real shapes).",
+        choices=LOAD_FORMATS,
+    )
+    quant_simulation: bool | None = param(
+        None,
+        "force the FP8/FP4 activation simulation on or off (None = follow the checkpoint).",
+        _optional_bool,
+        cli=False,
+    )
+    seed: int = param(
+        0,
+        "seeds the engine's random state and the per-request seeds of requests that set none "
+        "(so a rerun of the same script reproduces them).",
+        _integer,
+        cli=False,  # the command line's --seed is the sampling seed
+    )
+    block_size: int = param(128, "tokens per KV-cache block.", _positive_int, cli_type=int)
+    enable_chunked_prefill: bool = param(True, "split long prompts across steps.", _bool)
+    num_cache_blocks: int | None = param(
+        None,
+        "use this many KV-cache blocks instead of the number that fits in memory "
+        "(reproducible capacity; small values force preemption in tests).",
+        _optional_positive_int,
+        cli_type=int,
+    )
+    speculative_tokens: int | None = param(
+        None,
+        "DSpark drafts per decode step (None: ``DEEPINFER_USE_NEXTN_DECODE``, default 5, capped "
+        "at the checkpoint's ``dspark_block_size``; 0: no speculation). Only checkpoints with "
+        "DSpark draft stages speculate.",
+        _draft_count,
+        cli_type=int,
+    )
+    spec_acceptance: str = param(
+        "auto",
+        "how sampled requests verify drafts: ``auto`` (seed-exact when the request sets a "
+        "seed, so its tokens equal a run without speculation; rejection sampling otherwise, "
+        "exact in distribution), ``seed_exact`` or ``rejection``. Greedy requests always take "
+        "the argmax prefix.",
+        choices=SPEC_ACCEPTANCE,
+    )
+    spec_varlen: bool | None = param(
+        None,
+        "confidence-scheduled verification (each request verifies the drafts worth their "
+        "cost); None: ``DEEPINFER_ENABLE_MTP_VARLEN``.",
+        _optional_bool,
+    )
+    spec_cost_curve: Any = param(
+        None,
+        "the ``deepinfer.spec.StepCostCurve`` that planning uses; None measures one at start-up.",
+        _cost_curve,
+        cli=False,
+    )
+    return_draft_confidences: bool = param(
+        False,
+        "report each verified draft's confidence in ``RequestOutput.metrics.draft_confidences``.",
+        _bool,
+        cli=False,
+    )
+    enforce_eager: bool = param(
+        False,
+        "run every step eagerly. By default, on a CUDA device without speculation, decode-only "
+        "steps (one token per sequence) replay CUDA graphs captured on first use per (batch "
+        "size, context bucket); outputs are identical.",
+        _bool,
+    )
+    cap_speculative_tokens: bool = _internal(
+        False,
+        "``speculative_tokens`` came from ``DEEPINFER_USE_NEXTN_DECODE``: a preference capped "
+        "at the checkpoint's draft block (and ignored without draft stages), not a requirement.",
+    )
 
     def __post_init__(self) -> None:
-        _check_choice("accelerator", self.accelerator, ACCELERATORS)
-        _check_choice("dtype", self.dtype, DTYPES)
-        _check_choice("load_format", self.load_format, LOAD_FORMATS)
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
-            _check_positive_int(name, getattr(self, name))
-        if self.max_model_len is not None:
-            _check_positive_int("max_model_len", self.max_model_len)
-        if self.num_cache_blocks is not None:
-            _check_positive_int("num_cache_blocks", self.num_cache_blocks)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed={self.seed!r}: expected an integer")
-        util = self.gpu_memory_utilization
-        if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1:
-            raise ValueError(f"gpu_memory_utilization={util!r}: expected a number in (0, 1]")
-        if self.quant_simulation not in (None, True, False):
-            raise ValueError(
-                f"quant_simulation={self.quant_simulation!r}: expected None, True or False"
-            )
-        self._check_speculation()
-        if not isinstance(self.enforce_eager, bool):
-            raise ValueError(f"enforce_eager={self.enforce_eager!r}: expected a bool")
-        if not isinstance(self.model, str) or not self.model:
-            raise ValueError(f"model={self.model!r}: expected a hub id or a directory")
+        for f in fields(self):
+            check = f.metadata.get("check")
+            if check is not None and f.name != "model":
+                check(f.name, getattr(self, f.name))
+        self._resolve()
+        _model("model", self.model)
+        _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
 
-    def _check_speculation(self) -> None:
-        k = self.speculative_tokens
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
-            raise ValueError(
-                f"speculative_tokens={k!r}: expected None (DEEPINFER_USE_NEXTN_DECODE) or an "
-                "integer >= 0 (0 disables speculation)"
-            )
-        _check_choice("spec_acceptance", self.spec_acceptance, SPEC_ACCEPTANCE)
-        for name in ("spec_varlen",):
-            if getattr(self, name) not in (None, True, False):
-                raise ValueError(f"{name}={getattr(self, name)!r}: expected None, True or False")
-        if not isinstance(self.return_draft_confidences, bool):
-            raise ValueError(
-                f"return_draft_confidences={self.return_draft_confidences!r}: expected a bool"
-            )
-        curve = self.spec_cost_curve
-        if curve is not None and not callable(getattr(curve, "costs", None)):
-            raise ValueError(
-                f"spec_cost_curve={curve!r}: expected a deepinfer.spec.StepCostCurve or None"
-            )
+    def _resolve(self) -> None:
+        """Settle the values left to the environment or to other fields (argument first)."""
+        resolved: dict[str, Any] = {}
+        if not isinstance(self.model, str):
+            resolved["model"] = resolve_model(self.model)
+        if self.max_num_batched_tokens is None:
+            budget = DEFAULT_MAX_NUM_BATCHED_TOKENS
+            if not self.enable_chunked_prefill and self.max_model_len is not None:
+                budget = max(self.max_model_len, budget)
+            resolved["max_num_batched_tokens"] = budget
+        if self.speculative_tokens is None:
+            k = envs.get("DEEPINFER_USE_NEXTN_DECODE")
+            if k < 0:
+                raise ValueError(f"DEEPINFER_USE_NEXTN_DECODE={k}: expected >= 0")
+            resolved.update(speculative_tokens=k, cap_speculative_tokens=True)
+        if self.spec_varlen is None:
+            resolved["spec_varlen"] = bool(envs.get("DEEPINFER_ENABLE_MTP_VARLEN"))
+        for name, value in resolved.items():
+            object.__setattr__(self, name, value)  # frozen: settled once, here
+
+    @classmethod
+    def parameters(cls) -> list[Any]:
+        """The user parameters (``LLM``'s keyword arguments), in declaration order."""
+        return [f for f in fields(cls) if not f.metadata.get("internal")]
 
 
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r}: expected one of {', '.join(choices)}")
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r}: expected a positive integer")
+def resolve_model(model: Any) -> str:
+    """``model``, else ``DEEPINFER_HF_MODEL_DIR``, else the default hub id."""
+    if model is not None:
+        return str(model)
+    return envs.get("DEEPINFER_HF_MODEL_DIR") or DEFAULT_MODEL
 
 
 @dataclass(frozen=True)

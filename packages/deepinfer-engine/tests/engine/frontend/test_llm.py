@@ -205,7 +205,7 @@ def test_constructor_validates_and_resolves(monkeypatch):
     assert FakeLLM(num_blocks=100).config.max_model_len == 99 * 4
     monkeypatch.setenv("DEEPINFER_HF_MODEL_DIR", "/models/v4")
     assert LLM._load_executor is not FakeLLM._load_executor
-    from deepinfer.engine.frontend.llm import resolve_model
+    from deepinfer.engine.config import resolve_model
 
     assert resolve_model(None) == "/models/v4" and resolve_model("x/y") == "x/y"
     monkeypatch.delenv("DEEPINFER_HF_MODEL_DIR")

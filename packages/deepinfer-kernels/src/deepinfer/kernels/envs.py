@@ -98,12 +98,11 @@ REGISTRY: dict[str, EnvVar] = {
             "run every op's plain-PyTorch reference on the selected device (debugging, baselines)",
         ),
         EnvVar(
-            "DEEPINFER_ZERO_OVERHEAD_SCHEDULING",
-            _bool,
-            False,
-            "plan step N+1 while step N runs",
+            "DEEPINFER_LOG_LEVEL",
+            str,
+            "INFO",
+            "level of the deepinfer loggers: DEBUG, INFO, WARNING, ERROR or CRITICAL",
         ),
-        EnvVar("DEEPINFER_LOG_LEVEL", str, "INFO", "log level of the deepinfer loggers"),
     ]
 }
 

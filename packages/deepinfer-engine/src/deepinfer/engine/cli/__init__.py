@@ -47,10 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from deepinfer.engine.frontend.validation import InvalidRequestError
+    from deepinfer.engine.logs import set_log_level
     from deepinfer.kernels import AcceleratorUnavailableError
 
     args = build_parser().parse_args(argv)
     try:
+        set_log_level()
         return args.func(args)
     except (AcceleratorUnavailableError, InvalidRequestError, ValueError, OSError) as e:
         print(f"deepinfer: error: {e}", file=sys.stderr)

@@ -9,22 +9,25 @@ from typing import Any
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """The engine flags, one per parameter of :class:`EngineConfig` marked for the command line
+    (same names with dashes, same defaults and help), then the sampling flags."""
+    from deepinfer.engine.config import EngineConfig
+
     g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="checkpoint directory or hub id (default: "
-                   "DEEPINFER_HF_MODEL_DIR, else deepseek-ai/DeepSeek-V4.1-Flash-1017)")  # fmt: skip
-    g.add_argument("--accelerator", default="auto", choices=["auto", "nvidia", "ascend", "cpu"],
-                   help="where to run (default: detect; DEEPINFER_ACCELERATOR)")  # fmt: skip
-    g.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
-                   help="activation dtype (default: float32 on cpu, else bfloat16)")  # fmt: skip
-    g.add_argument("--max-model-len", type=int, default=None, help="most tokens per sequence")
-    g.add_argument("--max-num-seqs", type=int, default=256, help="most sequences at once")
-    g.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
-                   help="'dummy' = random weights of the real shapes")  # fmt: skip
-    g.add_argument("--speculative-tokens", type=int, default=None,
-                   help="DSpark drafts per decode step, 0 = off (default: "
-                   "DEEPINFER_USE_NEXTN_DECODE, 5, capped at the checkpoint's block)")  # fmt: skip
-    g.add_argument("--enforce-eager", action="store_true",
-                   help="never replay decode-step CUDA graphs")  # fmt: skip
+    for f in EngineConfig.parameters():
+        if not f.metadata["cli"]:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata["help"].replace("``", "")
+        if f.name == "dtype":  # resolved in _engine: float32 on cpu, else the declared default
+            g.add_argument(flag, default=None, choices=f.metadata["choices"], help=help_text)
+        elif str(f.type).startswith("bool"):
+            action = "store_true" if f.default is False else argparse.BooleanOptionalAction
+            g.add_argument(flag, default=f.default, action=action, help=help_text)
+        else:
+            kind = f.metadata["type"] or str
+            choices = f.metadata["choices"]
+            g.add_argument(flag, type=kind, default=f.default, choices=choices, help=help_text)
     s = parser.add_argument_group("sampling")
     s.add_argument("--max-tokens", type=int, default=256, help="tokens to generate per sample")
     s.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
@@ -36,18 +39,14 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
 
 def _engine(args: argparse.Namespace):
     from deepinfer.engine import LLM
+    from deepinfer.engine.config import EngineConfig
 
-    dtype = args.dtype or ("float32" if args.accelerator == "cpu" else "bfloat16")
-    return LLM(
-        args.model,
-        accelerator=args.accelerator,
-        dtype=dtype,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        load_format=args.load_format,
-        speculative_tokens=args.speculative_tokens,
-        enforce_eager=args.enforce_eager,
-    )
+    options = {
+        f.name: getattr(args, f.name) for f in EngineConfig.parameters() if f.metadata["cli"]
+    }
+    if options["dtype"] is None:
+        options["dtype"] = "float32" if args.accelerator == "cpu" else "bfloat16"
+    return LLM(**options)
 
 
 def _params(args: argparse.Namespace, **extra: Any):

@@ -8,7 +8,9 @@ finishes alone with ``finish_reason="error"`` and a message, the others complete
 
 from __future__ import annotations
 
+import inspect
 import itertools
+import textwrap
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -16,8 +18,6 @@ from dataclasses import replace
 from typing import Any
 
 from deepinfer.engine.config import (
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MODEL,
     EngineConfig,
     LoadedModel,
     log_capacity,
@@ -32,106 +32,24 @@ from deepinfer.engine.frontend.output_processor import OutputProcessor
 from deepinfer.engine.frontend.outputs import RequestOutput
 from deepinfer.engine.frontend.progress import ThroughputBar
 from deepinfer.engine.frontend.validation import InvalidRequestError, validate_batch
-from deepinfer.kernels import envs
+from deepinfer.engine.logs import set_log_level
 from deepinfer.sampling import SamplingParams
 
-
-def resolve_model(model: str | None) -> str:
-    """``model``, else ``DEEPINFER_HF_MODEL_DIR``, else the default hub id."""
-    if model is not None:
-        return str(model)
-    return envs.get("DEEPINFER_HF_MODEL_DIR") or DEFAULT_MODEL
+_PARAMETERS = {f.name for f in EngineConfig.parameters()}
 
 
 class LLM:
     """An offline engine for one model.
 
-    Args:
-        model: a hub id or a local checkpoint directory; None means ``DEEPINFER_HF_MODEL_DIR``
-            if set, else ``deepseek-ai/DeepSeek-V4.1-Flash-1017``.
-        accelerator: ``"auto" | "nvidia" | "ascend" | "cpu"``.
-        dtype: activation dtype, ``"bfloat16" | "float16" | "float32"``.
-        max_model_len: most tokens (prompt + output) per sequence; None = the model's limit
-            capped by the KV-cache capacity.
-        max_num_seqs: most sequences running at once.
-        max_num_batched_tokens: token budget per step (None = 8192, or ``max_model_len`` when
-            chunked prefill is off).
-        gpu_memory_utilization: fraction of device memory for weights, activations and cache.
-        load_format: ``"auto"`` (the checkpoint's weights) or ``"dummy"`` (random weights).
-        quant_simulation: force the FP8/FP4 activation simulation on or off (None = follow
-            the checkpoint).
-        seed: seeds the engine's random state and the per-request seeds of requests that set
-            none (so a rerun of the same script reproduces them).
-        block_size: tokens per KV-cache block.
-        enable_chunked_prefill: split long prompts across steps.
-        num_cache_blocks: use this many KV-cache blocks instead of the number that fits in
-            memory (reproducible capacity; small values force preemption in tests).
-        speculative_tokens: DSpark drafts per decode step (None: ``DEEPINFER_USE_NEXTN_DECODE``,
-            default 5, capped at the checkpoint's ``dspark_block_size``; 0: no speculation).
-            Only checkpoints with DSpark draft stages speculate.
-        spec_acceptance: how sampled requests verify drafts: ``"auto"`` (seed-exact when the
-            request sets a seed, so its tokens equal a run without speculation; rejection
-            sampling otherwise, exact in distribution), ``"seed_exact"`` or ``"rejection"``.
-            Greedy requests always take the argmax prefix.
-        spec_varlen: confidence-scheduled verification (each request verifies the drafts
-            worth their cost); None: ``DEEPINFER_ENABLE_MTP_VARLEN``.
-        spec_cost_curve: the ``deepinfer.spec.StepCostCurve`` that planning uses; None
-            measures one at start-up.
-        return_draft_confidences: report each verified draft's confidence in
-            ``RequestOutput.metrics.draft_confidences``.
-        enforce_eager: run every step eagerly. By default, on a CUDA device without
-            speculation, decode-only steps (one token per sequence) replay CUDA graphs
-            captured on first use per (batch size, context bucket); outputs are identical.
+    Args: (written from :class:`~deepinfer.engine.config.EngineConfig`'s declaration below)
     """
 
-    def __init__(
-        self,
-        model: str | None = None,
-        *,
-        accelerator: str = "auto",
-        dtype: str = "bfloat16",
-        max_model_len: int | None = None,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int | None = None,
-        gpu_memory_utilization: float = 0.9,
-        load_format: str = "auto",
-        quant_simulation: bool | None = None,
-        seed: int = 0,
-        block_size: int = 128,
-        enable_chunked_prefill: bool = True,
-        num_cache_blocks: int | None = None,
-        speculative_tokens: int | None = None,
-        spec_acceptance: str = "auto",
-        spec_varlen: bool | None = None,
-        spec_cost_curve: Any = None,
-        return_draft_confidences: bool = False,
-        enforce_eager: bool = False,
-    ) -> None:
-        if max_num_batched_tokens is None:
-            max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS
-            if not enable_chunked_prefill and max_model_len is not None:
-                max_num_batched_tokens = max(max_model_len, max_num_batched_tokens)
-        config = EngineConfig(
-            model=resolve_model(model),
-            accelerator=accelerator,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            gpu_memory_utilization=gpu_memory_utilization,
-            load_format=load_format,
-            quant_simulation=quant_simulation,
-            seed=seed,
-            block_size=block_size,
-            enable_chunked_prefill=enable_chunked_prefill,
-            num_cache_blocks=num_cache_blocks,
-            speculative_tokens=speculative_tokens,
-            spec_acceptance=spec_acceptance,
-            spec_varlen=spec_varlen,
-            spec_cost_curve=spec_cost_curve,
-            return_draft_confidences=return_draft_confidences,
-            enforce_eager=enforce_eager,
-        )
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        unknown = [name for name in kwargs if name not in _PARAMETERS]
+        if unknown:
+            raise TypeError(f"LLM() got an unexpected keyword argument {unknown[0]!r}")
+        set_log_level()
+        config = EngineConfig(model=model, **kwargs)
         loaded = self._load_executor(config)
         self.config = resolve_max_model_len(config, loaded)
         self.scheduler_config = scheduler_config(self.config, loaded)
@@ -142,7 +60,7 @@ class LLM:
         scheduler = Scheduler(self.scheduler_config, tokenizer=loaded.tokenizer)
         self._core = EngineCore(scheduler, loaded.executor)
         self._outputs = OutputProcessor()
-        self._seeds = seed_stream(seed)
+        self._seeds = seed_stream(self.config.seed)
         self._request_counter = itertools.count()
 
     def _load_executor(self, config: EngineConfig) -> LoadedModel:
@@ -315,7 +233,24 @@ class LLM:
                 self._outputs.forget(request_id)
 
 
-__all__ = ["LLM", "InvalidRequestError", "RequestStream", "SamplingParams", "resolve_model"]
+def _document_parameters(cls: type) -> None:
+    """``cls.__init__``'s signature and the Args of ``cls``'s docstring, from the declaration."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    lines = [cls.__doc__.split("    Args:")[0].rstrip(), "", "    Args:"]
+    for f in EngineConfig.parameters():
+        kind = inspect.Parameter.KEYWORD_ONLY
+        if f.name == "model":
+            kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        params.append(inspect.Parameter(f.name, kind, default=f.default, annotation=f.type))
+        text = f"{f.name}: {f.metadata['help']}"
+        lines += textwrap.wrap(text, 96, initial_indent=" " * 8, subsequent_indent=" " * 12)
+    cls.__init__.__signature__ = inspect.Signature(params)
+    cls.__doc__ = "\n".join(lines) + "\n"
+
+
+_document_parameters(LLM)
+
+__all__ = ["LLM", "InvalidRequestError", "RequestStream", "SamplingParams"]
 
 
 class RequestStream:

@@ -2,11 +2,11 @@
 for how drafts are verified.
 
 Resolution (:func:`resolve_spec_config`): speculation runs when the checkpoint has DSpark draft
-stages and ``K`` > 0, where ``K`` is ``EngineConfig.speculative_tokens`` if set, else
-``DEEPINFER_USE_NEXTN_DECODE`` (default 5). ``K`` above the checkpoint's ``dspark_block_size``
-(the block the drafter was trained on): an explicit ``speculative_tokens`` is an error, the
-environment value is capped at the block size with a warning (so the default 5 works on a
-checkpoint trained with 3). Asking explicitly for ``K`` > 0 on a checkpoint without DSpark
+stages and ``K`` > 0, where ``K`` is ``EngineConfig.speculative_tokens`` (the argument, else
+``DEEPINFER_USE_NEXTN_DECODE``, default 5, settled when the config was built). ``K`` above the
+checkpoint's ``dspark_block_size`` (the block the drafter was trained on): an explicit
+``speculative_tokens`` is an error, the environment value is capped at the block size with a
+warning (so the default 5 works on a checkpoint trained with 3). Asking explicitly for ``K`` > 0 on a checkpoint without DSpark
 stages is an error too.
 
 Verification modes per request (:func:`verify_mode`):
@@ -33,7 +33,6 @@ from typing import Any
 
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.model.config import ModelConfig
-from deepinfer.kernels import envs
 
 logger = logging.getLogger("deepinfer.engine")
 
@@ -54,28 +53,23 @@ class SpecConfig:
 
 
 def requested_draft_tokens(config: EngineConfig, block_size: int) -> int:
-    """``K`` from the config (beats the environment), checked against the drafter's block."""
-    explicit = config.speculative_tokens
-    if explicit is not None:
-        if explicit > block_size:
-            raise ValueError(
-                f"speculative_tokens={explicit}: expected 0..{block_size} (the checkpoint's "
-                f"dspark_block_size)"
-            )
-        return explicit
-    k = envs.get("DEEPINFER_USE_NEXTN_DECODE")
-    if k < 0:
-        raise ValueError(f"DEEPINFER_USE_NEXTN_DECODE={k}: expected >= 0")
-    if k > block_size:
-        logger.warning(
-            "DEEPINFER_USE_NEXTN_DECODE=%d is above the checkpoint's dspark_block_size=%d: "
-            "proposing %d drafts per step",
-            k,
-            block_size,
-            block_size,
+    """``K`` from the config, checked against the drafter's block: a count the user asked for
+    must fit it, one from the environment is capped at it."""
+    k = config.speculative_tokens
+    if k <= block_size:
+        return k
+    if not config.cap_speculative_tokens:
+        raise ValueError(
+            f"speculative_tokens={k}: expected 0..{block_size} (the checkpoint's dspark_block_size)"
         )
-        return block_size
-    return k
+    logger.warning(
+        "DEEPINFER_USE_NEXTN_DECODE=%d is above the checkpoint's dspark_block_size=%d: "
+        "proposing %d drafts per step",
+        k,
+        block_size,
+        block_size,
+    )
+    return block_size
 
 
 def resolve_spec_config(
@@ -86,7 +80,7 @@ def resolve_spec_config(
 
     usable = is_dspark(model_config) and has_draft_weights
     if not usable:
-        if config.speculative_tokens:
+        if config.speculative_tokens and not config.cap_speculative_tokens:
             raise ValueError(
                 f"speculative_tokens={config.speculative_tokens}: the checkpoint has no DSpark "
                 "draft stages (mtp.* with dspark_block_size > 0); expected 0 or None"
@@ -95,13 +89,10 @@ def resolve_spec_config(
     k = requested_draft_tokens(config, model_config.dspark_block_size)
     if k == 0:
         return None
-    varlen = config.spec_varlen
-    if varlen is None:
-        varlen = bool(envs.get("DEEPINFER_ENABLE_MTP_VARLEN"))
     return SpecConfig(
         num_draft_tokens=k,
         acceptance=config.spec_acceptance,
-        varlen=varlen,
+        varlen=config.spec_varlen,
         cost_curve=config.spec_cost_curve,
         return_confidences=config.return_draft_confidences,
     )

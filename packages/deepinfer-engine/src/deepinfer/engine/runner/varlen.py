@@ -1,4 +1,4 @@
-"""Confidence-scheduled verification (``DEEPINFER_ENABLE_MTP_VARLEN=1``): before laying a step
+"""Confidence-scheduled verification (``EngineConfig.spec_varlen``): before laying a step
 out, decide how many of its scheduled drafts each request verifies.
 
 The scheduler schedules every proposed draft (its token budget and blocks cover them); the
