@@ -9,23 +9,20 @@ rate measured in the same run; 790 TFLOP/s bf16 dense (KINDS.md measured rate).
 A small sweep of launch tiles and both launch paths (split, whole list) runs first; the best is
 reported with its parameters, beside the default policy's time.
 
-    python benchmarks/kernels/bench_attention.py --out bench-out/attention.json
+    python -m benchmarks.kernels.bench_attention --out bench-out/attention.json
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import copy_bandwidth_tbs, environment, print_table, time_cuda, write_json  # noqa: E402
-
-from deepinfer import kernels  # noqa: E402
-from deepinfer.kernels_nvidia import backend  # noqa: E402
-from deepinfer.kernels_nvidia.attention import AttentionTiles  # noqa: E402
+from benchmarks.common import copy_bandwidth_tbs, environment, print_table, time_cuda, write_json
+from deepinfer import kernels
+from deepinfer.kernels_nvidia import backend
+from deepinfer.kernels_nvidia.attention import AttentionTiles
 
 HEADS, DIM, WINDOW, ENTRIES, ARENA = 64, 512, 128, 512, 131072
 BF16_TFLOPS = 790.0

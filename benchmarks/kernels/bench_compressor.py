@@ -5,22 +5,19 @@ promotes them. Triton vs the reference (torch softmax + sum).
 Bytes counted: kv and score read once, the entries written once. Ceiling: the copy rate
 measured in the same run.
 
-    python benchmarks/kernels/bench_compressor.py --out bench-out/compressor.json
+    python -m benchmarks.kernels.bench_compressor --out bench-out/compressor.json
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import copy_bandwidth_tbs, environment, print_table, time_cuda, write_json  # noqa: E402
-
-from deepinfer import kernels  # noqa: E402
-from deepinfer.kernels_nvidia import backend  # noqa: E402
+from benchmarks.common import copy_bandwidth_tbs, environment, print_table, time_cuda, write_json
+from deepinfer import kernels
+from deepinfer.kernels_nvidia import backend
 
 TOKENS = 8192
 SHAPES = [  # (name, ratio, window rows, width)

@@ -18,7 +18,7 @@ the launch cost taken out.
 The LM head section (``--head-ms``) times ``linear``'s fp32-activation x bf16-weight product at
 the vocabulary shapes against the reference (fp32 copy of the weight + fp32 GEMM).
 
-    python benchmarks/kernels/bench_gemm.py --out bench-out/gemm.json
+    python -m benchmarks.kernels.bench_gemm --out bench-out/gemm.json
 """
 
 from __future__ import annotations
@@ -26,19 +26,16 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import copy_bandwidth_tbs, environment, print_table, time_cuda, write_json  # noqa: E402
-
-from deepinfer.kernels import OPS  # noqa: E402
-from deepinfer.kernels.reference import quant as ref_quant  # noqa: E402
-from deepinfer.kernels.testing.cases.gemm import random_fp8_weight  # noqa: E402
-from deepinfer.kernels_nvidia.gemm import bf16 as gemm_bf16  # noqa: E402
-from deepinfer.kernels_nvidia.gemm import cublas as gemm_cublas  # noqa: E402
-from deepinfer.kernels_nvidia.gemm import ops as gemm  # noqa: E402
+from benchmarks.common import copy_bandwidth_tbs, environment, print_table, time_cuda, write_json
+from deepinfer.kernels import OPS
+from deepinfer.kernels.reference import quant as ref_quant
+from deepinfer.kernels.testing.cases.gemm import random_fp8_weight
+from deepinfer.kernels_nvidia.gemm import bf16 as gemm_bf16
+from deepinfer.kernels_nvidia.gemm import cublas as gemm_cublas
+from deepinfer.kernels_nvidia.gemm import ops as gemm
 
 DEVICE = "cuda"
 T = gemm.GemmTiles

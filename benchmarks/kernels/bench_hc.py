@@ -13,7 +13,7 @@ collapsed row (T x 5 x D x 2 B); post reads f and the streams and writes the new
 (T x 9 x D x 2 B). Ceiling: the copy rate measured in the same run. ``--sweep`` also times the
 fused pre's launch shapes (each compiled first, in parallel subprocesses).
 
-    python benchmarks/kernels/bench_hc.py --tokens 16384 --sweep --out bench-out/hc.json
+    python -m benchmarks.kernels.bench_hc --tokens 16384 --sweep --out bench-out/hc.json
 """
 
 from __future__ import annotations
@@ -21,16 +21,13 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import copy_bandwidth_tbs, environment, print_table, time_cuda, write_json  # noqa: E402
-
-from deepinfer import kernels  # noqa: E402
-from deepinfer.kernels_nvidia import hc  # noqa: E402
-from deepinfer.kernels_nvidia.hc_pre import DEFAULT_TILES, HcPreTiles, hc_pre  # noqa: E402
+from benchmarks.common import copy_bandwidth_tbs, environment, print_table, time_cuda, write_json
+from deepinfer import kernels
+from deepinfer.kernels_nvidia import hc
+from deepinfer.kernels_nvidia.hc_pre import DEFAULT_TILES, HcPreTiles, hc_pre
 
 NC = 4
 KW = {"norm_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20}
@@ -132,7 +129,10 @@ def _warm(index: int) -> None:
 
 
 def _warm_all(parallel: int = 16) -> None:
-    jobs = [[sys.executable, __file__, "--warm", str(i)] for i in range(len(SWEEP))]
+    jobs = [
+        [sys.executable, "-m", "benchmarks.kernels.bench_hc", "--warm", str(i)]
+        for i in range(len(SWEEP))
+    ]
     for start in range(0, len(jobs), parallel):
         for proc in [subprocess.Popen(j) for j in jobs[start : start + parallel]]:
             proc.wait()

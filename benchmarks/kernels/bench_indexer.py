@@ -10,22 +10,19 @@ way); "unique" is the key arena read once. The "private keys" case gives every r
 16,384 keys (64 decoding sequences at 64k context): there every counted byte comes from HBM.
 Ceiling: the copy rate measured in the same run.
 
-    python benchmarks/kernels/bench_indexer.py --out bench-out/indexer.json
+    python -m benchmarks.kernels.bench_indexer --out bench-out/indexer.json
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import copy_bandwidth_tbs, environment, print_table, time_cuda, write_json  # noqa: E402
-
-from deepinfer import kernels  # noqa: E402
-from deepinfer.kernels_nvidia import backend  # noqa: E402
+from benchmarks.common import copy_bandwidth_tbs, environment, print_table, time_cuda, write_json
+from deepinfer import kernels
+from deepinfer.kernels_nvidia import backend
 
 DIM, TOPK = 128, 512
 # (block_c, blocks per program, warps, stages, keys as the product's M side)

@@ -19,8 +19,8 @@ at least once). Errors: max and mean of |ours - reference| over the output's sta
 Every tile shape is compiled first in parallel subprocesses (``--warm-only`` does only that),
 then timed one after another.
 
-    python benchmarks/kernels/bench_moe.py --out bench-out/moe.json
-    python benchmarks/kernels/bench_moe.py --tokens 512,2048,8192 --out bench-out/moe-prefill.json
+    python -m benchmarks.kernels.bench_moe --out bench-out/moe.json
+    python -m benchmarks.kernels.bench_moe --tokens 512,2048,8192 --out bench-out/moe-prefill.json
 """
 
 from __future__ import annotations
@@ -29,21 +29,25 @@ import argparse
 import dataclasses
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import copy_bandwidth_tbs, environment, print_table, time_cuda, time_graph, write_json  # noqa: E402
-from moe_baselines import dequant_bf16, torch_moe, torch_moe_from_fp4  # noqa: E402
-
-from deepinfer.kernels import OPS  # noqa: E402
-from deepinfer.kernels.testing.cases.moe_kernels import random_fp4_weight  # noqa: E402
-from deepinfer.kernels_nvidia.moe import align, stream  # noqa: E402
-from deepinfer.kernels_nvidia.moe import experts as moe_experts  # noqa: E402
-from deepinfer.kernels_nvidia.moe.experts import MoeTiles  # noqa: E402
-from deepinfer.kernels_nvidia.moe.split import launch_fused_gate_up  # noqa: E402
-from deepinfer.kernels_nvidia.quant import quantize_rows  # noqa: E402
+from benchmarks.common import (
+    copy_bandwidth_tbs,
+    environment,
+    print_table,
+    time_cuda,
+    time_graph,
+    write_json,
+)
+from benchmarks.kernels.moe_baselines import dequant_bf16, torch_moe, torch_moe_from_fp4
+from deepinfer.kernels import OPS
+from deepinfer.kernels.testing.cases.moe_kernels import random_fp4_weight
+from deepinfer.kernels_nvidia.moe import align, stream
+from deepinfer.kernels_nvidia.moe import experts as moe_experts
+from deepinfer.kernels_nvidia.moe.experts import MoeTiles
+from deepinfer.kernels_nvidia.moe.split import launch_fused_gate_up
+from deepinfer.kernels_nvidia.quant import quantize_rows
 
 MODELS = {"V4-Flash": (256, 4096, 2048, 128), "V4.1-Flash": (384, 5120, 2304, 32)}
 TOP_K, LIMIT = 6, 10.0
@@ -289,7 +293,15 @@ def warm_all(token_counts, parallel=32):
                 key = (m, tiles or _default_tiles(m, t))
                 if key not in seen:
                     seen.add(key)
-                    jobs.append([sys.executable, __file__, "--warm", f"{m}:{t}:{n}"])
+                    jobs.append(
+                        [
+                            sys.executable,
+                            "-m",
+                            "benchmarks.kernels.bench_moe",
+                            "--warm",
+                            f"{m}:{t}:{n}",
+                        ]
+                    )
     failed = []
     for start in range(0, len(jobs), parallel):
         procs = [subprocess.Popen(cmd) for cmd in jobs[start : start + parallel]]

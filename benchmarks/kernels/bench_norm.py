@@ -6,22 +6,19 @@ Bytes counted: rms_norm reads x and writes y (2 x T x H x 2 B); the fused op rea
 residual and writes y and the new residual (4 x T x H x 2 B); the weight is negligible. The
 ceiling is the device copy rate measured in the same run (bytes read + written).
 
-    python benchmarks/kernels/bench_norm.py --out bench-out/norm.json
+    python -m benchmarks.kernels.bench_norm --out bench-out/norm.json
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import copy_bandwidth_tbs, environment, print_table, time_cuda, write_json  # noqa: E402
-
-from deepinfer import kernels  # noqa: E402
-from deepinfer.kernels_nvidia import backend  # noqa: E402
+from benchmarks.common import copy_bandwidth_tbs, environment, print_table, time_cuda, write_json
+from deepinfer import kernels
+from deepinfer.kernels_nvidia import backend
 
 
 def bench_shape(hidden: int, tokens: int, ceiling: float) -> list[dict]:

@@ -5,22 +5,26 @@ V4-Flash (hidden 4096, group 128) and V4.1-Flash (hidden 5120, group 32) shapes.
 Bytes counted: read x (bf16) once, write q (1 B per element) and one fp32 scale per group. The
 ceiling is the device copy rate measured in the same run (bytes read + written).
 
-    python benchmarks/kernels/bench_quant.py --out bench-out/quant.json
+    python -m benchmarks.kernels.bench_quant --out bench-out/quant.json
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import copy_bandwidth_tbs, environment, print_table, time_cuda, time_graph, write_json  # noqa: E402
-
-from deepinfer.kernels import OPS  # noqa: E402
-from deepinfer.kernels_nvidia import quant  # noqa: E402
+from benchmarks.common import (
+    copy_bandwidth_tbs,
+    environment,
+    print_table,
+    time_cuda,
+    time_graph,
+    write_json,
+)
+from deepinfer.kernels import OPS
+from deepinfer.kernels_nvidia import quant
 
 DEVICE = "cuda"  # the benchmarks time CUDA kernels; a CPU smoke run may override it
 

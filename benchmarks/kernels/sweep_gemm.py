@@ -5,30 +5,28 @@ CUDA-graph replay of many kernels on distinct weights), and torch's blockwise-sc
 Compilation is the slow part, so it runs first in parallel worker processes that fill Triton's
 disk cache (``--phase warm --part i --parts P``); the timing phase then runs alone on the GPU:
 
-    for i in $(seq 0 11); do python sweep_gemm.py --phase warm --part $i --parts 12 & done; wait
-    python sweep_gemm.py --phase time --out sweep.json
+    for i in $(seq 0 11); do
+        python -m benchmarks.kernels.sweep_gemm --phase warm --part $i --parts 12 &
+    done; wait
+    python -m benchmarks.kernels.sweep_gemm --phase time --out sweep.json
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import copy_bandwidth_tbs, environment, time_cuda, write_json  # noqa: E402
-
-from deepinfer.kernels import OPS  # noqa: E402
-from deepinfer.kernels.reference import quant as ref_quant  # noqa: E402
-from deepinfer.kernels.testing.cases.gemm import random_fp8_weight  # noqa: E402
-from deepinfer.kernels_nvidia.gemm import bf16 as gemm_bf16  # noqa: E402
-from deepinfer.kernels_nvidia.gemm import ops as gemm  # noqa: E402
-from deepinfer.kernels_nvidia.gemm.ops import GemmTiles as T  # noqa: E402
-from deepinfer.kernels_nvidia.gemm.ops import StreamTiles as S  # noqa: E402
+from benchmarks.common import copy_bandwidth_tbs, environment, time_cuda, write_json
+from deepinfer.kernels import OPS
+from deepinfer.kernels.reference import quant as ref_quant
+from deepinfer.kernels.testing.cases.gemm import random_fp8_weight
+from deepinfer.kernels_nvidia.gemm import bf16 as gemm_bf16
+from deepinfer.kernels_nvidia.gemm import ops as gemm
+from deepinfer.kernels_nvidia.gemm.ops import GemmTiles as T
+from deepinfer.kernels_nvidia.gemm.ops import StreamTiles as S
 
 V4 = [(1024, 4096), (32768, 1024), (512, 4096), (4096, 8192), (2048, 4096), (4096, 2048)]
 V41 = [(1280, 5120), (32768, 1280), (2304, 5120), (5120, 2304)]

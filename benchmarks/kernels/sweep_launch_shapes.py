@@ -2,25 +2,22 @@
 shapes, prefill sparse attention tiles (both whole-list kernels).
 Prints a line per variant and writes JSON after each section.
 
-    python benchmarks/kernels/sweep_launch_shapes.py {indexer,hc,attn} --out DIR
+    python -m benchmarks.kernels.sweep_launch_shapes {indexer,hc,attn} --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import environment, time_cuda  # noqa: E402
-
-from deepinfer import kernels  # noqa: E402
-from deepinfer.kernels_nvidia import backend  # noqa: E402
-from deepinfer.kernels_nvidia.attention import AttentionTiles  # noqa: E402
-from deepinfer.kernels_nvidia.hc_pre import HcPreTiles, hc_pre  # noqa: E402
+from benchmarks.common import environment, time_cuda
+from deepinfer import kernels
+from deepinfer.kernels_nvidia import backend
+from deepinfer.kernels_nvidia.attention import AttentionTiles
+from deepinfer.kernels_nvidia.hc_pre import HcPreTiles, hc_pre
 
 ROWS: list[dict] = []
 
