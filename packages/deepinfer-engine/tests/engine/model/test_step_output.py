@@ -50,7 +50,10 @@ def test_v4_taps_are_the_tap_layers_outputs(monkeypatch):
     torch.testing.assert_close(out.taps, want, atol=0, rtol=0)
 
 
-def test_logits_indices_select_rows():
+def test_logits_indices_select_rows(monkeypatch):
+    # the head then runs over 2 rows instead of 17: bitwise equal only in batch-invariant mode,
+    # since torch's CPU matmul may pick its summation order from the row count
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
     model = random_v41_model()
     runner = SimpleRunner(model, max_seqs=2, max_len=20, block_size=16)
     batch = runner.batch({0: list(range(3, 13)), 1: list(range(5, 12))})

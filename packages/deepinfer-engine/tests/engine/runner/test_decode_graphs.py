@@ -107,7 +107,11 @@ def _checked(llm: LLM, warm: bool = False) -> CheckedGraphs:
     return graphs
 
 
-def test_fixed_decode_forward_equals_eager(checkpoint):
+def test_fixed_decode_forward_equals_eager(checkpoint, monkeypatch):
+    """Padding rows change a step's row count, and torch's CPU matmul may pick its summation
+    order from the row count (it does on some x86 machines), so bitwise equality with eager is
+    the batch-invariant mode's promise: the test runs in it."""
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
     llm = _llm(checkpoint)
     graphs = _checked(llm)
     # 3 sequences (a graph of 4 rows), then 2, then 1 as they finish
@@ -134,9 +138,11 @@ def test_graph_batch_sizes_and_entry_rows():
     assert padded_count(5, 6) == 6
 
 
-def test_warm_up_leaves_the_step_unchanged(checkpoint):
+def test_warm_up_leaves_the_step_unchanged(checkpoint, monkeypatch):
     """V4.1's Engram history ring is read then written by the forward: a warm-up that left its
-    writes behind changed the first replay of every new graph (fails without the restore)."""
+    writes behind changed the first replay of every new graph (fails without the restore).
+    Batch-invariant mode, as above: the padded step must equal eager bit for bit."""
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
     llm = _llm(checkpoint)
     graphs = _checked(llm, warm=True)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
