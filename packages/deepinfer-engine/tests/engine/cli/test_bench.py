@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 
@@ -19,13 +20,15 @@ def test_bench_forwards_every_argument_to_the_sweep(monkeypatch, tmp_path) -> No
     calls = []
     monkeypatch.setattr(
         cli_bench.subprocess, "run",
-        lambda cmd, check: calls.append(cmd) or argparse.Namespace(returncode=3),
+        lambda cmd, check, env: calls.append((cmd, env)) or argparse.Namespace(returncode=3),
     )  # fmt: skip
     args = _parser().parse_args(["bench", "--smoke", "--out", str(tmp_path), "--help"])
     assert args.func(args) == 3
-    (cmd,) = calls
-    assert cmd[1].endswith("benchmarks/sweep/run_sweep.py")
-    assert cmd[2:] == ["--smoke", "--out", str(tmp_path), "--help"]
+    ((cmd, env),) = calls
+    assert cmd[1:3] == ["-m", "benchmarks.sweep.run_sweep"]
+    assert cmd[3:] == ["--smoke", "--out", str(tmp_path), "--help"]
+    root = cli_bench.find_sweep().parents[2]
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(root)
 
 
 def test_bench_outside_a_checkout_fails_with_a_clear_message(monkeypatch, tmp_path) -> None:

@@ -2,13 +2,15 @@
 
 The sweep lives in the repository (``benchmarks/sweep/``), not in an installed package, so the
 command finds the checkout from the working directory or from this file and fails with a clear
-message outside one. Every argument after ``bench`` is passed to the sweep unchanged
+message outside one; it runs the sweep as the module ``benchmarks.sweep.run_sweep`` with the
+checkout's root on ``PYTHONPATH``, as ``benchmarks/run_sweep.sh`` does. Every argument after ``bench`` is passed to the sweep unchanged
 (``deepinfer bench --help`` prints the sweep's own options).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,8 +32,11 @@ def find_sweep(start: Path | None = None) -> Path:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    sweep = find_sweep()
-    return subprocess.run([sys.executable, str(sweep), *args.sweep_args], check=False).returncode
+    root = find_sweep().parents[2]
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+    command = [sys.executable, "-m", "benchmarks.sweep.run_sweep", *args.sweep_args]
+    env = {**os.environ, "PYTHONPATH": path}
+    return subprocess.run(command, check=False, env=env).returncode
 
 
 def add_bench_command(subparsers: argparse._SubParsersAction) -> None:
