@@ -76,11 +76,20 @@ def tests(session: nox.Session, package: str, accelerator: str) -> None:
 
 @nox.session
 def integration(session: nox.Session) -> None:
-    """End-to-end tests through the public API, every package installed (and matplotlib, so the
-    benchmark smoke run draws its plots)."""
+    """End-to-end tests through the public API only, every package installed."""
     accelerator = machine_accelerator()
     _sync(session, "--all-packages", "--group", "bench")
     _pytest(session, accelerator, "integration")
+
+
+@nox.session
+def scripts(session: nox.Session) -> None:
+    """The benchmarks' and the examples' own tests (the sweep's smoke run, the tiny model's
+    training recipe), every package installed with matplotlib: they test repository scripts
+    and engine internals, so they live beside the scripts, not in ``integration/``."""
+    accelerator = machine_accelerator()
+    _sync(session, "--all-packages", "--group", "bench")
+    _pytest(session, accelerator, "benchmarks/tests", "examples/tiny_model/tests")
 
 
 @nox.session
@@ -106,7 +115,7 @@ def _default_sessions() -> list[str]:
         for acc in ("cpu",) if accelerator == "cpu" else ("cpu", accelerator):
             if (package, acc) not in MEANINGLESS:
                 chosen.append(f"tests(package='{package}', accelerator='{acc}')")
-    return [*chosen, "integration"]
+    return [*chosen, "integration", "scripts"]
 
 
 nox.options.sessions = _default_sessions()

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: install the workspace offline (tools/gpu_setup.sh) and run every GPU test
-# (`pytest -m gpu`) of the kernels, the NVIDIA backend, the engine and the integration suite: the
-# kernel packages over 8 workers when pytest-xdist is installed (Triton compiles dominate), the
-# engine and integration tests in one process.
+# (`pytest -m gpu`) of the kernels, the NVIDIA backend, the engine, the integration suite and the
+# benchmarks' and examples' own tests: the kernel packages over 8 workers when pytest-xdist is
+# installed (Triton compiles dominate), the rest in one process.
 # Usage, from the repository root:
 #     bash tools/gpu_check.sh [WHEEL_DIR] [extra pytest arguments, e.g. -k moe]
 set -euo pipefail
@@ -21,6 +21,7 @@ python3 -m pytest -m gpu -q -p no:cacheprovider "${parallel[@]}" \
     packages/deepinfer-spec/tests "$@" || note $?
 # One process: the engine and integration tests size their KV cache from the GPU's free memory,
 # which other workers on the same GPU take (8 workers: "no room for the KV cache").
-python3 -m pytest -m gpu -q -p no:cacheprovider packages/deepinfer-engine/tests integration "$@" \
+python3 -m pytest -m gpu -q -p no:cacheprovider packages/deepinfer-engine/tests integration \
+    benchmarks/tests examples/tiny_model/tests "$@" \
     || note $?
 exit "$status"

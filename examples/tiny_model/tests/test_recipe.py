@@ -29,7 +29,7 @@ from examples.tiny_model import evaluate as ev
 from examples.tiny_model import tiny_common as tc
 from examples.tiny_model.quantise import quant_groups, swap_in_quantised
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SEQ_LEN, BATCH = 32, 2
 slow = pytest.mark.slow  # the recipe tests: a 33M-parameter model trained, exported, loaded
 

@@ -29,7 +29,7 @@ from deepinfer.engine.testing.simple_runner import SimpleRunner
 from examples.tiny_model import dspark_eval as de
 from examples.tiny_model import dspark_training as dt
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 VOCAB, FIRST_TEXT_ID = 512, 17  # the tiny config's vocabulary; ids below 17 are special
 
 

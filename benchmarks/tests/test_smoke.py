@@ -22,7 +22,7 @@ from benchmarks.sweep.models import V4_FLASH_RATIOS, resolve_model
 from benchmarks.sweep.plots import _plot, matplotlib_missing
 from benchmarks.sweep.roofline import Device, ModelShape, decode_point
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 H200_2GPU = Device(bandwidth=4.3e12, flops=1.4e15)  # the spec's per-GPU assumptions
 
