@@ -1,8 +1,9 @@
 """The parallel layout of one engine instance, passed explicitly to whoever needs it.
 
 Attention is data parallel (each DP rank owns its requests and cache) and the MoE is expert
-parallel across all ranks (DESIGN.md section 10). This module holds the pure arithmetic of that
-layout; process groups are attached by the engine when it starts its workers.
+parallel across the same ranks (DESIGN.md section 10), so today ``data_parallel_size ==
+expert_parallel_size == world_size``. This module holds the pure arithmetic of that layout;
+process groups are formed by the communication layer when the workers start.
 """
 
 from __future__ import annotations
@@ -12,22 +13,75 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """``world_size`` ranks; attention DP over ``dp_size`` of them, experts spread over all."""
+    """How many ranks run attention DP and MoE EP, and how EPLB rebalances the experts.
 
-    world_size: int = 1
-    dp_size: int = 1
+    ``num_redundant_experts`` is the number of extra expert slots on EACH EP rank (replicas of hot
+    experts chosen by EPLB); ``eplb_interval`` is the number of steps between rebalances (0 turns
+    EPLB off) and ``eplb_window`` the number of steps of per-expert load history it looks at.
+    """
+
+    data_parallel_size: int = 1
+    expert_parallel_size: int = 1
+    num_redundant_experts: int = 0
+    eplb_interval: int = 0
+    eplb_window: int = 100
 
     def __post_init__(self) -> None:
-        if self.world_size < 1:
-            raise ValueError(f"world_size: expected >= 1, got {self.world_size}")
-        if self.dp_size < 1 or self.world_size % self.dp_size:
+        _check_at_least("data_parallel_size", self.data_parallel_size, 1)
+        _check_at_least("expert_parallel_size", self.expert_parallel_size, 1)
+        _check_at_least("num_redundant_experts", self.num_redundant_experts, 0)
+        _check_at_least("eplb_interval", self.eplb_interval, 0)
+        _check_at_least("eplb_window", self.eplb_window, 1)
+        if self.data_parallel_size != self.expert_parallel_size:
             raise ValueError(
-                f"dp_size: expected a divisor of world_size={self.world_size}, got {self.dp_size}"
+                f"data_parallel_size={self.data_parallel_size}: expected equal to "
+                f"expert_parallel_size={self.expert_parallel_size} (attention DP spans the EP ranks)"
             )
 
     @property
+    def world_size(self) -> int:
+        """Number of ranks (processes, one device each)."""
+        return self.expert_parallel_size
+
+    @property
     def ep_size(self) -> int:
-        return self.world_size
+        return self.expert_parallel_size
+
+    @property
+    def dp_size(self) -> int:
+        return self.data_parallel_size
+
+    @property
+    def is_eplb_enabled(self) -> bool:
+        return self.eplb_interval > 0
+
+    def slots_per_rank(self, num_experts: int) -> int:
+        """Expert slots each EP rank holds: its share of the logical experts plus redundant slots."""
+        return num_experts // self.expert_parallel_size + self.num_redundant_experts
+
+    def validate_for(self, num_experts: int, num_devices: int) -> None:
+        """Raise one clear ``ValueError`` line if this layout cannot run this model on these devices.
+
+        ``num_experts`` is the model's routed (logical) expert count; ``num_devices`` the devices
+        (or CPU processes) available to this engine.
+        """
+        _check_at_least("num_experts", num_experts, 1)
+        if num_experts % self.expert_parallel_size:
+            raise ValueError(
+                f"expert_parallel_size={self.expert_parallel_size}: expected a divisor of the "
+                f"model's {num_experts} routed experts"
+            )
+        if num_devices < self.world_size:
+            raise ValueError(
+                f"world_size={self.world_size} (data_parallel_size={self.data_parallel_size}, "
+                f"expert_parallel_size={self.expert_parallel_size}) needs {self.world_size} "
+                f"devices, found {num_devices}"
+            )
+
+
+def _check_at_least(name: str, value: int, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
 
 
 def expert_range(num_experts: int, ep_size: int, ep_rank: int) -> range:
