@@ -62,7 +62,8 @@ def rebalance(
 
     ``load``: ``[num_experts]`` token counts, or ``[steps, num_experts]`` per-step counts (e.g.
     :meth:`ExpertLoadWindow.load`). With ``previous`` given, experts that stay on a rank keep
-    their old slot, so :func:`weight_moves` moves only what changed.
+    their old slot, so :func:`weight_moves` moves only what changed. Runs on the host (copies
+    ``load`` there once): call it between steps.
     """
     if load.dim() not in (1, 2) or load.shape[-1] < 1:
         raise ValueError(f"load: expected [E] or [S, E], got shape {tuple(load.shape)}")
