@@ -97,6 +97,11 @@ def test_rebalance_with_history_weighs_bursts():
     assert len(rebalance(steps.sum(0), ep_size=1, slots_per_rank=9).replicas(1)) == 2
 
 
+def test_imbalance_is_max_over_mean():
+    assert imbalance(torch.tensor([1, 3])) == 1.5
+    assert imbalance(torch.zeros(4)) == 1.0
+
+
 def test_rank_loads_matches_a_loop():
     gen = torch.Generator().manual_seed(4)
     placement = rebalance(torch.randint(1, 100, (16,), generator=gen), 4, 5)

@@ -59,6 +59,14 @@ def test_route_to_slots_picks_replicas_and_is_batch_invariant():
     assert len(used) > 1  # tokens spread over an expert's replicas
 
 
+def test_route_to_slots_maps_padding_to_minus_one():
+    tables = initial_placement(8, 2, 1).to_tensors()
+    topk_ids = torch.tensor([[3, -1], [-1, 4]])
+    slots = route_to_slots(topk_ids, tables, torch.tensor([5, 6]))
+    assert slots[0, 1] == -1 and slots[1, 0] == -1
+    assert tables.slot_expert[slots[0, 0]] == 3 and tables.slot_expert[slots[1, 1]] == 4
+
+
 def test_route_to_slots_rejects_mismatched_keys():
     tables = initial_placement(8, 2).to_tensors()
     with pytest.raises(ValueError, match="token_keys"):

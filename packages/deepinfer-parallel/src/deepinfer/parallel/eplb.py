@@ -172,8 +172,10 @@ def rank_loads(load: torch.Tensor, placement: ExpertPlacement) -> torch.Tensor:
 
 
 def imbalance(loads: torch.Tensor) -> float:
-    """max / mean of per-rank loads (1.0 is perfect balance). Syncs: call between steps."""
-    return float(loads.max() / loads.to(torch.float64).mean())
+    """max / mean of per-rank loads (1.0 is perfect balance, also for no load at all). Syncs:
+    call it between steps."""
+    mean = loads.to(torch.float64).mean()
+    return float(loads.max() / mean) if mean > 0 else 1.0
 
 
 def weight_moves(old: ExpertPlacement, new: ExpertPlacement) -> list[tuple[int, int, int, int]]:

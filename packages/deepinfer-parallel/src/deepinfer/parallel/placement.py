@@ -135,12 +135,15 @@ def route_to_slots(
     of the token alone (e.g. a hash of its request id and position). Among an expert's replicas
     the token takes replica ``token_keys % num_replicas``, so its slot depends only on its own key
     and expert, never on the batch (batch invariant); no host sync.
-    Returns ``[T, K]`` int64 global slot ids (``rank * slots_per_rank + local_slot``).
+    Returns ``[T, K]`` int64 global slot ids (``rank * slots_per_rank + local_slot``); a negative
+    (padding) expert id gives slot -1.
     """
     if topk_ids.dim() != 2 or token_keys.shape != topk_ids.shape[:1]:
         raise ValueError(
             f"token_keys: expected shape [{topk_ids.shape[0]}] for topk_ids of shape "
             f"{tuple(topk_ids.shape)} ([T, K]), got {tuple(token_keys.shape)}"
         )
-    choice = token_keys.unsqueeze(1) % tables.num_replicas[topk_ids]
-    return tables.replica_slots[topk_ids, choice]
+    experts = topk_ids.clamp(min=0)
+    choice = token_keys.unsqueeze(1) % tables.num_replicas[experts]
+    slots = tables.replica_slots[experts, choice]
+    return torch.where(topk_ids >= 0, slots, torch.full_like(slots, -1))
