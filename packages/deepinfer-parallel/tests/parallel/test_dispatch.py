@@ -14,13 +14,18 @@ DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _make_inputs(seed: int, world_size: int, dtype: torch.dtype, empty_rank: int | None):
-    """Per rank (hidden [T, D], global_slot [T, K], topk_weights [T, K]); T random, repeats kept."""
+    """Per rank (hidden [T, D], global_slot [T, K], topk_weights [T, K]).
+
+    T is random per rank (0 on ``empty_rank``); slots repeat and about 1 in 5 is padding (-1).
+    """
     gen = torch.Generator().manual_seed(seed)
     inputs = []
     for rank in range(world_size):
         num_tokens = 0 if rank == empty_rank else int(torch.randint(1, 7, (1,), generator=gen))
         hidden = torch.randn(num_tokens, HIDDEN, generator=gen).to(dtype)
         slots = torch.randint(0, SLOTS_PER_RANK * world_size, (num_tokens, TOP_K), generator=gen)
+        padding = torch.rand(num_tokens, TOP_K, generator=gen) < 0.2
+        slots = torch.where(padding, -1, slots)  # padding pairs (slot -1) add nothing
         weights = torch.rand(num_tokens, TOP_K, generator=gen)
         inputs.append((hidden, slots, weights))
     return inputs
@@ -35,7 +40,8 @@ def _reference(hidden, slots, weights) -> torch.Tensor:
     """One process, no movement: the fixed-order fp32 weighted sum over k."""
     acc = torch.zeros(hidden.shape, dtype=torch.float32)
     for k in range(slots.shape[1]):
-        acc += _fake_expert(hidden, slots[:, k]).float() * weights[:, k, None].float()
+        contribution = _fake_expert(hidden, slots[:, k]).float() * weights[:, k, None].float()
+        acc += torch.where(slots[:, k, None] >= 0, contribution, 0.0)
     return acc.to(hidden.dtype)
 
 
@@ -98,11 +104,13 @@ def test_single_process_comm_matches_reference_and_orders_rows():
     hidden, slots, weights = _make_inputs(7, 1, torch.bfloat16, empty_rank=None)[0]
     comm = SingleProcessComm()
     received, local_slot, handle = dispatch(hidden, slots, SLOTS_PER_RANK, comm)
-    # world of one: rows arrive in (token, k) order, each a copy of its token's row
-    tokens = torch.arange(hidden.shape[0]).repeat_interleave(TOP_K)
+    # world of one: the non-padding pairs arrive in (token, k) order, each a copy of its row
+    is_sent = slots.reshape(-1) >= 0
+    assert 0 < int(is_sent.sum()) < slots.numel()  # the seed gives both kinds
+    tokens = torch.arange(hidden.shape[0]).repeat_interleave(TOP_K)[is_sent]
     assert torch.equal(received, hidden[tokens])
-    assert torch.equal(local_slot, slots.reshape(-1))
-    assert handle.send_splits == handle.recv_splits == (hidden.shape[0] * TOP_K,)
+    assert torch.equal(local_slot, slots.reshape(-1)[is_sent])
+    assert handle.send_splits == handle.recv_splits == (int(is_sent.sum()),)
     out = combine(_fake_expert(received, local_slot), weights, handle, comm)
     assert torch.equal(out, _reference(hidden, slots, weights))
 
@@ -110,7 +118,7 @@ def test_single_process_comm_matches_reference_and_orders_rows():
 def test_dispatch_and_combine_reject_bad_shapes():
     comm = SingleProcessComm()
     hidden = torch.randn(4, HIDDEN)
-    slots = torch.randint(0, SLOTS_PER_RANK, (4, TOP_K))
+    slots = torch.randint(0, SLOTS_PER_RANK, (4, TOP_K))  # no padding: 12 rows travel
     with pytest.raises(ValueError, match="global_slot: expected dtype int64"):
         dispatch(hidden, slots.int(), SLOTS_PER_RANK, comm)
     with pytest.raises(ValueError, match="global_slot: expected \\[T=4, K\\]"):

@@ -26,8 +26,9 @@ class DispatchHandle:
     """What :func:`combine` needs to undo a :func:`dispatch`.
 
     ``send_splits[j]``: rows this rank sent to rank ``j``; ``recv_splits[j]``: rows it received
-    from rank ``j``. ``order`` [T * K] int64: the flat (token * K + k) index of each sent row,
-    in send order (stably sorted by destination rank, so by token then k within a rank).
+    from rank ``j``. ``order`` [sum(send_splits)] int64: the flat (token * K + k) index of each
+    sent row, in send order (stably sorted by destination rank, so by token then k within a
+    rank); padding pairs (slot -1) are left out.
     """
 
     send_splits: tuple[int, ...]
@@ -53,11 +54,12 @@ def _check_dispatch(hidden: torch.Tensor, global_slot: torch.Tensor, slots_per_r
 
 
 def _exchange_counts(send_counts: torch.Tensor, comm: Communicator) -> tuple[list[int], list[int]]:
-    """Each rank's row counts per destination -> (send splits, recv splits) on the host."""
-    recv_counts = torch.empty_like(send_counts)
-    comm.all_to_all_single(recv_counts, send_counts)
-    both = torch.cat([send_counts, recv_counts]).tolist()  # the one host sync of a dispatch
-    return both[: comm.world_size], both[comm.world_size :]
+    """Row counts per destination [W + 1] (last: padding) -> (send, recv splits) on the host."""
+    world_size = comm.world_size
+    recv_counts = torch.empty_like(send_counts[:world_size])
+    comm.all_to_all_single(recv_counts, send_counts[:world_size])
+    both = torch.cat([send_counts[:world_size], recv_counts]).tolist()  # the one host sync
+    return both[:world_size], both[world_size:]
 
 
 def dispatch(
@@ -68,7 +70,8 @@ def dispatch(
     Args:
         hidden: [T, D], any dtype; ``T`` may be 0.
         global_slot: [T, K] int64, physical slots in ``[0, slots_per_rank * world_size)``;
-            repeats are allowed (each (token, k) pair travels on its own).
+            repeats are allowed (each (token, k) pair travels on its own); -1 marks a padding
+            pair, which is not sent and adds nothing in :func:`combine`.
         slots_per_rank: physical expert slots each rank holds.
     Returns:
         received: [R, D] ``hidden.dtype``, the rows sent here, grouped by source rank, then by
@@ -79,11 +82,13 @@ def dispatch(
     _check_dispatch(hidden, global_slot, slots_per_rank)
     num_tokens, top_k = global_slot.shape
     flat_slot = global_slot.reshape(-1)
+    # padding pairs (slot -1) go to a virtual rank W, sorted last and never sent
     dest = torch.div(flat_slot, slots_per_rank, rounding_mode="floor")
-    order = torch.sort(dest, stable=True).indices
-    send_counts = torch.zeros(comm.world_size, dtype=torch.int64, device=hidden.device)
+    dest = torch.where(flat_slot >= 0, dest, comm.world_size)
+    send_counts = torch.zeros(comm.world_size + 1, dtype=torch.int64, device=hidden.device)
     send_counts.scatter_add_(0, dest, torch.ones_like(dest))
     send_splits, recv_splits = _exchange_counts(send_counts, comm)
+    order = torch.sort(dest, stable=True).indices[: sum(send_splits)]
 
     num_received = sum(recv_splits)
     received = hidden.new_empty((num_received, hidden.shape[1]))
@@ -121,9 +126,9 @@ def combine(
         raise ValueError(
             f"topk_weights: expected [{num_tokens}, {top_k}], got {tuple(topk_weights.shape)}"
         )
-    returned = expert_out.new_empty((num_tokens * top_k, expert_out.shape[1]))
+    returned = expert_out.new_empty((sum(handle.send_splits), expert_out.shape[1]))
     comm.all_to_all_single(returned, expert_out, handle.send_splits, handle.recv_splits)
-    per_pair = torch.empty_like(returned)
+    per_pair = returned.new_zeros((num_tokens * top_k, expert_out.shape[1]))
     per_pair[handle.order] = returned
     per_pair = per_pair.view(num_tokens, top_k, expert_out.shape[1])
     weights = topk_weights.float()
