@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import time
 from pathlib import Path
 
@@ -81,6 +82,10 @@ def test_spawn_times_out_on_a_hung_worker(tmp_path):
         spawn(_fail, 2, str(tmp_path), "hang", 0, timeout_s=4)
     # rank 1 sits in the barrier (gloo's own timeout is also 4 s); rank 0 sleeps
     assert caught.value.rank in (0, 1)
+    # where each late rank was stuck: rank 0 in the sleep of _fail, rank 1 in the barrier
+    assert re.search(
+        r"rank 0 was at:\s+File .*test_launch.py\", line \d+ in _fail", str(caught.value)
+    )
     assert time.monotonic() - start < 15
     _assert_all_gone(tmp_path, 2)
 

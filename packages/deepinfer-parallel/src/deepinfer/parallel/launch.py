@@ -10,15 +10,19 @@ Under ``torchrun`` each process calls :func:`init_from_env` instead.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
 import queue
+import signal
 import socket
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,6 +34,8 @@ import torch.multiprocessing as mp
 FAILURE_GRACE_S = 0.5
 # How long a terminated worker gets before it is killed outright.
 TERMINATE_GRACE_S = 2.0
+# How long a late worker gets to write its stack after SIGUSR1.
+STACK_DUMP_WAIT_S = 0.3
 _POLL_S = 0.05
 
 
@@ -126,10 +132,24 @@ def init_from_env(backend: str | None = None, timeout_s: float = 60.0) -> Distri
     return env
 
 
-def _worker(fn, rank, world_size, backend, init_method, timeout_s, results, args) -> None:
+@dataclass(frozen=True)
+class _WorkerSetup:
+    backend: str
+    init_method: str
+    timeout_s: float
+    stack_dir: str  # where a worker writes its stack on SIGUSR1 (asked for at the deadline)
+
+
+_stack_file = None  # kept open for faulthandler for the life of the worker
+
+
+def _worker(fn, rank, world_size, setup: _WorkerSetup, results, args) -> None:
     """Body of one spawned process: report ``(rank, ok, payload)`` exactly once."""
+    global _stack_file
+    _stack_file = open(os.path.join(setup.stack_dir, f"{rank}.txt"), "w")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=False)
     try:
-        init_process_group(backend, rank, world_size, init_method, timeout_s)
+        init_process_group(setup.backend, rank, world_size, setup.init_method, setup.timeout_s)
         result = fn(rank, world_size, *args)
         # Plain pickle here (tensors by value, not by shared-memory handle, so the result
         # outlives this process), not in the queue's feeder thread, so an unpicklable result is
@@ -169,11 +189,12 @@ def spawn(
     if start_method == "forkserver":
         ctx.set_forkserver_preload(["torch", "torch.distributed"])
     results = ctx.Queue()
-    init_method = f"tcp://127.0.0.1:{find_free_port()}"
+    stack_dir = tempfile.TemporaryDirectory(prefix="deepinfer-stacks-")
+    setup = _WorkerSetup(backend, f"tcp://127.0.0.1:{find_free_port()}", timeout_s, stack_dir.name)
     procs = [
         ctx.Process(
             target=_worker,
-            args=(fn, rank, world_size, backend, init_method, timeout_s, results, args),
+            args=(fn, rank, world_size, setup, results, args),
             name=f"deepinfer-rank{rank}",
             daemon=True,
         )
@@ -182,15 +203,16 @@ def spawn(
     try:
         for proc in procs:
             proc.start()
-        payloads = _collect(procs, results, time.monotonic() + timeout_s, timeout_s)
+        payloads = _collect(procs, results, time.monotonic() + timeout_s, setup)
     finally:
         _stop(procs)
         results.close()
         results.cancel_join_thread()
+        stack_dir.cleanup()
     return [pickle.loads(payloads[rank]) for rank in range(world_size)]
 
 
-def _collect(procs, results, deadline: float, timeout_s: float) -> dict[int, bytes]:
+def _collect(procs, results, deadline: float, setup: _WorkerSetup) -> dict[int, bytes]:
     """Wait for every rank's report; raise :class:`WorkerError` on the first failure."""
     payloads: dict[int, bytes] = {}
     errors: dict[int, str] = {}  # in the order they arrived
@@ -202,15 +224,28 @@ def _collect(procs, results, deadline: float, timeout_s: float) -> dict[int, byt
             if time.monotonic() - failed_at >= FAILURE_GRACE_S:
                 break
         elif time.monotonic() > deadline:
-            late = [rank for rank in range(len(procs)) if rank not in payloads]
-            raise WorkerError(
-                late[0],
-                f"rank {late[0]} (of ranks {late} still running) timed out after {timeout_s:g} s",
-            )
+            raise _timed_out(procs, payloads, setup)
     else:
         return payloads
     _drain(results, payloads, errors, 0.0)
     raise _blame(procs, payloads, errors)
+
+
+def _timed_out(procs, payloads: dict, setup: _WorkerSetup) -> WorkerError:
+    """Name the first rank still running, with where each late rank is stuck."""
+    late = [rank for rank in range(len(procs)) if rank not in payloads]
+    for rank in late:
+        if procs[rank].is_alive():
+            os.kill(procs[rank].pid, signal.SIGUSR1)
+    time.sleep(STACK_DUMP_WAIT_S)
+    message = (
+        f"rank {late[0]} (of ranks {late} still running) timed out after {setup.timeout_s:g} s"
+    )
+    for rank in late:
+        path = Path(setup.stack_dir, f"{rank}.txt")
+        frames = path.read_text().strip().splitlines()[1:4] if path.exists() else []
+        message += f"\nrank {rank} was at: " + ("\n".join(frames) or "(not started)")
+    return WorkerError(late[0], message)
 
 
 def _drain(results, payloads: dict, errors: dict, wait_s: float) -> None:
