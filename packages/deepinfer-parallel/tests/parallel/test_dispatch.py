@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from deepinfer.parallel.comm import SingleProcessComm, TorchDistributedComm
-from deepinfer.parallel.dispatch import combine, dispatch
+from deepinfer.parallel.dispatch import combine, dispatch, group_by_slot
 from deepinfer.parallel.launch import spawn
 
 HIDDEN, TOP_K, SLOTS_PER_RANK = 8, 3, 2
@@ -47,7 +47,13 @@ def _reference(hidden, slots, weights) -> torch.Tensor:
 
 def _step(rank, hidden, slots, weights, comm):
     received, local_slot, handle = dispatch(hidden, slots, SLOTS_PER_RANK, comm)
-    out = _fake_expert(received, local_slot + rank * SLOTS_PER_RANK)
+    # run the experts slot by slot, as a grouped GEMM would, then put rows back in place
+    order, counts = group_by_slot(local_slot, SLOTS_PER_RANK)
+    out = torch.empty_like(received)
+    for slot, rows in enumerate(order.split(counts.tolist())):
+        out[rows] = _fake_expert(
+            received[rows], torch.full_like(rows, rank * SLOTS_PER_RANK + slot)
+        )
     return combine(out, weights, handle, comm)
 
 
@@ -113,6 +119,10 @@ def test_single_process_comm_matches_reference_and_orders_rows():
     assert handle.send_splits == handle.recv_splits == (int(is_sent.sum()),)
     out = combine(_fake_expert(received, local_slot), weights, handle, comm)
     assert torch.equal(out, _reference(hidden, slots, weights))
+    order, counts = group_by_slot(local_slot, SLOTS_PER_RANK)
+    assert torch.equal(local_slot[order], local_slot.sort(stable=True).values)
+    assert all(bool((group.diff() > 0).all()) for group in order.split(counts.tolist()))  # stable
+    assert counts.tolist() == [int((slots == s).sum()) for s in range(SLOTS_PER_RANK)]
 
 
 def test_dispatch_and_combine_reject_bad_shapes():

@@ -138,3 +138,27 @@ def combine(
     for k in range(top_k):
         acc += per_pair[:, k].float() * weights[:, k, None]
     return acc.to(expert_out.dtype)
+
+
+def group_by_slot(
+    received_local_slot: torch.Tensor, slots_per_rank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The order that groups received rows by local slot, and the rows per slot; no host sync.
+
+    Args:
+        received_local_slot: [R] int64 from :func:`dispatch`, values in ``[0, slots_per_rank)``.
+    Returns:
+        order: [R] int64, ``received[order]`` has slot 0's rows first, then slot 1's, ...;
+            stable, so within a slot rows keep their arrival order (source rank, token, k).
+        counts: [slots_per_rank] int64, rows per local slot: a grouped GEMM's group sizes and
+            this step's per-expert load for EPLB.
+    """
+    if received_local_slot.dim() != 1 or received_local_slot.dtype != torch.int64:
+        raise ValueError(
+            f"received_local_slot: expected [R] int64, got {tuple(received_local_slot.shape)} "
+            f"{received_local_slot.dtype}"
+        )
+    order = torch.sort(received_local_slot, stable=True).indices
+    counts = torch.zeros(slots_per_rank, dtype=torch.int64, device=received_local_slot.device)
+    counts.scatter_add_(0, received_local_slot, torch.ones_like(received_local_slot))
+    return order, counts
