@@ -4,7 +4,8 @@
 method, so CUDA is safe in the children), initialises the default process group in each, runs
 ``fn(rank, world_size, *args)`` and returns every rank's result. A worker that raises, dies or
 runs past the timeout makes the call raise one :class:`WorkerError` naming the rank and its last
-error; every remaining worker is killed first, so no process is left behind and nothing hangs.
+error (for a hang: where each late rank was stuck, from a faulthandler stack dump); every
+remaining worker is killed first, so no process is left behind and nothing hangs.
 Under ``torchrun`` each process calls :func:`init_from_env` instead.
 """
 
