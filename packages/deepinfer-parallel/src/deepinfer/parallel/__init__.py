@@ -1,6 +1,9 @@
-"""deepinfer.parallel: the parallel layout (attention DP, MoE EP), expert placement and EPLB."""
+"""deepinfer.parallel: the parallel layout (attention DP, MoE EP), expert placement, EPLB, and
+the communication layer (collectives, dispatch/combine, process start-up)."""
 
+from deepinfer.parallel.comm import Communicator, SingleProcessComm, TorchDistributedComm
 from deepinfer.parallel.config import ParallelConfig, expert_owner, expert_range
+from deepinfer.parallel.dispatch import DispatchHandle, combine, dispatch, group_by_slot
 from deepinfer.parallel.eplb import (
     ExpertLoadWindow,
     align_slots,
@@ -8,6 +11,16 @@ from deepinfer.parallel.eplb import (
     rank_loads,
     rebalance,
     weight_moves,
+)
+from deepinfer.parallel.launch import (
+    DistributedEnv,
+    WorkerError,
+    default_backend,
+    find_free_port,
+    init_from_env,
+    init_process_group,
+    read_env,
+    spawn,
 )
 from deepinfer.parallel.placement import (
     ExpertPlacement,
@@ -18,18 +31,33 @@ from deepinfer.parallel.placement import (
 from deepinfer.parallel.version import __version__
 
 __all__ = [
+    "Communicator",
+    "DispatchHandle",
+    "DistributedEnv",
     "ExpertLoadWindow",
     "ExpertPlacement",
     "ParallelConfig",
     "PlacementTensors",
+    "SingleProcessComm",
+    "TorchDistributedComm",
+    "WorkerError",
     "__version__",
     "align_slots",
+    "combine",
+    "default_backend",
+    "dispatch",
     "expert_owner",
     "expert_range",
+    "find_free_port",
+    "group_by_slot",
     "imbalance",
+    "init_from_env",
+    "init_process_group",
     "initial_placement",
     "rank_loads",
+    "read_env",
     "rebalance",
     "route_to_slots",
+    "spawn",
     "weight_moves",
 ]
