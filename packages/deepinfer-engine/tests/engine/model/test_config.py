@@ -224,7 +224,7 @@ def test_transformers_normalised_form_matches_flat_form():
     [
         ({"architectures": ["LlamaForCausalLM"]}, "architectures"),
         ({"compress_ratios": [0, 4]}, "compress_ratios"),
-        ({"compress_ratios": [0, 3] + [4, 128] * 20 + [4]}, "compress_ratios"),
+        ({"compress_ratios": [0, -3] + [4, 128] * 20 + [4]}, "compress_ratios"),
         ({"qk_rope_head_dim": 63}, "qk_rope_head_dim"),
         ({"num_experts_per_tok": 300}, "num_experts_per_tok"),
         ({"quantization_config": {"quant_method": "awq"}}, "quantization_config.quant_method"),

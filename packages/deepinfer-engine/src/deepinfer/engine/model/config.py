@@ -11,6 +11,9 @@ from typing import Any
 V4_ARCH = "DeepseekV4ForCausalLM"
 V41_ARCH = "DeepseekV41ForCausalLM"
 ARCHITECTURES = (V4_ARCH, V41_ARCH)
+# V4 tells its layer kinds apart by ratio, as its flat ``compress_ratios`` does.
+V4_CSA_RATIO = 4
+V4_RATIO_RULE = "0 sliding window, 4 compressed sparse (CSA), any other ratio heavily compressed"
 
 
 class ConfigError(ValueError):
@@ -119,13 +122,13 @@ class ModelConfig:
         return self.head_dim - self.rope_head_dim
 
     def layer_kind(self, layer_id: int) -> str:
-        """``swa``, ``csa`` (ratio 4), ``hca`` (ratio 128), or V4.1 ``c1`` / ``c2``."""
+        """``swa``, ``csa`` (ratio 4), ``hca`` (any other ratio > 0), or V4.1 ``c1`` / ``c2``."""
         ratio = self.compress_ratios[layer_id]
         if ratio == 0:
             return "swa"
         if self.is_v41:
             return f"c{ratio}"
-        return "csa" if ratio == 4 else "hca"
+        return "csa" if ratio == V4_CSA_RATIO else "hca"
 
     def is_hash_layer(self, layer_id: int) -> bool:
         return layer_id < self.num_hash_layers
@@ -174,10 +177,16 @@ def _validate(c: ModelConfig) -> None:
         _fail("architectures", c.architecture, f"one of {ARCHITECTURES}")
     if len(c.compress_ratios) != c.num_layers:
         _fail("compress_ratios", c.compress_ratios, f"{c.num_layers} backbone entries")
-    allowed = {0, 1, 2} if c.is_v41 else {0, 4, 128}
-    bad = sorted({r for r in c.compress_ratios if r not in allowed})
-    if bad:
-        _fail("compress_ratios", bad, f"ratios in {sorted(allowed)} for {c.architecture}")
+    if c.is_v41:
+        bad = sorted({r for r in c.compress_ratios if r not in (0, 1, 2)})
+        if bad:
+            _fail("compress_ratios", bad, f"ratios in [0, 1, 2] for {c.architecture}")
+    else:
+        # The compressor's math holds for any window; only CSA overlaps (spec 2.3). The KV block
+        # size must be a multiple of every ratio (checked where the block size is known).
+        bad = sorted({r for r in c.compress_ratios if r < 0})
+        if bad:
+            _fail("compress_ratios", bad, f"ratios >= 0 for {c.architecture} ({V4_RATIO_RULE})")
     if c.rope_head_dim % 2 or not 0 < c.rope_head_dim <= c.head_dim:
         _fail("qk_rope_head_dim", c.rope_head_dim, f"an even number <= head_dim {c.head_dim}")
     if (c.num_heads * c.head_dim) % c.o_groups:

@@ -19,6 +19,7 @@ from typing import Any
 from deepinfer.engine.model.config import (
     ARCHITECTURES,
     V4_ARCH,
+    V4_CSA_RATIO,
     V41_ARCH,
     ConfigError,
     ModelConfig,
@@ -193,7 +194,29 @@ def _compress_ratios(text: Mapping[str, Any], n: int, arch: str) -> tuple[int, .
         ratios.append(0 if key is None else int(rates[key]))
     if len(ratios) != n:
         _fail("layer_types", layer_types, f"{n} entries (num_hidden_layers)")
+    if arch == V4_ARCH:
+        _check_v4_rates(rates, set(layer_types))
     return tuple(ratios)
+
+
+def _check_v4_rates(rates: Mapping[str, Any], used: set[str]) -> None:
+    """V4's layer kinds are told apart by ratio (:data:`V4_CSA_RATIO` is CSA): refuse rates
+    that would blur them."""
+    csa, hca = "compressed_sparse_attention", "heavily_compressed_attention"
+    if csa in used and int(rates[csa]) != V4_CSA_RATIO:
+        _fail(
+            f"compress_rates[{csa!r}]",
+            rates[csa],
+            f"{V4_CSA_RATIO}: the engine tells CSA layers (overlapping windows, indexer) from HCA "
+            f"layers by ratio, as V4's flat compress_ratios does",
+        )
+    if hca in used and not (int(rates[hca]) > 0 and int(rates[hca]) != V4_CSA_RATIO):
+        _fail(
+            f"compress_rates[{hca!r}]",
+            rates[hca],
+            f"a ratio > 0 other than {V4_CSA_RATIO} (the CSA ratio: layer kinds are told apart "
+            f"by ratio)",
+        )
 
 
 def _num_hash_layers(text: Mapping[str, Any], n: int, arch: str) -> int:
