@@ -95,7 +95,11 @@ class ModelCache:
         if ratio == 0 or not c.owns_compressor(i):
             return
         if lay.block_size % ratio:
-            raise ValueError(f"block_size {lay.block_size} is not a multiple of ratio {ratio}")
+            raise ValueError(
+                f"block_size {lay.block_size} is not a multiple of layer {i}'s compression ratio "
+                f"{ratio}: a KV block must hold whole compressed entries (choose a block_size "
+                f"that every ratio in {sorted(set(c.compress_ratios) - {0})} divides)"
+            )
         entries = lay.num_blocks * (lay.block_size // ratio)
         self.tensors[f"{i}.kv"] = torch.zeros(entries, hd, dtype=self.dtype, device=device)
         rows = slots * compressor_state_rows(c, i, lay.max_draft)

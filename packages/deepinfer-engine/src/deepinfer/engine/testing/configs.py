@@ -14,8 +14,9 @@ import copy
 from typing import Any
 
 
-def tiny_v4_config(**overrides: Any) -> dict[str, Any]:
-    """4 backbone layers (SWA, CSA, HCA, CSA) + 1 MTP block; hash routing in layer 0."""
+def tiny_v4_config(*, hca_ratio: int = 128, **overrides: Any) -> dict[str, Any]:
+    """4 backbone layers (SWA, CSA, HCA, CSA) + 1 MTP block; hash routing in layer 0.
+    ``hca_ratio``: the HCA layer's compression ratio (128 as in the released models)."""
     config: dict[str, Any] = {
         "architectures": ["DeepseekV4ForCausalLM"],
         "model_type": "deepseek_v4",
@@ -30,7 +31,7 @@ def tiny_v4_config(**overrides: Any) -> dict[str, Any]:
         "o_groups": 2,
         "o_lora_rank": 64,
         "sliding_window": 8,
-        "compress_ratios": [0, 4, 128, 4, 0],
+        "compress_ratios": [0, 4, hca_ratio, 4, 0],
         "compress_rope_theta": 160000,
         "rope_theta": 10000,
         "rope_scaling": {
