@@ -52,6 +52,20 @@ CONFIGS = {
         index_topk=512,
         hc_mult=2,
     ),
+    # transformers' own form with a general HCA rate: 8 (37 entries over 300 tokens)
+    "swa-hca8-csa-hca8-rates": dict(
+        num_hidden_layers=4,
+        layer_types=[
+            "sliding_attention",
+            "heavily_compressed_attention",
+            "compressed_sparse_attention",
+            "heavily_compressed_attention",
+        ],
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+        num_hash_layers=1,
+        index_topk=5,
+        hc_mult=2,
+    ),
 }
 
 

@@ -21,15 +21,19 @@ from deepinfer.engine.runner.decode_metadata import padded_count
 from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config, tiny_v41_config
 from deepinfer.sampling import SamplingParams
 
-# (architecture, block size): V4's ratio-128 layers need 128-token blocks.
-CHECKPOINTS = [("v4", 128), ("v41", 16)]
+# (architecture, block size): V4's ratio-128 layers need 128-token blocks; "v4-hca8" is V4
+# with a general HCA ratio (8).
+CHECKPOINTS = [("v4", 128), ("v41", 16), ("v4-hca8", 16)]
 
 
 @pytest.fixture(scope="module", params=CHECKPOINTS, ids=lambda c: c[0])
 def checkpoint(request, tmp_path_factory):
     kind, block_size = request.param
     directory = tmp_path_factory.mktemp(f"graphs-{kind}")
-    config = tiny_v41_config(vision=False) if kind == "v41" else tiny_v4_config()
+    if kind == "v41":
+        config = tiny_v41_config(vision=False)
+    else:
+        config = tiny_v4_config(hca_ratio=8 if kind == "v4-hca8" else 128)
     make_random_checkpoint(directory, config, quantized=True, seed=0)
     return directory, block_size
 
