@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in sorted(counts):
         print(f"  {name:<8} {counts[name]:>7} tensors  {sizes[name] / 2**30:9.3f} GiB")
     try:
-        validate_checkpoint(stored, official_inventory(config), where=str(directory))
+        expected = official_inventory(config, include_unused=True)
+        validate_checkpoint(stored, expected, where=str(directory))
     except CheckpointMismatchError as e:
         print(e)
         return 1

@@ -53,12 +53,15 @@ class TensorSpec:
     """One expected tensor: shape, stored dtype, and whether text-only inference skips it.
 
     ``optional`` tensors are not reported missing (names not pinned down by public sources).
+    ``unused``, when set, says why a stored tensor is accepted but never loaded (the model has
+    no use for it, as in the reference implementation).
     """
 
     shape: tuple[int, ...]
     dtype: torch.dtype
     skip: bool = False
     optional: bool = False
+    unused: str = ""
 
     def accepts(self, dtype: torch.dtype) -> bool:
         return dtype in _FAMILIES.get(self.dtype, frozenset({self.dtype}))

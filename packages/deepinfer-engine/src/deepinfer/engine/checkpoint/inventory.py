@@ -25,9 +25,17 @@ __all__ = ["ENGRAM_SCALE_BLOCK", "official_inventory"]
 
 
 def official_inventory(
-    config: ModelConfig, *, include_mtp: bool = True, include_vision: bool = True
+    config: ModelConfig,
+    *,
+    include_mtp: bool = True,
+    include_vision: bool = True,
+    include_unused: bool = False,
 ) -> dict[str, TensorSpec]:
-    """Every tensor of a checkpoint for ``config``: ``{official name: TensorSpec}``."""
+    """Every tensor of a checkpoint for ``config``: ``{official name: TensorSpec}``.
+
+    ``include_unused`` adds the optional tensors other writers store that the model never
+    reads (specs with ``unused`` set): what a checkpoint may hold, for validation.
+    """
     inv = InventoryBuilder(config)
     c = config
     inv.add("embed.weight", (c.vocab_size, c.hidden_size))
@@ -38,7 +46,7 @@ def official_inventory(
     for layer_id in range(c.num_layers):
         add_block(inv, f"layers.{layer_id}", layer_id)
         if layer_id in c.engram_layer_ids:
-            add_engram(inv, f"layers.{layer_id}.engram", layer_id)
+            add_engram(inv, f"layers.{layer_id}.engram", layer_id, unused=include_unused)
     if include_mtp:
         add_mtp_stages(inv)
     if include_vision and c.is_v41 and c.vision_config:

@@ -14,6 +14,9 @@ from deepinfer.engine.checkpoint.inventory_builder import (
     InventoryBuilder,
 )
 
+# Why a float checkpoint's Engram scale is skipped (the reason a load report lists).
+FLOAT_ENGRAM_SCALE = "Engram table scale of a float checkpoint (unused, as in transformers)"
+
 
 def add_hc_head(inv: InventoryBuilder, prefix: str) -> None:
     c = inv.config
@@ -139,19 +142,27 @@ def add_v41_compression(inv: InventoryBuilder, prefix: str, layer_id: int) -> No
         inv.add(f"{prefix}.indexer.weights_proj.weight", (c.index_n_heads, c.hidden_size))
 
 
-def add_engram(inv: InventoryBuilder, prefix: str, layer_id: int) -> None:
-    """Engram (spec 7.3): an FP8 table with per-32 scales, its projection and gate weights."""
+def add_engram(inv: InventoryBuilder, prefix: str, layer_id: int, *, unused: bool = False) -> None:
+    """Engram (spec 7.3): an FP8 table with per-32 scales, its projection and gate weights.
+
+    ``unused``: also accept the float ``embed.scale`` that transformers' ``deepseek_v41`` port
+    stores next to an unquantised table; its forward reads the scale only for an FP8 table,
+    so a float checkpoint's scale is validated and never loaded.
+    """
     c = inv.config
     rows = c.engram_num_embeddings[c.engram_layer_ids.index(layer_id)]
     width = (c.engram_max_ngram_size - 1) * c.engram_n_heads * c.engram_head_dim
+    scale_shape = (rows, c.engram_head_dim // ENGRAM_SCALE_BLOCK)
     inv.linear(f"{prefix}.wkv", c.hidden_size * (c.hc_mult + 1), width)
     inv.add(f"{prefix}.q_weight", (c.hc_mult, c.hidden_size))
     inv.add(f"{prefix}.k_weight", (c.hc_mult, c.hidden_size))
     if inv.quant is None:
         inv.add(f"{prefix}.embed.weight", (rows, c.engram_head_dim))
+        if unused:
+            inv.add(f"{prefix}.embed.scale", scale_shape, optional=True, unused=FLOAT_ENGRAM_SCALE)
         return
     inv.add(f"{prefix}.embed.weight", (rows, c.engram_head_dim), FP8)
-    inv.add(f"{prefix}.embed.scale", (rows, c.engram_head_dim // ENGRAM_SCALE_BLOCK), E8M0)
+    inv.add(f"{prefix}.embed.scale", scale_shape, E8M0)
 
 
 def add_mtp_stages(inv: InventoryBuilder) -> None:

@@ -8,7 +8,9 @@ time, each tensor read just before it is copied.
 A module parameter receives the stored tensor as is when the dtypes agree, cast when both are
 float, and dequantised when the module keeps a float copy of a quantised weight (FP8 block or
 packed FP4, using the stored ``.scale``). The V4.1 vision tower is validated and skipped, and
-so are the MTP / DSpark stages when the module was built without them.
+so are the MTP / DSpark stages when the module was built without them, and the tensors other
+writers store that the model never reads (the Engram table scale of a float V4.1 checkpoint
+written by transformers: its port reads the scale only for an FP8 table).
 """
 
 from __future__ import annotations
@@ -56,7 +58,10 @@ def read_and_validate(
 ) -> tuple[dict[str, StoredTensor], Mapping[str, TensorSpec]]:
     """Headers of every shard, validated against the inventory; no tensor data is read."""
     stored = read_checkpoint_index(directory)
-    expected = as_specs(inventory) if inventory is not None else official_inventory(config)
+    if inventory is None:
+        expected = official_inventory(config, include_unused=True)
+    else:
+        expected = as_specs(inventory)
     validate_checkpoint(stored, expected, where=str(directory))
     return stored, expected
 
@@ -103,7 +108,9 @@ def _plan(
     absent_groups = [p for p in OPTIONAL_PREFIXES if not any(t.startswith(p) for t in targets)]
     plan, homeless = [], []
     for name in stored:
-        if expected[name].skip:
+        if expected[name].unused:
+            skipped[expected[name].unused].append(name)
+        elif expected[name].skip:
             skipped["vision (text-only inference)"].append(name)
         elif name in targets:
             plan.append(name)
