@@ -80,9 +80,11 @@ def _stored_tensors(
     return {name: value.to(spec.dtype)}
 
 
-def _check_names(tensors: Mapping[str, torch.Tensor], wanted: list[str]) -> None:
+def _check_names(
+    tensors: Mapping[str, torch.Tensor], wanted: list[str], allowed: Mapping[str, TensorSpec]
+) -> None:
     missing = sorted(set(wanted) - set(tensors))
-    extra = sorted(set(tensors) - set(wanted))
+    extra = sorted(set(tensors) - set(wanted) - set(allowed))
     if missing or extra:
         raise ValueError(
             f"tensors do not match the config's inventory: missing {missing[:10]} "
@@ -97,19 +99,25 @@ def write_checkpoint(
     *,
     float_dtype: torch.dtype | None = None,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    unused: bool = False,
 ) -> Path:
     """Write ``tensors`` (official names, float values, no ``.scale`` entries) as a checkpoint.
 
     ``config`` is the ``config.json`` dict; its ``quantization_config`` decides the format.
     ``float_dtype`` overrides the stored dtype of every unquantised float tensor (default: the
-    official one, BF16 or F32 per tensor). Returns the directory.
+    official one, BF16 or F32 per tensor). ``unused=True`` also writes the tensors other
+    writers store that the model never reads, in their form: the ``embed.scale`` next to each
+    float Engram table, as transformers' ``deepseek_v41`` port saves it (its values from
+    ``tensors`` where given there, else ones, the port's initial value). Returns the directory.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     parsed = parse_config(config)
-    inventory = official_inventory(parsed)
+    inventory = official_inventory(parsed, include_unused=unused)
+    extras = {n: s for n, s in inventory.items() if s.unused}
     wanted = [n for n, s in inventory.items() if not _is_written_scale(n, inventory)]
-    _check_names(tensors, wanted)
+    wanted = [n for n in wanted if n not in extras]
+    _check_names(tensors, wanted, extras)
     shards: list[dict[str, torch.Tensor]] = [{}]
     shard_bytes = 0
     for name in wanted:
@@ -120,6 +128,7 @@ def write_checkpoint(
                 f"{list(_logical_shape(inventory[name]))}"
             )
         stored = _stored_tensors(name, value, inventory[name], parsed, float_dtype)
+        stored.update(_extras_of(name, tensors, extras, float_dtype))
         size = sum(t.numel() * t.element_size() for t in stored.values())
         if shards[-1] and shard_bytes + size > max_shard_bytes:
             shards.append({})
@@ -130,6 +139,22 @@ def write_checkpoint(
     _write_json(directory / "config.json", dict(config))
     _write_json(directory / "generation_config.json", _generation_config(parsed))
     return directory
+
+
+def _extras_of(
+    name: str, tensors: Mapping[str, torch.Tensor], extras: Mapping[str, TensorSpec], float_dtype
+) -> dict[str, torch.Tensor]:
+    """The unused ``.scale`` stored next to weight ``name`` (in the same shard), if any."""
+    scale = name.removesuffix(".weight") + ".scale"
+    if not name.endswith(".weight") or scale not in extras:
+        return {}
+    spec = extras[scale]
+    value = tensors.get(scale, torch.ones(spec.shape))
+    if tuple(value.shape) != spec.shape:
+        raise ValueError(
+            f"tensor {scale!r} has shape {list(value.shape)}; expected {list(spec.shape)}"
+        )
+    return {scale: value.to(float_dtype or spec.dtype)}
 
 
 def _is_written_scale(name: str, inventory: Mapping[str, TensorSpec]) -> bool:
