@@ -20,6 +20,7 @@ from deepinfer.engine.checkpoint import (
     read_checkpoint_index,
 )
 from deepinfer.engine.checkpoint.inventory_layers import FLOAT_ENGRAM_SCALE
+from deepinfer.engine.checkpoint.names import official_name
 from deepinfer.engine.frontend.llm import LLM
 from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.testing import (
@@ -84,6 +85,8 @@ def test_the_port_form_stores_the_scales_and_loads_skipping_them(checkpoints):
     report = load_into(model, port, progress=False)
     assert sorted(report.skipped[FLOAT_ENGRAM_SCALE]) == sorted(f"{t}.scale" for t in TABLES)
     assert not any(name.endswith("embed.scale") for name in model.state_dict())
+    # the port's save_pretrained spelling of the same tensor
+    assert official_name(f"model.{TABLES[0]}.scale") == f"{TABLES[0]}.scale"
 
 
 def test_float_scales_are_ignored_as_in_the_port(checkpoints):
