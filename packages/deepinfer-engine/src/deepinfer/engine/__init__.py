@@ -9,9 +9,7 @@ The public names load lazily, so importing a torch-free part (``deepinfer.engine
 scheduler and block manager) does not import torch.
 """
 
-from importlib import import_module
-from typing import Any
-
+from deepinfer.engine.lazy import lazy_exports
 from deepinfer.engine.version import __version__
 
 _EXPORTS = {
@@ -27,13 +25,4 @@ _EXPORTS = {
 
 __all__ = [*_EXPORTS, "__version__"]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'deepinfer.engine' has no attribute {name!r}")
-    return getattr(import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, eager=["__version__"])

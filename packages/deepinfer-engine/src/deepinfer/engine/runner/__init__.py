@@ -5,8 +5,7 @@ The names load lazily so that the torch-free parts (``batch_plan``, ``capacity``
 without torch.
 """
 
-from importlib import import_module
-from typing import Any
+from deepinfer.engine.lazy import lazy_exports
 
 _EXPORTS = {
     "ModelRunner": "deepinfer.engine.runner.model_runner",
@@ -15,9 +14,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'deepinfer.engine.runner' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -11,8 +11,7 @@ executor and tokenizer for the engine core), :mod:`.oracle_drafts` (a scripted d
 The names load lazily so that the torch-free fakes import without torch.
 """
 
-from importlib import import_module
-from typing import Any
+from deepinfer.engine.lazy import lazy_exports
 
 _EXPORTS = {
     "make_random_checkpoint": "deepinfer.engine.testing.random_checkpoint",
@@ -27,13 +26,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'deepinfer.engine.testing' has no attribute {name!r}")
-    return getattr(import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
