@@ -22,14 +22,6 @@ CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
 LAYER_TYPES = ["sliding_attention", CSA, HCA, CSA]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     directory = tmp_path_factory.mktemp("v4-hca8")
