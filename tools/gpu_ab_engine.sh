@@ -15,11 +15,12 @@ before="${1:?usage: gpu_ab_engine.sh BEFORE_TREE}"
 root=$PWD
 out="$(realpath -m "${OUT:-bench-out}")"
 mkdir -p "$out"
+venvs="$(mktemp -d)"  # one venv per tree, over the machine's torch
 for side in before after; do
-    uv venv -q --system-site-packages -p "$(command -v python3)" "/tmp/venv-$side"
+    uv venv -q --system-site-packages -p "$(command -v python3)" "$venvs/$side"
 done
-PATH=/tmp/venv-before/bin:$PATH bash "$before/tools/gpu_setup.sh" "$root/.whl" | tail -1
-PATH=/tmp/venv-after/bin:$PATH bash tools/gpu_setup.sh "$root/.whl" | tail -1
+PATH="$venvs/before/bin:$PATH" bash "$before/tools/gpu_setup.sh" "$root/.whl" | tail -1
+PATH="$venvs/after/bin:$PATH" bash tools/gpu_setup.sh "$root/.whl" | tail -1
 if [ -z "${BEFORE_BENCH:-}" ]; then
     if [ -f "$before/benchmarks/__init__.py" ]; then
         BEFORE_BENCH="-m benchmarks.engine.bench_engine"
@@ -32,10 +33,10 @@ args=(--prefill-prompts 1,8 --decode-batches 1,64 --decode-tokens 17 --modes gra
 for layers in ${LAYERS:-4 32}; do
     for rep in $(seq 1 "${REPS:-1}"); do
         echo "=== before, $layers layers, run $rep"
-        (cd "$before" && /tmp/venv-before/bin/python $BEFORE_BENCH --layers "$layers" "${args[@]}" \
+        (cd "$before" && "$venvs/before/bin/python" $BEFORE_BENCH --layers "$layers" "${args[@]}" \
             --out "$out/engine-before-$layers-$rep.json" 2>&1 | grep -v Warning | tail -12)
         echo "=== after, $layers layers, run $rep"
-        /tmp/venv-after/bin/python -m benchmarks.engine.bench_engine --layers "$layers" "${args[@]}" \
+        "$venvs/after/bin/python" -m benchmarks.engine.bench_engine --layers "$layers" "${args[@]}" \
             --out "$out/engine-after-$layers-$rep.json" 2>&1 | grep -v Warning | tail -12
     done
 done
