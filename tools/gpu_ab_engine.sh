@@ -16,8 +16,12 @@ root=$PWD
 out="$(realpath -m "${OUT:-bench-out}")"
 mkdir -p "$out"
 venvs="$(mktemp -d)"  # one venv per tree, over the machine's torch
+# The machine's torch may itself live in a venv, whose packages a new venv's
+# --system-site-packages does not see: a .pth file adds them.
+machine_site="$(python3 -c 'import torch, pathlib; print(pathlib.Path(torch.__file__).parents[1])')"
 for side in before after; do
     uv venv -q --system-site-packages -p "$(command -v python3)" "$venvs/$side"
+    echo "$machine_site" > "$("$venvs/$side/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/machine.pth"
 done
 PATH="$venvs/before/bin:$PATH" bash "$before/tools/gpu_setup.sh" "$root/.whl" | tail -1
 PATH="$venvs/after/bin:$PATH" bash tools/gpu_setup.sh "$root/.whl" | tail -1
