@@ -34,11 +34,21 @@ def test_layout_derives_world_size_and_slots():
     config.validate_for(num_experts=256, num_devices=8)
 
 
+def test_data_parallel_with_replicated_experts():
+    config = ParallelConfig(data_parallel_size=4, expert_parallel_size=1)
+    assert (config.world_size, config.dp_size, config.ep_size) == (4, 4, 1)
+    assert config.slots_per_rank(10) == 10
+    config.validate_for(num_experts=10, num_devices=4)
+    with pytest.raises(ValueError, match="needs 4 devices, found 3"):
+        config.validate_for(num_experts=10, num_devices=3)
+
+
 @pytest.mark.parametrize(
     "kwargs,field",
     [
         ({"data_parallel_size": 0, "expert_parallel_size": 0}, "data_parallel_size"),
         ({"data_parallel_size": 2, "expert_parallel_size": 4}, "attention DP spans the EP ranks"),
+        ({"data_parallel_size": 4, "expert_parallel_size": 2}, "expert_parallel_size=2"),
         ({"num_redundant_experts": -1}, "num_redundant_experts"),
         ({"eplb_interval": -5}, "eplb_interval"),
         ({"eplb_window": 0}, "eplb_window"),

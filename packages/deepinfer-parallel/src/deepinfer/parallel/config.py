@@ -1,8 +1,9 @@
 """The parallel layout of one engine instance, passed explicitly to whoever needs it.
 
 Attention is data parallel (each DP rank owns its requests and cache) and the MoE is expert
-parallel across the same ranks (DESIGN.md section 10), so today ``data_parallel_size ==
-expert_parallel_size == world_size``. This module holds the pure arithmetic of that layout;
+parallel across the same ranks (DESIGN.md section 10), so ``expert_parallel_size`` is either
+``data_parallel_size`` (experts sharded over the DP ranks) or 1 (every rank holds every expert),
+and ``world_size == data_parallel_size``. This module holds the pure arithmetic of that layout;
 process groups are formed by the communication layer when the workers start.
 """
 
@@ -32,16 +33,17 @@ class ParallelConfig:
         _check_at_least("num_redundant_experts", self.num_redundant_experts, 0)
         _check_at_least("eplb_interval", self.eplb_interval, 0)
         _check_at_least("eplb_window", self.eplb_window, 1)
-        if self.data_parallel_size != self.expert_parallel_size:
+        if self.expert_parallel_size not in (1, self.data_parallel_size):
             raise ValueError(
-                f"data_parallel_size={self.data_parallel_size}: expected equal to "
-                f"expert_parallel_size={self.expert_parallel_size} (attention DP spans the EP ranks)"
+                f"expert_parallel_size={self.expert_parallel_size}: expected 1 (replicated "
+                f"experts) or data_parallel_size={self.data_parallel_size} (attention DP spans "
+                "the EP ranks)"
             )
 
     @property
     def world_size(self) -> int:
         """Number of ranks (processes, one device each)."""
-        return self.expert_parallel_size
+        return self.data_parallel_size
 
     @property
     def ep_size(self) -> int:
