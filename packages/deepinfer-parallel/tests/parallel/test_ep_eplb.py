@@ -1,6 +1,6 @@
 """Placement, EPLB and dispatch/combine together over gloo: an EP MoE layer whose ranks hold only
 their slots' expert weights gives the single-process output, bitwise, before and after a
-rebalance that moves weights between ranks by :func:`weight_moves`."""
+rebalance that moves weights between ranks by :func:`move_slots`."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from deepinfer.parallel import (
     dispatch,
     group_by_slot,
     initial_placement,
+    move_slots,
     rebalance,
     route_to_slots,
     spawn,
-    weight_moves,
 )
 
 NUM_EXPERTS, TOP_K, HIDDEN, NUM_REDUNDANT = 8, 3, 6, 1
@@ -63,13 +63,14 @@ def _moe(hidden, topk_ids, weights, keys, placement, local_weights, comm) -> tor
 
 
 def _move_weights(old, new, local_weights, comm) -> torch.Tensor:
-    """Test-only transport: all-gather every slot's weights, then apply this rank's copies."""
-    gathered = torch.empty((comm.world_size * old.slots_per_rank, *local_weights.shape[1:]))
-    comm.all_gather_into_tensor(gathered, local_weights)
+    """Each rank's slots under ``new``, the changed ones fetched by :func:`move_slots`."""
+    row_bytes = local_weights[0].numel() * local_weights.element_size()
+    arrived = move_slots(
+        old, new, lambda slot: local_weights[slot].reshape(-1).view(torch.uint8), row_bytes, comm
+    )
     moved = local_weights.clone()
-    for dst_rank, dst_slot, src_rank, src_slot in weight_moves(old, new):
-        if dst_rank == comm.rank:
-            moved[dst_slot] = gathered[src_rank * old.slots_per_rank + src_slot]
+    for slot, row in arrived.items():
+        moved[slot] = row.view(local_weights.dtype).view(local_weights.shape[1:])
     return moved
 
 

@@ -3,7 +3,13 @@ the communication layer (collectives, dispatch/combine, process start-up)."""
 
 from deepinfer.parallel.comm import Communicator, SingleProcessComm, TorchDistributedComm
 from deepinfer.parallel.config import ParallelConfig, expert_owner, expert_range
-from deepinfer.parallel.dispatch import DispatchHandle, combine, dispatch, group_by_slot
+from deepinfer.parallel.dispatch import (
+    DispatchHandle,
+    combine,
+    dispatch,
+    dispatch_pairs,
+    group_by_slot,
+)
 from deepinfer.parallel.eplb import (
     ExpertLoadWindow,
     align_slots,
@@ -12,6 +18,7 @@ from deepinfer.parallel.eplb import (
     rebalance,
     weight_moves,
 )
+from deepinfer.parallel.expert_parallel import ExpertParallelContext, move_slots
 from deepinfer.parallel.launch import (
     DistributedEnv,
     WorkerError,
@@ -35,6 +42,7 @@ __all__ = [
     "DispatchHandle",
     "DistributedEnv",
     "ExpertLoadWindow",
+    "ExpertParallelContext",
     "ExpertPlacement",
     "ParallelConfig",
     "PlacementTensors",
@@ -46,6 +54,7 @@ __all__ = [
     "combine",
     "default_backend",
     "dispatch",
+    "dispatch_pairs",
     "expert_owner",
     "expert_range",
     "find_free_port",
@@ -54,6 +63,7 @@ __all__ = [
     "init_from_env",
     "init_process_group",
     "initial_placement",
+    "move_slots",
     "rank_loads",
     "read_env",
     "rebalance",

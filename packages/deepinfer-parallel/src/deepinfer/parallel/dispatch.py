@@ -103,6 +103,28 @@ def dispatch(
     return received, received_local_slot, handle
 
 
+def dispatch_pairs(
+    values: torch.Tensor, handle: DispatchHandle, comm: Communicator
+) -> torch.Tensor:
+    """Send a per-(token, k) value along the routes of ``handle`` (e.g. each pair's router
+    weight, for experts that apply it before their down projection).
+
+    Args:
+        values: [T, K, ...] any dtype, the value of each (token, k) pair.
+    Returns:
+        [R, ...], row ``i`` the value of the pair whose hidden row is ``received[i]``.
+    """
+    num_tokens, top_k = handle.num_tokens, handle.top_k
+    if tuple(values.shape[:2]) != (num_tokens, top_k):
+        raise ValueError(
+            f"values: expected [{num_tokens}, {top_k}, ...], got {tuple(values.shape)}"
+        )
+    flat = values.reshape(num_tokens * top_k, *values.shape[2:])
+    received = flat.new_empty((sum(handle.recv_splits), *values.shape[2:]))
+    comm.all_to_all_single(received, flat[handle.order], handle.recv_splits, handle.send_splits)
+    return received
+
+
 def combine(
     expert_out: torch.Tensor, topk_weights: torch.Tensor, handle: DispatchHandle, comm: Communicator
 ) -> torch.Tensor:
