@@ -22,6 +22,7 @@ from typing import Any
 from deepinfer.engine.core.config import SchedulerConfig
 from deepinfer.engine.core.executor import Executor
 from deepinfer.kernels import envs
+from deepinfer.parallel import ParallelConfig
 
 logger = logging.getLogger("deepinfer.engine")
 
@@ -31,6 +32,12 @@ ACCELERATORS = ("auto", "nvidia", "ascend", "cpu")
 DTYPES = ("bfloat16", "float16", "float32")
 LOAD_FORMATS = ("auto", "dummy")
 SPEC_ACCEPTANCE = ("auto", "seed_exact", "rejection")
+NUMERICS = ("model", "float")
+# Parameters that are gone, with what replaces them (named in the error).
+REMOVED_PARAMETERS = {
+    "quant_simulation": "numerics ('model', the default: the roundings the model defines; "
+    "'float': none)",
+}
 
 
 def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], None]:
@@ -59,6 +66,11 @@ def _integer(name: str, value: Any) -> None:
 def _fraction(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise ValueError(f"{name}={value!r}: expected a number in (0, 1]")
+
+
+def _positive_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name}={value!r}: expected a number > 0")
 
 
 def _bool(name: str, value: Any) -> None:
@@ -97,13 +109,16 @@ def param(
     choices: tuple[str, ...] | None = None,
     cli: bool = True,
     cli_type: Callable[[str], Any] | None = None,
+    cli_alias: str | None = None,
 ) -> Any:
     """A parameter of the engine: a dataclass field whose metadata holds its help text, its
     check (``check(name, value)`` raises ValueError naming the field) and its command-line
-    flag (``cli``; the flag is ``--`` plus the name with dashes, of type ``cli_type``)."""
+    flag (``cli``; the flag is ``--`` plus the name with dashes, of type ``cli_type``, plus the
+    short ``cli_alias`` if given)."""
     if choices is not None and check is None:
         check = _choice(choices)
     metadata = {"help": help, "check": check, "choices": choices, "cli": cli, "type": cli_type}
+    metadata["alias"] = cli_alias
     return field(default=default, metadata=metadata)
 
 
@@ -163,11 +178,11 @@ class EngineConfig:
         "``auto`` (the checkpoint's weights) or ``dummy`` (random weights of the real shapes).",
         choices=LOAD_FORMATS,
     )
-    quant_simulation: bool | None = param(
-        None,
-        "force the FP8/FP4 activation simulation on or off (None = follow the checkpoint).",
-        _optional_bool,
-        cli=False,
+    numerics: str = param(
+        "model",
+        "``model``: the roundings the model defines (FP8 / FP4 cache and indexer formats, FP8 "
+        "inputs of FP8 / FP4 linears); ``float``: none of them, a floating-point debug path.",
+        choices=NUMERICS,
     )
     seed: int = param(
         0,
@@ -226,6 +241,30 @@ class EngineConfig:
         "size, context bucket); outputs are identical.",
         _bool,
     )
+    data_parallel_size: int = param(
+        1,
+        "attention data parallelism: this many worker processes (one per device; on a CPU, "
+        "processes over gloo), each with its own requests, KV cache and scheduler, stepping "
+        "in lockstep. Under ``torchrun`` the launched processes are the ranks.",
+        _positive_int,
+        cli_type=int,
+        cli_alias="-dp",
+    )
+    expert_parallel_size: int = param(
+        1,
+        "MoE expert parallelism over the data-parallel ranks: 1 (every rank holds every "
+        "expert) or ``data_parallel_size``.",
+        _positive_int,
+        cli_type=int,
+        cli_alias="-ep",
+    )
+    distributed_timeout_s: float = param(
+        60.0,
+        "with ``data_parallel_size`` > 1: the longest a step may take before the call raises "
+        "naming the late rank (loading gets 30 times as long).",
+        _positive_number,
+        cli=False,
+    )
     cap_speculative_tokens: bool = _internal(
         False,
         "``speculative_tokens`` came from ``DEEPINFER_USE_NEXTN_DECODE``: a preference capped "
@@ -237,6 +276,7 @@ class EngineConfig:
             check = f.metadata.get("check")
             if check is not None and f.name != "model":
                 check(f.name, getattr(self, f.name))
+        self.parallel_config()  # refuses an impossible layout, naming the field
         self._resolve()
         _model("model", self.model)
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
@@ -260,6 +300,13 @@ class EngineConfig:
             resolved["spec_varlen"] = bool(envs.get("DEEPINFER_ENABLE_MTP_VARLEN"))
         for name, value in resolved.items():
             object.__setattr__(self, name, value)  # frozen: settled once, here
+
+    def parallel_config(self) -> ParallelConfig:
+        """The data / expert parallel layout of this engine."""
+        return ParallelConfig(
+            data_parallel_size=self.data_parallel_size,
+            expert_parallel_size=self.expert_parallel_size,
+        )
 
     @classmethod
     def parameters(cls) -> list[Any]:

@@ -18,6 +18,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         if not f.metadata["cli"]:
             continue
         flag = "--" + f.name.replace("_", "-")
+        flags = [flag] + ([f.metadata["alias"]] if f.metadata.get("alias") else [])
         help_text = f.metadata["help"].replace("``", "")
         if f.name == "dtype":  # resolved in _engine: float32 on cpu, else the declared default
             g.add_argument(flag, default=None, choices=f.metadata["choices"], help=help_text)
@@ -27,7 +28,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         else:
             kind = f.metadata["type"] or str
             choices = f.metadata["choices"]
-            g.add_argument(flag, type=kind, default=f.default, choices=choices, help=help_text)
+            g.add_argument(*flags, type=kind, default=f.default, choices=choices, help=help_text)
     s = parser.add_argument_group("sampling")
     s.add_argument("--max-tokens", type=int, default=256, help="tokens to generate per sample")
     s.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
