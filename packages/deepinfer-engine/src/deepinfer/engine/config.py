@@ -32,12 +32,6 @@ ACCELERATORS = ("auto", "nvidia", "ascend", "cpu")
 DTYPES = ("bfloat16", "float16", "float32")
 LOAD_FORMATS = ("auto", "dummy")
 SPEC_ACCEPTANCE = ("auto", "seed_exact", "rejection")
-NUMERICS = ("model", "float")
-# Parameters that are gone, with what replaces them (named in the error).
-REMOVED_PARAMETERS = {
-    "quant_simulation": "numerics ('model', the default: the roundings the model defines; "
-    "'float': none)",
-}
 
 
 def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], None]:
@@ -178,11 +172,11 @@ class EngineConfig:
         "``auto`` (the checkpoint's weights) or ``dummy`` (random weights of the real shapes).",
         choices=LOAD_FORMATS,
     )
-    numerics: str = param(
-        "model",
-        "``model``: the roundings the model defines (FP8 / FP4 cache and indexer formats, FP8 "
-        "inputs of FP8 / FP4 linears); ``float``: none of them, a floating-point debug path.",
-        choices=NUMERICS,
+    quant_simulation: bool | None = param(
+        None,
+        "force the FP8/FP4 activation simulation on or off (None = follow the checkpoint).",
+        _optional_bool,
+        cli=False,
     )
     seed: int = param(
         0,
