@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from deepinfer.engine import param_checks as checks
 from deepinfer.engine.core.config import SchedulerConfig
 from deepinfer.engine.core.executor import Executor
 from deepinfer.kernels import envs
@@ -32,67 +33,12 @@ ACCELERATORS = ("auto", "nvidia", "ascend", "cpu")
 DTYPES = ("bfloat16", "float16", "float32")
 LOAD_FORMATS = ("auto", "dummy")
 SPEC_ACCEPTANCE = ("auto", "seed_exact", "rejection")
-
-
-def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], None]:
-    def check(name: str, value: Any) -> None:
-        if value not in choices:
-            raise ValueError(f"{name}={value!r}: expected one of {', '.join(choices)}")
-
-    return check
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r}: expected a positive integer")
-
-
-def _optional_positive_int(name: str, value: Any) -> None:
-    if value is not None:
-        _positive_int(name, value)
-
-
-def _integer(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}={value!r}: expected an integer")
-
-
-def _fraction(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ValueError(f"{name}={value!r}: expected a number in (0, 1]")
-
-
-def _positive_number(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name}={value!r}: expected a number > 0")
-
-
-def _bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}={value!r}: expected a bool")
-
-
-def _optional_bool(name: str, value: Any) -> None:
-    if value not in (None, True, False):
-        raise ValueError(f"{name}={value!r}: expected None, True or False")
-
-
-def _model(name: str, value: Any) -> None:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name}={value!r}: expected a hub id or a directory")
-
-
-def _draft_count(name: str, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(
-            f"{name}={value!r}: expected None (DEEPINFER_USE_NEXTN_DECODE) or an integer >= 0 "
-            "(0 disables speculation)"
-        )
-
-
-def _cost_curve(name: str, value: Any) -> None:
-    if value is not None and not callable(getattr(value, "costs", None)):
-        raise ValueError(f"{name}={value!r}: expected a deepinfer.spec.StepCostCurve or None")
+NUMERICS = ("model", "float")
+# Parameters that are gone, with what replaces them (named in the error).
+REMOVED_PARAMETERS = {
+    "quant_simulation": "numerics ('model', the default: the roundings the model defines; "
+    "'float': none)",
+}
 
 
 def param(
@@ -110,7 +56,7 @@ def param(
     flag (``cli``; the flag is ``--`` plus the name with dashes, of type ``cli_type``, plus the
     short ``cli_alias`` if given)."""
     if choices is not None and check is None:
-        check = _choice(choices)
+        check = checks.choice(choices)
     metadata = {"help": help, "check": check, "choices": choices, "cli": cli, "type": cli_type}
     metadata["alias"] = cli_alias
     return field(default=default, metadata=metadata)
@@ -132,7 +78,7 @@ class EngineConfig:
         None,
         "a hub id or a local checkpoint directory; None means ``DEEPINFER_HF_MODEL_DIR`` if "
         f"set, else ``{DEFAULT_MODEL}``.",
-        _model,
+        checks.model_name,
     )
     accelerator: str = param(
         "auto",
@@ -150,21 +96,23 @@ class EngineConfig:
         None,
         "most tokens (prompt + output) per sequence; None = the model's limit capped by the "
         "KV-cache capacity.",
-        _optional_positive_int,
+        checks.optional_positive_int,
         cli_type=int,
     )
-    max_num_seqs: int = param(256, "most sequences running at once.", _positive_int, cli_type=int)
+    max_num_seqs: int = param(
+        256, "most sequences running at once.", checks.positive_int, cli_type=int
+    )
     max_num_batched_tokens: int | None = param(
         None,
         f"token budget per step (None = {DEFAULT_MAX_NUM_BATCHED_TOKENS}, or ``max_model_len`` "
         "when chunked prefill is off).",
-        _optional_positive_int,
+        checks.optional_positive_int,
         cli_type=int,
     )
     gpu_memory_utilization: float = param(
         0.9,
         "fraction of device memory for weights, activations and cache.",
-        _fraction,
+        checks.fraction,
         cli_type=float,
     )
     load_format: str = param(
@@ -172,26 +120,26 @@ class EngineConfig:
         "``auto`` (the checkpoint's weights) or ``dummy`` (random weights of the real shapes).",
         choices=LOAD_FORMATS,
     )
-    quant_simulation: bool | None = param(
-        None,
-        "force the FP8/FP4 activation simulation on or off (None = follow the checkpoint).",
-        _optional_bool,
-        cli=False,
+    numerics: str = param(
+        "model",
+        "``model``: the roundings the model defines (FP8 / FP4 cache and indexer formats, FP8 "
+        "inputs of FP8 / FP4 linears); ``float``: none of them, a floating-point debug path.",
+        choices=NUMERICS,
     )
     seed: int = param(
         0,
         "seeds the engine's random state and the per-request seeds of requests that set none "
         "(so a rerun of the same script reproduces them).",
-        _integer,
+        checks.integer,
         cli=False,  # the command line's --seed is the sampling seed
     )
-    block_size: int = param(128, "tokens per KV-cache block.", _positive_int, cli_type=int)
-    enable_chunked_prefill: bool = param(True, "split long prompts across steps.", _bool)
+    block_size: int = param(128, "tokens per KV-cache block.", checks.positive_int, cli_type=int)
+    enable_chunked_prefill: bool = param(True, "split long prompts across steps.", checks.boolean)
     num_cache_blocks: int | None = param(
         None,
         "use this many KV-cache blocks instead of the number that fits in memory "
         "(reproducible capacity; small values force preemption in tests).",
-        _optional_positive_int,
+        checks.optional_positive_int,
         cli_type=int,
     )
     speculative_tokens: int | None = param(
@@ -199,7 +147,7 @@ class EngineConfig:
         "DSpark drafts per decode step (None: ``DEEPINFER_USE_NEXTN_DECODE``, default 5, capped "
         "at the checkpoint's ``dspark_block_size``; 0: no speculation). Only checkpoints with "
         "DSpark draft stages speculate.",
-        _draft_count,
+        checks.draft_count,
         cli_type=int,
     )
     spec_acceptance: str = param(
@@ -214,18 +162,18 @@ class EngineConfig:
         None,
         "confidence-scheduled verification (each request verifies the drafts worth their "
         "cost); None: ``DEEPINFER_ENABLE_MTP_VARLEN``.",
-        _optional_bool,
+        checks.optional_bool,
     )
     spec_cost_curve: Any = param(
         None,
         "the ``deepinfer.spec.StepCostCurve`` that planning uses; None measures one at start-up.",
-        _cost_curve,
+        checks.cost_curve,
         cli=False,
     )
     return_draft_confidences: bool = param(
         False,
         "report each verified draft's confidence in ``RequestOutput.metrics.draft_confidences``.",
-        _bool,
+        checks.boolean,
         cli=False,
     )
     enforce_eager: bool = param(
@@ -233,14 +181,22 @@ class EngineConfig:
         "run every step eagerly. By default, on a CUDA device without speculation, decode-only "
         "steps (one token per sequence) replay CUDA graphs captured on first use per (batch "
         "size, context bucket); outputs are identical.",
-        _bool,
+        checks.boolean,
+    )
+    async_scheduling: bool | None = param(
+        None,
+        "asynchronous (zero-overhead) scheduling: the host schedules and prepares step N+1 "
+        "while the device runs step N, whose sampled tokens feed N+1 on the device; stops are "
+        "applied one step late and what ran past them is dropped (outputs are unchanged). "
+        "None: ``DEEPINFER_ZERO_OVERHEAD_SCHEDULING`` (default on).",
+        checks.optional_bool,
     )
     data_parallel_size: int = param(
         1,
         "attention data parallelism: this many worker processes (one per device; on a CPU, "
         "processes over gloo), each with its own requests, KV cache and scheduler, stepping "
         "in lockstep. Under ``torchrun`` the launched processes are the ranks.",
-        _positive_int,
+        checks.positive_int,
         cli_type=int,
         cli_alias="-dp",
     )
@@ -248,7 +204,7 @@ class EngineConfig:
         1,
         "MoE expert parallelism over the data-parallel ranks: 1 (every rank holds every "
         "expert) or ``data_parallel_size``.",
-        _positive_int,
+        checks.positive_int,
         cli_type=int,
         cli_alias="-ep",
     )
@@ -256,8 +212,26 @@ class EngineConfig:
         60.0,
         "with ``data_parallel_size`` > 1: the longest a step may take before the call raises "
         "naming the late rank (loading gets 30 times as long).",
-        _positive_number,
+        checks.positive_number,
         cli=False,
+    )
+    yoco_prefill_truncation_mode: str | None = param(
+        None,
+        "SWA bounded replay, YoCo prefill truncation (V4.1 only; an approximation, spec 4.5): "
+        "``off | mask | compact``; None: ``DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE`` (default "
+        "off). ``compact`` runs the consumer layers (the first ratio-1 layer on) only on each "
+        "prompt's last ``yoco_prefill_keep_tokens`` rows, whose windows then start there; "
+        "``mask`` runs every row with those windows (to validate compact). Prompt logprobs "
+        "are refused while it is on.",
+        checks.optional_truncation_mode,
+        cli_type=str,
+    )
+    yoco_prefill_keep_tokens: int | None = param(
+        None,
+        "prompt rows the consumer layers keep under truncation, at least ``sliding_window`` + "
+        "speculative tokens; None: ``DEEPINFER_YOCO_PREFILL_KEEP_TOKENS``; 0: that least value.",
+        checks.optional_count,
+        cli_type=int,
     )
     cap_speculative_tokens: bool = _internal(
         False,
@@ -272,8 +246,8 @@ class EngineConfig:
                 check(f.name, getattr(self, f.name))
         self.parallel_config()  # refuses an impossible layout, naming the field
         self._resolve()
-        _model("model", self.model)
-        _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        checks.model_name("model", self.model)
+        checks.positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
 
     def _resolve(self) -> None:
         """Settle the values left to the environment or to other fields (argument first)."""
@@ -292,6 +266,16 @@ class EngineConfig:
             resolved.update(speculative_tokens=k, cap_speculative_tokens=True)
         if self.spec_varlen is None:
             resolved["spec_varlen"] = bool(envs.get("DEEPINFER_ENABLE_MTP_VARLEN"))
+        if self.async_scheduling is None:
+            resolved["async_scheduling"] = envs.get("DEEPINFER_ZERO_OVERHEAD_SCHEDULING")
+        if self.yoco_prefill_truncation_mode is None:
+            mode = envs.get("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE")
+            resolved["yoco_prefill_truncation_mode"] = mode
+        if self.yoco_prefill_keep_tokens is None:
+            keep = envs.get("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS")
+            if keep < 0:
+                raise ValueError(f"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS={keep}: expected >= 0")
+            resolved["yoco_prefill_keep_tokens"] = keep
         for name, value in resolved.items():
             object.__setattr__(self, name, value)  # frozen: settled once, here
 

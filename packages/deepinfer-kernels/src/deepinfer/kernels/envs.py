@@ -54,6 +54,13 @@ def _accelerator(raw: str) -> str:
     return value
 
 
+def _truncation_mode(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in ("off", "mask", "compact"):
+        raise ValueError("expected off, mask or compact")
+    return value
+
+
 REGISTRY: dict[str, EnvVar] = {
     v.name: v
     for v in [
@@ -91,6 +98,18 @@ REGISTRY: dict[str, EnvVar] = {
             "seconds a structured-output grammar may take to compile",
         ),
         EnvVar("DEEPINFER_ENFORCE_EAGER", _bool, False, "never capture CUDA graphs"),
+        EnvVar(
+            "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE",
+            _truncation_mode,
+            "off",
+            "SWA bounded replay (YoCo prefill truncation, V4.1): off | mask | compact",
+        ),
+        EnvVar(
+            "DEEPINFER_YOCO_PREFILL_KEEP_TOKENS",
+            _int,
+            0,
+            "prompt rows the YoCo consumer layers keep; 0: sliding window + speculative tokens",
+        ),
         EnvVar(
             "DEEPINFER_REFERENCE_OPS",
             _bool,
