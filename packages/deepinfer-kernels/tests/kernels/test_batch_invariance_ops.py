@@ -1,0 +1,120 @@
+"""Every op of ``deepinfer.kernels`` under ``DEEPINFER_BATCH_INVARIANT=1``: one row alone is
+bitwise the same row inside batches of 1, 7, 64 and 1,000 rows with random neighbours (and
+wider ``-1`` padding of index lists), for each small conformance case of the op. On the CPU
+reference backend here; the same checks run the NVIDIA kernels with the ``gpu`` marker."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer import kernels as K
+from deepinfer.kernels.testing import CASES
+from deepinfer.kernels.testing.invariance import RowArgs, case_rows, check_rows
+
+# Per op: the arguments that are per token (dim 0). Ops missing here and from NOT_PER_TOKEN
+# fail test_every_op_is_checked, so a new op must say how its rows are checked.
+ROW_ARGS: dict[str, RowArgs] = {
+    "apply_rope": RowArgs(("x", "cos", "sin")),
+    "apply_token_bitmask": RowArgs(("logits", "bitmask")),
+    "candidate_block_mask": RowArgs(("scores", "visible_count")),
+    "compress_pool": RowArgs(("kv", "score")),
+    "engram_embedding_lookup": RowArgs(("row_ids",)),
+    "engram_gate": RowArgs(("hidden", "key", "value", "mask")),
+    "engram_hash": RowArgs(("ngram_ids",)),
+    "fp4_moe_experts": RowArgs(("x", "topk_weights", "topk_ids")),
+    "fp4_sim": RowArgs(("x",)),
+    "fp8_act_quant": RowArgs(("x",)),
+    "fp8_gemm_nt": RowArgs(("a", "a_scale")),
+    "fp8_sim": RowArgs(("x",)),
+    "fused_add_rms_norm": RowArgs(("x", "residual")),
+    "gelu": RowArgs(("x",)),
+    "grouped_linear": RowArgs(("x",)),
+    "gumbel_sample": RowArgs(("logits", "temperature", "cutoff", "seeds", "positions")),
+    "hadamard_rotate": RowArgs(("x",)),
+    "hc_collapse": RowArgs(("h", "pre")),
+    "hc_expand": RowArgs(("f", "h", "post", "comb")),
+    "hc_head_coefficients": RowArgs(("x",)),
+    "hc_mix_coefficients": RowArgs(("x",)),
+    "hc_pre": RowArgs(("x", "collapse_pre")),
+    "indexer_scores": RowArgs(("q", "weights", "candidates"), "candidates", column_output=True),
+    "linear": RowArgs(("x",)),
+    "rms_norm": RowArgs(("x",)),
+    "rope_rotate_half": RowArgs(("x", "cos", "sin")),
+    "route_hash": RowArgs(("logits", "ids")),
+    "route_topk": RowArgs(("logits",)),
+    "select_topk": RowArgs(("scores", "candidates")),
+    "silu_mul": RowArgs(("gate", "up")),
+    "sparse_mqa_sink": RowArgs(("q", "indices"), "indices"),
+    "swiglu_clamped": RowArgs(("gate", "up")),
+    "top_k_top_p_min_p_cutoff": RowArgs(("logits", "temperature", "top_k", "top_p", "min_p")),
+    "top_k_top_p_min_p_sample": RowArgs(
+        ("logits", "temperature", "top_k", "top_p", "min_p", "seeds", "positions")
+    ),
+}
+
+# Ops whose rows are not tokens of a batch, and why.
+NOT_PER_TOKEN = {
+    "fp4_dequant": "weights, at load time",
+    "fp4_quant": "weights, at load time",
+    "fp8_block_dequant": "weights, at load time",
+    "fp8_block_quant": "weights, at load time (a scale spans 128 rows by the format)",
+    "patch_unfold": "one image's patches (rows are pixels of that image)",
+    "vision_attention": "attention among one image's patches",
+}
+
+# Ops checked at 1,000 rows on the CPU too (cheap row by row); the others stop at 64 there.
+CHEAP = {
+    "apply_rope", "apply_token_bitmask", "candidate_block_mask", "engram_hash", "fp4_sim",
+    "fp8_act_quant", "fp8_sim", "gelu", "hadamard_rotate", "hc_collapse", "linear", "rms_norm",
+    "rope_rotate_half", "route_topk", "select_topk", "silu_mul", "swiglu_clamped",
+}  # fmt: skip
+# and these stop at 7 there (the MoE reference dequantises every expert for each row)
+COSTLY = {"fp4_moe_experts"}
+
+SIZES = (1, 7, 64, 1000)
+HAS_CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture(autouse=True)
+def _invariant(monkeypatch):
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+
+
+def _small_cases():
+    """The first small conformance case of every op in ROW_ARGS (its other cases vary shapes
+    and dtypes the row-by-row split does not depend on)."""
+    first = {}
+    for c in CASES:
+        if c.scale == "small" and c.op in ROW_ARGS:
+            first.setdefault(c.op, c)
+    return list(first.values())
+
+
+def test_every_op_is_checked():
+    missing = sorted(set(K.OPS) - set(ROW_ARGS) - set(NOT_PER_TOKEN))
+    assert not missing, f"ops with no batch-invariance check: {missing} (add them to ROW_ARGS)"
+    assert {c.op for c in _small_cases()} == set(ROW_ARGS) & set(K.OPS)
+
+
+def _check(case, device, sizes):
+    spec = ROW_ARGS[case.op]
+    contract = K.OPS[case.op].contract
+    shared, rows = case_rows(case, spec, contract, max(sizes), device)
+    op = getattr(K, case.op)
+    check_rows(
+        op, shared, rows, sizes, str(case), index=spec.index, column_output=spec.column_output
+    )
+
+
+@pytest.mark.parametrize("case", _small_cases(), ids=str)
+def test_row_alone_equals_row_in_batch_cpu(case):
+    sizes = SIZES if case.op in CHEAP else SIZES[:2] if case.op in COSTLY else SIZES[:3]
+    _check(case, torch.device("cpu"), sizes)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", _small_cases(), ids=str)
+def test_row_alone_equals_row_in_batch_cuda(case):
+    _check(case, torch.device("cuda"), SIZES)
