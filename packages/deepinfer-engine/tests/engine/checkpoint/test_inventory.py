@@ -152,7 +152,7 @@ def test_inventory_matches_the_model_modules(raw, quantized):
     stages = build_draft_stages(config, LinearFactory(config, torch.bfloat16, "meta"))
     for name, t in stages.state_dict().items():
         module[f"mtp.{name}"] = (tuple(t.shape), t.dtype)
-    inv = {n: s for n, s in official_inventory(config).items() if not s.skip}
+    inv = {n: s for n, s in official_inventory(config).items() if not s.unused}
     assert sorted(module) == sorted(inv)
     for name, (shape, dtype) in module.items():
         assert inv[name].shape == shape, name

@@ -45,7 +45,7 @@ def test_unquantised_fp32_round_trip_is_exact(tmp_path, raw):
         assert torch.equal(t, expected), name
     skipped = sum(report.skipped.values(), [])
     assert all(n.startswith(("vision.", "aligner.", "image_")) for n in skipped)
-    assert len(skipped) == (19 if config.is_v41 else 0)
+    assert len(skipped) == (18 if config.is_v41 else 0)  # a module built without the tower
 
 
 @pytest.mark.parametrize("raw", [tiny_v4_config(), tiny_v41_config()], ids=["v4", "v41"])

@@ -22,6 +22,7 @@ CONFIGS = {
         dspark_markov_rank=32,
     ),
     "v41": tiny_v41_config(vision=False),
+    "v41-vision": tiny_v41_config(),
 }
 
 
@@ -30,7 +31,7 @@ CONFIGS = {
 def test_state_dict_is_the_official_inventory(name, quantized):
     config = parse_config(with_quantization(CONFIGS[name], quantized))
     ours = expected_tensors(config)
-    inventory = {k: s for k, s in official_inventory(config).items() if not s.skip}
+    inventory = {k: s for k, s in official_inventory(config).items() if not s.unused}
     theirs = {k: (tuple(s.shape), s.dtype) for k, s in inventory.items()}
     required = {k for k, s in inventory.items() if not s.optional}
     assert sorted(required - set(ours)) == []

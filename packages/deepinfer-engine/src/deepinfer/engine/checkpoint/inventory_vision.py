@@ -2,7 +2,9 @@
 
 Names and shapes follow public tensor lists of the released checkpoint (``vision.patch_embed``,
 ``vision.blocks.{i}``, ``vision.norm``, ``aligner.w1/w2``, ``image_start/end/newline``);
-``image_pad`` appears in only some lists and is optional.
+``image_pad`` appears in only some lists and is optional (no model reads it). The specs are
+marked ``skip``: the loader fills them when the model has the tower (built whenever the config
+has a ``vision_config``) and skips them for a model built without it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from deepinfer.engine.checkpoint.inventory_builder import BF16, InventoryBuilder
 
 
 def add_vision(inv: InventoryBuilder) -> None:
-    """The V4.1 ViT and aligner (spec 7.4): validated, skipped for text-only inference."""
+    """The V4.1 ViT and aligner (spec 7.4)."""
     c = inv.config
     v = c.vision_config or {}
     dim, inter = int(v["hidden_size"]), int(v["intermediate_size"])
@@ -40,4 +42,4 @@ def add_vision(inv: InventoryBuilder) -> None:
     add("aligner.w2.bias", (hidden,))
     for name in ("image_start", "image_end", "image_newline"):
         add(name, (hidden,))
-    add("image_pad", (hidden,), optional=True)
+    add("image_pad", (hidden,), optional=True, unused="image_pad: no model reads it")

@@ -39,7 +39,7 @@ def random_state_dict(
     inventory = official_inventory(config, include_mtp=include_mtp, include_vision=include_vision)
     tensors = {}
     for name, spec in inventory.items():
-        if _is_written_scale(name, inventory):
+        if _is_written_scale(name, inventory) or spec.unused:
             continue
         dtype = torch.int64 if name.endswith("tid2eid") else torch.float32
         tensors[name] = torch.empty(_logical_shape(spec), dtype=dtype)
@@ -50,6 +50,8 @@ def random_state_dict(
     for name, t in tensors.items():
         if name.endswith("norm.weight") or name.endswith(("norm1.weight", "norm2.weight")):
             t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=generator))
+        elif name.startswith(("vision.", "aligner.")) and name.endswith(".bias"):
+            t.copy_(0.1 * torch.randn(t.shape, generator=generator))  # dummy biases are zeros
     return tensors
 
 
