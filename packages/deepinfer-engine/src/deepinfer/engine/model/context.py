@@ -32,6 +32,7 @@ class StepContext:
     candidate_mask: torch.Tensor | None = None
     engram_rows: torch.Tensor | None = None
     token_mask: torch.Tensor | None = None
+    image_mask: torch.Tensor | None = None  # [T] bool, True on image-span rows; None: no image
     taps: dict[int, torch.Tensor] = field(default_factory=dict)
     tap_layers: tuple[int, ...] = ()
 

@@ -39,6 +39,10 @@ class ForwardBatch:
     block_tables: torch.Tensor
     state_slots: torch.Tensor
     logits_indices: torch.Tensor | None = None
+    # V4.1 images: the rows of the step's image-span tokens [N] int64 and their embeddings
+    # [N, D] (the vision tower's output laid out as spans); None when the step has no image
+    image_rows: torch.Tensor | None = None
+    image_embeds: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,13 @@ from deepinfer.engine.model.engram_hashing import EngramHashLayout
 from deepinfer.engine.model.layers import LinearFactory
 from deepinfer.engine.model.metadata import AttentionMetadata, ForwardBatch
 from deepinfer.engine.model.stack import DecoderStack
+from deepinfer.engine.model.vision_model import VisionModel
 
 
-class DeepseekV41Model(DecoderStack):
+class DeepseekV41Model(VisionModel, DecoderStack):
     def build_variant(self, factory: LinearFactory, device) -> None:
         self.engram_hasher = None
+        self.build_vision(factory.dtype, device)
 
     def bind_engram(self, token_map: torch.Tensor) -> None:
         """Attach the tokenizer-derived compressed token map ``[vocab]`` the Engram layers hash
@@ -52,12 +54,19 @@ class DeepseekV41Model(DecoderStack):
         self, batch: ForwardBatch, cache: ModelCache, metadata: AttentionMetadata | None = None
     ) -> StepContext:
         ctx = super().step_context(batch, cache, metadata)
+        ctx.image_mask = self.image_mask(batch)
         if self.config.engram_layer_ids:
-            ctx.token_mask = torch.ones_like(batch.input_ids, dtype=torch.bool)
-            ctx.engram_rows = self.engram_rows(batch, cache)
+            if ctx.image_mask is None:
+                ctx.token_mask = torch.ones_like(batch.input_ids, dtype=torch.bool)
+            else:
+                ctx.token_mask = ~ctx.image_mask
+            ctx.engram_rows = self.engram_rows(batch, cache, ctx.image_mask)
         return ctx
 
-    def engram_rows(self, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
+    def engram_rows(
+        self, batch: ForwardBatch, cache: ModelCache, image_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``image_mask``: image-span rows, Engram barriers (no n-gram reaches across them)."""
         if self.engram_hasher is None:
             raise RuntimeError(
                 "engram_layer_ids is set but no token map is bound: call "
@@ -69,4 +78,6 @@ class DeepseekV41Model(DecoderStack):
             counts, output_size=batch.input_ids.shape[0]
         )
         history = cache.extra["engram_history"]
-        return self.engram_hasher.row_ids(batch.input_ids, batch.positions, token_slots, history)
+        return self.engram_hasher.row_ids(
+            batch.input_ids, batch.positions, token_slots, history, image_mask
+        )

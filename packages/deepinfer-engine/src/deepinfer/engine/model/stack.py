@@ -87,6 +87,10 @@ class DecoderStack(nn.Module):
         ctx.tap_layers = self.config.dspark_target_layer_ids
         return ctx
 
+    def embed_tokens(self, batch: ForwardBatch) -> torch.Tensor:
+        """The input rows ``[T, D]``: token embeddings (V4.1 puts image spans' rows in)."""
+        return self.embed(batch.input_ids)
+
     def forward(self, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
         """Logits ``[L, vocab]`` fp32 for ``batch.logits_indices`` (all tokens if None)."""
         return self.forward_step(batch, cache).logits
@@ -95,7 +99,7 @@ class DecoderStack(nn.Module):
         self, batch: ForwardBatch, cache: ModelCache, metadata: AttentionMetadata | None = None
     ) -> StepOutput:
         ctx = self.step_context(batch, cache, metadata)
-        h = self.embed(batch.input_ids)
+        h = self.embed_tokens(batch)
         streams = h.unsqueeze(1).repeat(1, self.config.hc_mult, 1)
         streams, pre = self.mix.run(self.layers, streams, ctx)
         logits = self.logits(streams, pre, batch.logits_indices)
