@@ -10,7 +10,8 @@ float, and dequantised when the module keeps a float copy of a quantised weight 
 packed FP4, using the stored ``.scale``). The V4.1 vision tower and the MTP / DSpark stages
 are validated and skipped when the module was built without them, and so are the tensors other
 writers store that the model never reads (the Engram table scale of a float V4.1 checkpoint
-written by transformers: its port reads the scale only for an FP8 table).
+written by transformers: its port reads the scale only for an FP8 table). An expert-parallel
+model reads only its rank's routed experts.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from deepinfer.engine.checkpoint.paths import resolve_model_path
 from deepinfer.engine.checkpoint.validate import validate_checkpoint
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.config_parsing import load_config
+from deepinfer.engine.model.expert_parallel import held_elsewhere
 
 logger = logging.getLogger("deepinfer.engine.checkpoint")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -90,7 +92,7 @@ def load_into(
     config = config or getattr(module, "config", None) or load_config(directory)
     stored, expected = read_and_validate(directory, config, inventory)
     targets = dict(module.state_dict())
-    plan, report = _plan(stored, expected, targets, directory)
+    plan, report = _plan(stored, expected, targets, directory, held_elsewhere(module))
     _stream(plan, stored, targets, config, progress)
     report.loaded = len(plan)
     return report
@@ -101,8 +103,10 @@ def _plan(
     expected: Mapping[str, TensorSpec],
     targets: Mapping[str, torch.Tensor],
     directory: Path,
+    elsewhere: Callable[[str], bool] | None = None,
 ) -> tuple[list[str], LoadReport]:
-    """Which stored tensors go into the module; errors for tensors that have nowhere to go."""
+    """Which stored tensors go into the module; errors for tensors that have nowhere to go.
+    ``elsewhere(name)``: the tensor is a routed expert another EP rank holds (never read)."""
     report = LoadReport(directory)
     skipped: dict[str, list[str]] = defaultdict(list)
     absent_groups = [p for p in OPTIONAL_PREFIXES if not any(t.startswith(p) for t in targets)]
@@ -118,6 +122,8 @@ def _plan(
             continue  # consumed with its weight
         elif any(name.startswith(p) for p in absent_groups):
             skipped["not built into the module"].append(name)
+        elif elsewhere is not None and elsewhere(name):
+            skipped["routed experts held by other EP ranks"].append(name)
         else:
             homeless.append(name)
     unfilled = sorted(n for n in targets if n not in stored)

@@ -13,20 +13,27 @@ from deepinfer.engine.model.engram import Engram, EngramConfig
 from deepinfer.engine.model.hc import HyperConnection
 from deepinfer.engine.model.layers import LinearFactory, RMSNorm
 from deepinfer.engine.model.moe import MoE
+from deepinfer.parallel import ExpertParallelContext
 
 
 class Block(nn.Module):
     """Params: ``attn_norm``, ``ffn_norm``, ``attn``, ``ffn``, ``hc_attn_*``, ``hc_ffn_*`` and,
     at V4.1 Engram layers, ``engram``."""
 
-    def __init__(self, config: ModelConfig, layer_id: int, factory: LinearFactory) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        factory: LinearFactory,
+        expert_parallel: ExpertParallelContext | None = None,
+    ) -> None:
         super().__init__()
         c, f = config, factory
         self.layer_id = layer_id
         self.attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=f.dtype, device=f.device)
         self.ffn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=f.dtype, device=f.device)
         self.attn = Attention(c, layer_id, f)
-        self.ffn = MoE(c, layer_id, f)
+        self.ffn = MoE(c, layer_id, f, expert_parallel=expert_parallel)
         HyperConnection.register(self, "hc_attn", c, f.device)
         HyperConnection.register(self, "hc_ffn", c, f.device)
         self.hc = HyperConnection(c)
@@ -47,7 +54,7 @@ class Block(nn.Module):
         a = self.attn(self.attn_norm(K.hc_collapse(h, pre)), ctx)
         h = K.hc_expand(a, h, post, comb)
         pre, post, comb = self.ffn_coefficients(h)
-        f = self.ffn(self.ffn_norm(K.hc_collapse(h, pre)), ctx.input_ids)
+        f = self.ffn(self.ffn_norm(K.hc_collapse(h, pre)), ctx.input_ids, ctx.positions)
         return K.hc_expand(f, h, post, comb)
 
     def forward_v41(
@@ -63,5 +70,5 @@ class Block(nn.Module):
         a = self.attn(self.attn_norm(K.hc_collapse(h, pre)), ctx)
         h = K.hc_expand(a, h, post, comb)
         ffn_pre, post, comb = self.ffn_coefficients(h)
-        f = self.ffn(self.ffn_norm(K.hc_collapse(h, attn_pre)), ctx.input_ids)
+        f = self.ffn(self.ffn_norm(K.hc_collapse(h, attn_pre)), ctx.input_ids, ctx.positions)
         return K.hc_expand(f, h, post, comb), ffn_pre

@@ -10,6 +10,7 @@ from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.model_v4 import DeepseekV4Model
 from deepinfer.engine.model.model_v41 import DeepseekV41Model
 from deepinfer.engine.model.stack import StepOutput
+from deepinfer.parallel import ExpertParallelContext
 
 __all__ = ["DeepseekV4Model", "DeepseekV41Model", "StepOutput", "build_model", "expected_tensors"]
 
@@ -20,15 +21,24 @@ def build_model(
     dtype: torch.dtype = torch.bfloat16,
     *,
     include_mtp: bool = False,
+    expert_parallel: ExpertParallelContext | None = None,
 ) -> nn.Module:
     """The model of ``config.architecture`` with uninitialised weights on ``device``.
 
     ``dtype`` is the dtype of the tensors the checkpoint stores as bf16 (use fp32 for tight
     tests); fp32 tensors, FP8 / FP4 weights and their scales keep their stored dtypes.
     ``include_mtp`` also builds the draft stages ``mtp.*`` (speculative decoding).
+    ``expert_parallel``: this rank's EP group; its MoE layers then hold only this rank's
+    expert slots (None: every expert, one process).
     """
     stack = DeepseekV41Model if config.is_v41 else DeepseekV4Model
-    return stack(config, dtype=dtype, device=device, include_mtp=include_mtp)
+    return stack(
+        config,
+        dtype=dtype,
+        device=device,
+        include_mtp=include_mtp,
+        expert_parallel=expert_parallel,
+    )
 
 
 def expected_tensors(

@@ -10,6 +10,9 @@ views of them, so loading, ``state_dict`` and memory stay as they were. The two 
 same values; they differ only in the fp32 order in which a token's experts are summed (slot
 order in the op, expert order in the loop) and in the op keeping the gate/up outputs in fp32
 before the SwiGLU.
+
+Built with an :class:`~deepinfer.parallel.ExpertParallelContext`, the layer holds only its
+rank's experts and runs them across the EP group (:mod:`.expert_parallel`).
 """
 
 from __future__ import annotations
@@ -19,8 +22,15 @@ from torch import nn
 
 import deepinfer.kernels as K
 from deepinfer.engine.model.config import ModelConfig
+from deepinfer.engine.model.expert_parallel import (
+    ExpertSlots,
+    build_local_experts,
+    expert_parallel_routed,
+    token_keys,
+)
 from deepinfer.engine.model.layers import LinearFactory
 from deepinfer.engine.model.variant import variant_of
+from deepinfer.parallel import ExpertParallelContext
 
 
 class Gate(nn.Module):
@@ -92,6 +102,7 @@ class MoE(nn.Module):
         factory: LinearFactory,
         n_experts: int | None = None,
         top_k: int | None = None,
+        expert_parallel: ExpertParallelContext | None = None,
     ) -> None:
         super().__init__()
         c = config
@@ -99,35 +110,58 @@ class MoE(nn.Module):
         top_k = top_k or c.num_experts_per_tok
         self.gate = Gate(c, layer_id, factory, n_experts, top_k)
         dim, inter, limit = c.hidden_size, c.moe_intermediate_size, c.swiglu_limit
-        self.experts = nn.ModuleList(
-            Expert(dim, inter, limit, factory.expert) for _ in range(n_experts)
-        )
+        self.make_expert = lambda: Expert(dim, inter, limit, factory.expert)
+        # None: one process holds every expert; else this rank's slots (keyed by expert id)
+        self.ep = None
+        if expert_parallel is None:
+            self.experts = nn.ModuleList(self.make_expert() for _ in range(n_experts))
+        else:
+            self.ep = ExpertSlots(expert_parallel, n_experts, factory.device)
+            self.experts = build_local_experts(self.ep, self.make_expert)
         self.shared_experts = Expert(dim, inter * c.n_shared_experts, limit, factory.quantised)
         self.swiglu_limit = limit
         # None: the grouped op for FP4 experts on a GPU, the loop elsewhere; True/False force it
         self.grouped_experts: bool | None = None
         self._stacked: tuple[torch.Tensor, ...] | None = None
 
-    def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        """x ``[T, D]`` -> ``[T, D]``: routed experts summed in fp32, plus the shared expert."""
+    def forward(
+        self, x: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x ``[T, D]`` -> ``[T, D]``: routed experts summed in fp32, plus the shared expert.
+        ``positions`` ``[T]`` only spread an expert's tokens over its replicas under EP."""
         weights, ids = self.gate(x, input_ids)
-        if self.uses_grouped_experts(x.device):
+        if self.ep is not None:
+            keys = token_keys(input_ids, positions)
+            routed = expert_parallel_routed(self, x, weights, ids, keys)
+        elif self.uses_grouped_experts(x.device):
             routed = self._grouped(x, weights, ids)
         else:
             routed = self._looped(x, weights, ids)
         return (routed + self.shared_experts(x).float()).to(x.dtype)
 
+    def expert_list(self) -> list[Expert]:
+        """The routed experts by slot: expert id order, or under EP this rank's slots."""
+        if self.ep is None:
+            return list(self.experts)
+        return [self.experts[str(e)] for e in self.ep.slot_experts]
+
+    def drop_stacked_experts(self) -> None:
+        """Forget the grouped op's stack (the experts changed); rebuilt on next use."""
+        self._stacked = None
+
     def uses_grouped_experts(self, device: torch.device) -> bool:
         """Whether the routed experts run as one grouped op on ``device`` (FP4 experts only)."""
-        if self.experts[0].w1.fmt != "fp4":
+        fmt = self._first_expert().w1.fmt
+        if fmt != "fp4":
             if self.grouped_experts:
-                raise ValueError(
-                    f"MoE.grouped_experts=True needs FP4 experts, got {self.experts[0].w1.fmt!r}"
-                )
+                raise ValueError(f"MoE.grouped_experts=True needs FP4 experts, got {fmt!r}")
             return False
         if self.grouped_experts is not None:
             return self.grouped_experts
         return device.type == "cuda"
+
+    def _first_expert(self) -> Expert:
+        return self.experts[0] if self.ep is None else self.expert_list()[0]
 
     def _looped(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
@@ -160,26 +194,27 @@ class MoE(nn.Module):
         later in-place loads still reach the stack. Rebuilt when the first expert's parameter no
         longer points into it (the model was moved or its parameters reassigned).
         """
-        first = self.experts[0].w1.weight
+        experts = self.expert_list()
+        first = experts[0].w1.weight
         if self._stacked is not None and first.data_ptr() == self._stacked[0].data_ptr():
             return self._stacked
-        inter = self.experts[0].w1.out_features
+        inter = experts[0].w1.out_features
         views = {  # stack name -> per expert: (parameter holder, attribute, row slice)
-            "w13": [(e.w1, "weight", slice(0, inter)) for e in self.experts]
-            + [(e.w3, "weight", slice(inter, None)) for e in self.experts],
-            "w13_scale": [(e.w1, "scale", slice(0, inter)) for e in self.experts]
-            + [(e.w3, "scale", slice(inter, None)) for e in self.experts],
-            "w2": [(e.w2, "weight", slice(None)) for e in self.experts],
-            "w2_scale": [(e.w2, "scale", slice(None)) for e in self.experts],
+            "w13": [(e.w1, "weight", slice(0, inter)) for e in experts]
+            + [(e.w3, "weight", slice(inter, None)) for e in experts],
+            "w13_scale": [(e.w1, "scale", slice(0, inter)) for e in experts]
+            + [(e.w3, "scale", slice(inter, None)) for e in experts],
+            "w2": [(e.w2, "weight", slice(None)) for e in experts],
+            "w2_scale": [(e.w2, "scale", slice(None)) for e in experts],
         }
         stacks = {}
         for name, targets in views.items():
             linear, attr, _ = targets[0]
             rows = 2 * inter if name.startswith("w13") else linear.out_features
             like = getattr(linear, attr)
-            stack = like.new_empty((len(self.experts), rows, like.shape[1]))
+            stack = like.new_empty((len(experts), rows, like.shape[1]))
             for index, (linear, attr, rows_slice) in enumerate(targets):
-                view = stack[index % len(self.experts), rows_slice]
+                view = stack[index % len(experts), rows_slice]
                 param = getattr(linear, attr)
                 view.copy_(param)
                 param.data = view  # the expert's own storage is freed here

@@ -20,6 +20,7 @@ from deepinfer.engine.model.metadata import AttentionMetadata, ForwardBatch, bui
 from deepinfer.engine.model.mtp import build_draft_stages
 from deepinfer.engine.model.rope import RopeTables
 from deepinfer.engine.model.variant import variant_of
+from deepinfer.parallel import ExpertParallelContext
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,9 @@ def collect_taps(ctx: StepContext) -> torch.Tensor | None:
 
 
 class DecoderStack(nn.Module):
-    """The shared stack; ``include_mtp`` adds the checkpoint's draft stages as ``mtp``."""
+    """The shared stack; ``include_mtp`` adds the checkpoint's draft stages as ``mtp``;
+    ``expert_parallel`` makes the backbone's MoE layers expert parallel (the draft stages keep
+    every expert)."""
 
     def __init__(
         self,
@@ -52,13 +55,16 @@ class DecoderStack(nn.Module):
         dtype: torch.dtype = torch.bfloat16,
         device=None,
         include_mtp: bool = False,
+        expert_parallel: ExpertParallelContext | None = None,
     ):
         super().__init__()
         c = self.config = config
         factory = LinearFactory(config, dtype, device)
         self.mix = variant_of(config).mix
         self.embed = Embedding(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
-        self.layers = nn.ModuleList(Block(c, i, factory) for i in range(c.num_layers))
+        self.layers = nn.ModuleList(
+            Block(c, i, factory, expert_parallel) for i in range(c.num_layers)
+        )
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype, device=device)
         self.head = factory.dense(c.hidden_size, c.vocab_size)
         self.mix.attach_head(self, c, device)

@@ -123,11 +123,12 @@ class DecodeGraphs:
     @staticmethod
     def supports(model: torch.nn.Module, device: torch.device) -> bool:
         """Whether ``model``'s forward can be captured on ``device``: a CUDA device and no host
-        loop in the model (dense or FP8 experts run a loop over the routed experts)."""
+        loop in the model (dense or FP8 experts run a loop over the routed experts; expert
+        parallel layers read their all-to-all sizes on the host)."""
         if device.type != "cuda":
             return False
         moes = [m for m in model.modules() if isinstance(m, MoE)]
-        return all(m.uses_grouped_experts(device) for m in moes)
+        return all(m.uses_grouped_experts(device) and m.ep is None for m in moes)
 
     def key(self, plan: StepPlan, rows: list[int]) -> tuple | None:
         """The graph key of ``plan``, or None when the step must run eagerly."""
