@@ -155,11 +155,17 @@ class Attention(nn.Module):
         c = self.config
         plan = ctx.metadata.plans[(self.ratio, overlapped(c, self.layer_id))]
         source = c.kv_source_of(self.layer_id)
-        arena = ctx.cache[f"{source}.kv"]
-        if source == self.layer_id:
-            latent = self.compressor(x, ctx, plan, f"{self.layer_id}.comp")
-            cos_e, sin_e = ctx.entry_angles(plan.emit_positions)
-            self.selection.write_keys(latent, cos_e, sin_e, ctx, plan)
-            entries = self.rounding.entries(K.apply_rope(latent, cos_e, sin_e))
-            arena.index_copy_(0, plan.emit_rows, entries.to(arena.dtype))
-        return arena, self.selection.rows(x, qr, ctx, plan), plan
+        if source == self.layer_id and not ctx.entries_written:
+            self.write_entries(x, ctx)
+        return ctx.cache[f"{source}.kv"], self.selection.rows(x, qr, ctx, plan), plan
+
+    def write_entries(self, x: torch.Tensor, ctx: StepContext) -> None:
+        """Compress ``x`` into this kv source's entries completed this step and their index
+        keys (a YoCo boundary calls it on every row before truncation drops some)."""
+        plan = ctx.metadata.plans[(self.ratio, overlapped(self.config, self.layer_id))]
+        arena = ctx.cache[f"{self.layer_id}.kv"]
+        latent = self.compressor(x, ctx, plan, f"{self.layer_id}.comp")
+        cos_e, sin_e = ctx.entry_angles(plan.emit_positions)
+        self.selection.write_keys(latent, cos_e, sin_e, ctx, plan)
+        entries = self.rounding.entries(K.apply_rope(latent, cos_e, sin_e))
+        arena.index_copy_(0, plan.emit_rows, entries.to(arena.dtype))

@@ -19,7 +19,9 @@ class StepContext:
     selected: V4.1 top-k arena rows of the latest index-source layer, per compression ratio
     (``ratio -> [T, k]``); candidate_mask the candidate source's pre-filter ``[T, C]`` bool;
     both filled as layers run. engram_rows: V4.1 Engram table rows ``[T, L, C]`` (None without
-    Engram layers); token_mask ``[T]`` bool, False for image tokens.
+    Engram layers); token_mask ``[T]`` bool, False for image tokens. entries_written: this
+    step's compressed entries are already stored (YoCo compact rows: the boundary layer wrote
+    them from every row of the step), so kv sources only read them.
     """
 
     metadata: AttentionMetadata
@@ -35,6 +37,7 @@ class StepContext:
     image_mask: torch.Tensor | None = None  # [T] bool, True on image-span rows; None: no image
     taps: dict[int, torch.Tensor] = field(default_factory=dict)
     tap_layers: tuple[int, ...] = ()
+    entries_written: bool = False
 
     def record_tap(self, layer_id: int, streams: torch.Tensor) -> None:
         """Keep the DSpark tap of ``layer_id``: the mean over the streams, fp32 ``[T, D]``."""

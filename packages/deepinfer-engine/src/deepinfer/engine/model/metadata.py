@@ -29,7 +29,8 @@ class ForwardBatch:
     input_ids ``[T]`` int64; positions ``[T]`` int64; cu_seqlens_q ``[B + 1]``; seq_lens ``[B]``
     (context length after this step); block_tables ``[B, max_blocks]`` arena block ids;
     state_slots ``[B]`` state-slot ids; logits_indices ``[L]`` token rows to compute logits
-    for (None: all).
+    for (None: all); prompt_lens ``[B]`` each sequence's known tokens, drafts excluded (its
+    prompt while it prefills), which YoCo prefill truncation cuts from (None: ``seq_lens``).
     """
 
     input_ids: torch.Tensor
@@ -43,6 +44,7 @@ class ForwardBatch:
     # [N, D] (the vision tower's output laid out as spans); None when the step has no image
     image_rows: torch.Tensor | None = None
     image_embeds: torch.Tensor | None = None
+    prompt_lens: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,7 @@ def build_metadata(
     slots_read = int(seqs.slot.max()) + 1 if compact and len(seqs.slot) else layout.num_slots
     base = slots_read * ring_size
     tokens = seqs.take(seq_of_token)
-    q = positions[:, None] - window + 1 + torch.arange(window)
+    q = window_positions(positions, window)
     window_rows = _state_or_step(q, tokens, base, ring_size)
     keep = positions >= (batch.seq_lens.cpu().long()[seq_of_token] - ring_size)
     w_src = keep.nonzero()[:, 0]
@@ -159,6 +161,11 @@ def build_metadata(
         window_write_dst=w_dst.to(device),
         plans={k: _to(p, device) for k, p in plans.items()},
     )
+
+
+def window_positions(positions: torch.Tensor, window: int) -> torch.Tensor:
+    """The key position of each column of the window lists ``[T, window]``, oldest first."""
+    return positions[:, None] - window + 1 + torch.arange(window)
 
 
 def _state_or_step(q: torch.Tensor, rows: _Rows, base: int, state_rows: int) -> torch.Tensor:

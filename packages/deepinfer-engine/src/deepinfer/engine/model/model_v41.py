@@ -30,14 +30,34 @@ from deepinfer.engine.model.engram import EngramHasher
 from deepinfer.engine.model.engram_hashing import EngramHashLayout
 from deepinfer.engine.model.layers import LinearFactory
 from deepinfer.engine.model.metadata import AttentionMetadata, ForwardBatch
-from deepinfer.engine.model.stack import DecoderStack
+from deepinfer.engine.model.stack import DecoderStack, StepOutput, collect_taps
 from deepinfer.engine.model.vision_model import VisionModel
+from deepinfer.engine.model.yoco import PrefillTruncation, prefill_truncation, run_consumers
 
 
 class DeepseekV41Model(VisionModel, DecoderStack):
     def build_variant(self, factory: LinearFactory, device) -> None:
         self.engram_hasher = None
         self.build_vision(factory.dtype, device)
+        self.truncation: PrefillTruncation | None = None
+
+    def set_prefill_truncation(self, mode: str, keep_tokens: int, max_draft: int = 0) -> None:
+        """YoCo prefill truncation (:mod:`.yoco`) for the steps built from a batch (given
+        metadata, as decode graphs and training pass, runs every row as ``off``)."""
+        self.truncation = prefill_truncation(self.config, mode, keep_tokens, max_draft)
+
+    def forward_step(
+        self, batch: ForwardBatch, cache: ModelCache, metadata: AttentionMetadata | None = None
+    ) -> StepOutput:
+        if self.truncation is None or metadata is not None:
+            return super().forward_step(batch, cache, metadata)
+        ctx = self.step_context(batch, cache)
+        h = self.embed_tokens(batch)
+        streams = h.unsqueeze(1).repeat(1, self.config.hc_mult, 1)
+        streams, pre = self.mix.run(self.layers[: self.truncation.boundary], streams, ctx)
+        streams, pre, ctx, rows, seen = run_consumers(self, streams, pre, ctx, batch, cache)
+        logits = self.logits(streams, pre, seen.logits_indices)
+        return StepOutput(logits, collect_taps(ctx), streams, pre, rows)
 
     def bind_engram(self, token_map: torch.Tensor) -> None:
         """Attach the tokenizer-derived compressed token map ``[vocab]`` the Engram layers hash

@@ -29,13 +29,16 @@ class StepOutput:
 
     logits ``[L, vocab]`` fp32 (rows ``logits_indices``); taps ``[T, n_taps * D]`` fp32 (the
     DSpark taps in ``dspark_target_layer_ids`` order, None without them); streams ``[T, nc, D]``
-    the final streams before the head collapse; pre ``[T, nc]`` V4.1's final collapse weights.
+    the final streams before the head collapse; pre ``[T, nc]`` V4.1's final collapse weights;
+    rows ``[N]``: the batch rows taps, streams and pre belong to when YoCo compact truncation
+    computed only those (then ``T = N``; None: every row).
     """
 
     logits: torch.Tensor
     taps: torch.Tensor | None
     streams: torch.Tensor
     pre: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
 
 
 def collect_taps(ctx: StepContext) -> torch.Tensor | None:

@@ -83,10 +83,14 @@ class DSparkDraftSource:
         self.num_draft_tokens = num_draft_tokens
 
     def seed(self, step: Any, batch: ForwardBatch) -> None:
-        """Write every stage's window rows of the step's tokens from the taps ``step.taps``."""
+        """Write every stage's window rows of the step's tokens from the taps ``step.taps``
+        (those of ``step.rows`` when YoCo truncation computed only them)."""
         counts = batch.cu_seqlens_q.diff().long()
         token_slots = batch.state_slots.long().repeat_interleave(counts)
-        self.model.mtp.seed(step.taps, batch.positions, token_slots, self.cache, self.model.rope)
+        positions = batch.positions
+        if step.rows is not None:
+            positions, token_slots = positions[step.rows], token_slots[step.rows]
+        self.model.mtp.seed(step.taps, positions, token_slots, self.cache, self.model.rope)
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> dict[str, Proposal]:
