@@ -171,7 +171,10 @@ class DenseAttention:
 
     def __call__(self, q, kv, indices, sink, scale: float) -> torch.Tensor:
         """The ``sparse_mqa_sink`` contract: q ``[T, H, D]``, kv ``[M, D]``, indices
-        ``[T, K]`` (-1 holes), sink ``[H]`` -> ``[T, H, D]`` in ``q.dtype``."""
+        ``[T, K]`` (-1 holes), sink ``[H]`` -> ``[T, H, D]`` in ``q.dtype``; KV sources are
+        joined into that one layout."""
+        if not isinstance(kv, torch.Tensor):
+            kv = torch.cat(tuple(kv))
         split = self.blocks.split(q.shape[0], kv.shape[0])
         if split is None:
             self.num_fallback += 1

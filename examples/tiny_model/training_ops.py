@@ -37,11 +37,11 @@ from deepinfer.kernels import registry
 from .dense_attention import DenseAttention, SequenceBlocks
 
 
-def sparse_mqa_sink(
-    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sink: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """The reference contract (q ``[T, H, D]``, kv ``[M, D]``, indices ``[T, K]`` with -1
-    holes, sink ``[H]``) -> ``[T, H, D]``; only the gather differs."""
+def sparse_mqa_sink(q: torch.Tensor, kv, indices: torch.Tensor, sink: torch.Tensor, scale: float):
+    """The reference contract (q ``[T, H, D]``, kv ``[M, D]`` or a sequence of sources,
+    indices ``[T, K]`` with -1 holes, sink ``[H]``) -> ``[T, H, D]``; only the gather
+    differs (a differentiable ``index_select`` over the sources joined)."""
+    kv = joined(kv)
     valid = indices >= 0
     rows = indices.clamp(min=0).reshape(-1).long()
     gathered = kv.index_select(0, rows).view(*indices.shape, kv.shape[-1]).float()
@@ -53,6 +53,11 @@ def sparse_mqa_sink(
     denom = probs.sum(-1, keepdim=True) + torch.exp(sink_logit - peak)
     out = torch.einsum("thk,tkd->thd", probs / denom, gathered)
     return out.to(q.dtype)
+
+
+def joined(kv) -> torch.Tensor:
+    """``kv`` as one tensor: the op's KV sources concatenated (training keeps their grads)."""
+    return kv if isinstance(kv, torch.Tensor) else torch.cat(tuple(kv))
 
 
 TWINS = {"sparse_mqa_sink": sparse_mqa_sink}

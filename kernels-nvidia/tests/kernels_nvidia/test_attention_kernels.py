@@ -10,7 +10,7 @@ import torch
 
 from deepinfer import kernels
 from deepinfer.kernels.testing import cases_for, check_case
-from deepinfer.kernels.testing.cases.attention import make_index_lists
+from deepinfer.kernels.testing.cases.attention import make_index_lists, split_sources
 from deepinfer.kernels_nvidia import backend
 from deepinfer.kernels_nvidia.attention import SPLIT_ROWS_MAX, AttentionTiles, choose_tiles
 
@@ -50,9 +50,13 @@ def test_conformance_small(case):
     ids=["split32", "split48", "prefill", "prefill_halves"],
 )
 def test_launch_paths_match_reference(tiles):
+    """Each launch path matches the reference, and reading three sources in place gives
+    bitwise what it gives on their concatenation."""
     q, kv, idx, sink, scale = _inputs(1, 4, 32, 64, 16, 80, 400)
     got = backend.ops[OP](q, kv, idx, sink, scale, tiles=tiles)
     torch.testing.assert_close(got, reference(q, kv, idx, sink, scale), atol=1.6e-2, rtol=1.6e-2)
+    sources = split_sources(kv)
+    assert torch.equal(backend.ops[OP](q, sources, idx, sink, scale, tiles=tiles), got)
 
 
 def test_tile_policy():
@@ -88,11 +92,16 @@ def test_rejects_bad_shapes():
         backend.ops[OP](q, kv, idx, sink[:8], scale)
     with pytest.raises(ValueError, match="indices: expected"):
         backend.ops[OP](q, kv, idx[:1], sink, scale)
+    with pytest.raises(ValueError, match=r"kv\[2\]: expected \[M, 64\]"):
+        backend.ops[OP](q, (kv, kv, kv[:, :32]), idx, sink, scale)
+    with pytest.raises(ValueError, match="1..3"):
+        backend.ops[OP](q, (kv,) * 4, idx, sink, scale)
 
 
 def test_batch_invariance(monkeypatch):
     """With DEEPINFER_BATCH_INVARIANT=1, row 0's output is bitwise identical for batches of 1,
-    7 and 64 rows (64 is past the rows where the split path runs by default)."""
+    7 and 64 rows (64 is past the rows where the split path runs by default), from one KV
+    tensor and from three sources."""
     monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
     if HAS_CUDA:
         heads, dim, window, entries, num_kv = 64, 512, 128, 512, 131072 + 128
@@ -100,9 +109,11 @@ def test_batch_invariance(monkeypatch):
         heads, dim, window, entries, num_kv = 16, 32, 8, 24, 200
     sizes = (1, 7, 64)
     q, kv, idx, sink, scale = _inputs(4, max(sizes), heads, dim, window, entries, num_kv)
-    outs = [backend.ops[OP](q[:n], kv, idx[:n], sink, scale)[:1] for n in sizes]
-    for other in outs[1:]:
-        assert torch.equal(other, outs[0])
+    sources = split_sources(kv, (torch.float8_e4m3fn, None, None))
+    for kv_in in (kv, sources) if HAS_CUDA else (sources,):  # the interpreter is slow
+        outs = [backend.ops[OP](q[:n], kv_in, idx[:n], sink, scale)[:1] for n in sizes]
+        for other in outs[1:]:
+            assert torch.equal(other, outs[0])
 
 
 @pytest.mark.gpu
@@ -115,8 +126,10 @@ def test_conformance_real(case):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
-def test_decode_at_model_shape_with_speed(kv_dtype):
+@pytest.mark.parametrize("num_sources", [1, 3])
+def test_decode_at_model_shape_with_speed(kv_dtype, num_sources):
     q, kv, idx, sink, scale = _inputs(5, 128, 64, 512, 128, 512, 131072 + 128, kv_dtype=kv_dtype)
+    kv = kv if num_sources == 1 else split_sources(kv)
     got = backend.ops[OP](q, kv, idx, sink, scale)
     torch.testing.assert_close(got, reference(q, kv, idx, sink, scale), atol=1.6e-2, rtol=1.6e-2)
     for name, fn in (("triton", backend.ops[OP]), ("reference", reference)):
@@ -126,7 +139,8 @@ def test_decode_at_model_shape_with_speed(kv_dtype):
         for _ in range(10):
             fn(q, kv, idx, sink, scale)
         torch.cuda.synchronize()
-        print(f"{name} {kv_dtype}: {(time.perf_counter() - start) / 10 * 1e6:.1f} us")
+        elapsed = (time.perf_counter() - start) / 10 * 1e6
+        print(f"{name} {kv_dtype} {num_sources} sources: {elapsed:.1f} us")
 
 
 @pytest.mark.gpu
@@ -140,7 +154,9 @@ def test_decode_at_model_shape_with_speed(kv_dtype):
 )  # fmt: skip
 def test_prefill_halves_at_model_shape(kv_dtype, tiles):
     """Prefill rows at the model shape (holes, duplicates, window-only rows from the shared
-    index-list maker) through the two-halves whole-list kernel."""
+    index-list maker) through the two-halves whole-list kernel, from one tensor and (bitwise
+    the same) from three sources."""
     q, kv, idx, sink, scale = _inputs(9, 300, 64, 512, 128, 512, 131072 + 128, kv_dtype=kv_dtype)
     got = backend.ops[OP](q, kv, idx, sink, scale, tiles=tiles)
     torch.testing.assert_close(got, reference(q, kv, idx, sink, scale), atol=1.6e-2, rtol=1.6e-2)
+    assert torch.equal(backend.ops[OP](q, split_sources(kv), idx, sink, scale, tiles=tiles), got)

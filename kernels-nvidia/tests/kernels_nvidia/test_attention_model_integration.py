@@ -122,6 +122,8 @@ def test_attention_stack_kernels_never_sync_with_the_host():
     torch.cuda.set_sync_debug_mode("error")
     try:
         ops["sparse_mqa_sink"](q, kv, idx, randn(64, dtype=torch.float32), 0.05)
+        sources = (kv[:1000].to(torch.float8_e4m3fn), kv[1000:1008], kv[1008:])
+        ops["sparse_mqa_sink"](q, sources, idx, randn(64, dtype=torch.float32), 0.05)
         pre, post, comb = ops["hc_mix_coefficients"](
             h, fn, base, scale, norm_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20
         )

@@ -21,7 +21,8 @@ Default tiles are the fastest measured on an H200 (``benchmarks/kernels/bench_at
 the two-halves kernel of :mod:`.attention_prefill` with 64-row tiles and two stages.
 
 KV may be stored in bf16/fp16/fp32 like ``q``, or in ``float8_e4m3fn`` (the cache format),
-upcast in registers to ``q``'s dtype: half the bytes gathered.
+upcast in registers to ``q``'s dtype: half the bytes gathered. It may be one tensor or up to
+three sources read in place (:mod:`.attention_rows`), each of its own dtype.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import triton.language as tl
 
 from deepinfer.kernels import envs
 from deepinfer.kernels_nvidia.attention_prefill import launch_halves
+from deepinfer.kernels_nvidia.attention_rows import is_float32, load_rows, source_args
 from deepinfer.kernels_nvidia.registry import implements
 
 LOG2E = 1.4426950408889634
@@ -74,12 +76,13 @@ def choose_tiles(rows: int, dtype: torch.dtype, *, batch_invariant: bool):
 
 @triton.jit
 def _sparse_mqa_kernel(
-    q_ptr, kv_ptr, idx_ptr, sink_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+    q_ptr, kv0, kv1, kv2, stride0, stride1, stride2, end0, end1,
+    idx_ptr, sink_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
     num_heads, head_dim, num_idx, num_splits, split_len,
-    stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh,
+    stride_qt, stride_qh, stride_it, stride_ot, stride_oh,
     scale_log2,
     HB: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_SPLIT: tl.constexpr, IEEE: tl.constexpr,
+    IS_SPLIT: tl.constexpr, IEEE: tl.constexpr, NUM_SRC: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1)
@@ -100,9 +103,8 @@ def _sparse_mqa_kernel(
         offs = n0 + tl.arange(0, BLOCK_N)
         idx = tl.load(idx_ptr + row * stride_it + offs, mask=offs < end, other=-1)
         valid = idx >= 0
-        kv_offs = idx.to(tl.int64)[:, None] * stride_kv + dcols[None, :]
-        kv = tl.load(kv_ptr + kv_offs, mask=valid[:, None] & dmask[None, :], other=0.0)
-        kv = kv.to(q.dtype)
+        kv = load_rows(kv0, kv1, kv2, stride0, stride1, stride2, end0, end1,
+                       idx, dcols, dmask, q, NUM_SRC)  # fmt: skip
         if IEEE:
             s = tl.dot(q, tl.trans(kv), input_precision="ieee")
         else:
@@ -181,10 +183,10 @@ def _check_inputs(q, kv, indices, sink):
     t, h, d = q.shape
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"q: expected fp32/bf16/fp16, got {q.dtype}")
-    if kv.dim() != 2 or kv.shape[1] != d:
-        raise ValueError(f"kv: expected [M, {d}], got shape {tuple(kv.shape)}")
-    if not kv.dtype.is_floating_point:
-        raise ValueError(f"kv: expected a float dtype, got {kv.dtype}")
+    for i, s in enumerate((kv,) if isinstance(kv, torch.Tensor) else tuple(kv)):
+        name = "kv" if isinstance(kv, torch.Tensor) else f"kv[{i}]"
+        if not isinstance(s, torch.Tensor) or s.dim() != 2 or s.shape[1] != d:
+            raise ValueError(f"{name}: expected [M, {d}], got {getattr(s, 'shape', s)}")
     if indices.dim() != 2 or indices.shape[0] != t:
         raise ValueError(f"indices: expected [{t}, K], got shape {tuple(indices.shape)}")
     if indices.dtype not in (torch.int32, torch.int64):
@@ -199,19 +201,20 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 @implements("sparse_mqa_sink")
 def sparse_mqa_sink(q, kv, indices, sink, scale, *, tiles: AttentionTiles | None = None):
-    """See :func:`deepinfer.kernels.sparse_mqa_sink`. ``kv`` may also be ``float8_e4m3fn`` (or
-    any float dtype: the products run in fp32 when ``q`` or ``kv`` is fp32, as the reference's
-    do, else in ``q``'s dtype)."""
+    """See :func:`deepinfer.kernels.sparse_mqa_sink`. ``kv`` (or each source) may also be
+    ``float8_e4m3fn`` (or any float dtype: the products run in fp32 when ``q`` or a source is
+    fp32, as the reference's do, else in ``q``'s dtype)."""
     _check_inputs(q, kv, indices, sink)
+    kv_args, num_src, sources = source_args(kv)
     out_dtype = q.dtype
-    if torch.float32 in (q.dtype, kv.dtype) or q.dtype not in (torch.bfloat16, torch.float16):
+    if is_float32(sources) or q.dtype not in (torch.bfloat16, torch.float16):
         q = q.float()
     if tiles is None or tiles.split_rows_max is None:
         auto, is_split = choose_tiles(q.shape[0], q.dtype, batch_invariant=envs.batch_invariant())
         tiles = tiles or auto
     else:
         is_split = q.shape[0] <= tiles.split_rows_max
-    q, kv, indices = _unit_last(q), _unit_last(kv), _unit_last(indices)
+    q, indices = _unit_last(q), _unit_last(indices)
     sink = sink.float().contiguous()
     t, h, d = q.shape
     num_idx = indices.shape[1]
@@ -229,18 +232,18 @@ def sparse_mqa_sink(q, kv, indices, sink, scale, *, tiles: AttentionTiles | None
         part_acc = part_ml = out  # unused
     if not is_split and tiles.halves and q.dtype != torch.float32 and block_d == d and d >= 32:
         launch_halves(
-            q, kv, indices, sink, out, float(scale) * LOG2E, head_block=hb,
+            q, kv_args, num_src, indices, sink, out, float(scale) * LOG2E, head_block=hb,
             block_n=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         )  # fmt: skip
         return out.to(out_dtype)
     grid = (t, triton.cdiv(h, hb), num_splits)
     _sparse_mqa_kernel[grid](
-        q, kv, indices, sink, out, part_acc, part_ml,
+        q, *kv_args, indices, sink, out, part_acc, part_ml,
         h, d, num_idx, num_splits, split,
-        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1),
+        q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
         float(scale) * LOG2E,
         HB=hb, BLOCK_D=block_d, BLOCK_N=tiles.block_n, IS_SPLIT=is_split,
-        IEEE=q.dtype == torch.float32,
+        IEEE=q.dtype == torch.float32, NUM_SRC=num_src,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if is_split:

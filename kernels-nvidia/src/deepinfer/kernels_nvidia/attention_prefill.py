@@ -16,13 +16,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from deepinfer.kernels_nvidia.attention_rows import load_rows
+
 
 @triton.jit
 def _sparse_mqa_halves_kernel(
-    q_ptr, kv_ptr, idx_ptr, sink_ptr, out_ptr,
-    num_heads, num_idx, stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh,
+    q_ptr, kv0, kv1, kv2, stride0, stride1, stride2, end0, end1,
+    idx_ptr, sink_ptr, out_ptr,
+    num_heads, num_idx, stride_qt, stride_qh, stride_it, stride_ot, stride_oh,
     scale_log2,
-    HB: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
+    HB: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SRC: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
@@ -38,11 +41,13 @@ def _sparse_mqa_halves_kernel(
     acc_hi = tl.zeros([HB, HALF], tl.float32)
     offs = tl.arange(0, BLOCK_N)
     idx = tl.load(idx_ptr + row * stride_it + offs, mask=offs < num_idx, other=-1)
+    every = d < HALF
     for n0 in range(0, num_idx, BLOCK_N):
         valid = idx >= 0
-        kv_offs = idx.to(tl.int64)[:, None] * stride_kv + d[None, :]
-        kv_lo = tl.load(kv_ptr + kv_offs, mask=valid[:, None], other=0.0).to(q_lo.dtype)
-        kv_hi = tl.load(kv_ptr + kv_offs + HALF, mask=valid[:, None], other=0.0).to(q_lo.dtype)
+        kv_lo = load_rows(kv0, kv1, kv2, stride0, stride1, stride2, end0, end1,
+                          idx, d, every, q_lo, NUM_SRC)  # fmt: skip
+        kv_hi = load_rows(kv0, kv1, kv2, stride0, stride1, stride2, end0, end1,
+                          idx, d + HALF, every, q_lo, NUM_SRC)  # fmt: skip
         nxt = n0 + BLOCK_N + offs
         idx = tl.load(idx_ptr + row * stride_it + nxt, mask=nxt < num_idx, other=-1)
         s = tl.dot(q_lo, tl.trans(kv_lo))
@@ -68,15 +73,16 @@ def _sparse_mqa_halves_kernel(
     tl.store(out_ptr + o_offs + HALF, (acc_hi * norm[:, None]).to(dtype), mask=head_mask[:, None])
 
 
-def launch_halves(q, kv, indices, sink, out, scale_log2, *, head_block, block_n, num_warps,
-                  num_stages):  # fmt: skip
+def launch_halves(q, kv_args, num_src, indices, sink, out, scale_log2, *, head_block, block_n,
+                  num_warps, num_stages):  # fmt: skip
     """Launch over ``[T, H, D]`` bf16/fp16 ``q`` (``D`` a power of two >= 32), unit-stride
-    last dims; ``out`` like ``q``."""
+    last dims, the KV sources as :func:`.attention_rows.source_args` gives them; ``out`` like
+    ``q``."""
     t, h, d = q.shape
     grid = (t, triton.cdiv(h, head_block))
     _sparse_mqa_halves_kernel[grid](
-        q, kv, indices, sink, out, h, indices.shape[1],
-        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1),
-        scale_log2, HB=head_block, HALF=d // 2, BLOCK_N=block_n,
+        q, *kv_args, indices, sink, out, h, indices.shape[1],
+        q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
+        scale_log2, HB=head_block, HALF=d // 2, BLOCK_N=block_n, NUM_SRC=num_src,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

@@ -47,6 +47,24 @@ def test_sparse_mqa_sink_equals_dense_softmax_with_sink_column():
             torch.testing.assert_close(got[t, h], p @ kv[rows])
 
 
+def test_sparse_mqa_sink_over_sources_equals_the_concatenation():
+    """Three sources read in place give bitwise the result of one concatenated tensor, with
+    rows listed from every source, holes and duplicates; a bad source is named."""
+    q, kv, sink = randn(5, 4, 16), randn(40, 16), randn(4)
+    g = torch.Generator().manual_seed(3)
+    idx = torch.randint(-1, 40, (5, 12), generator=g)
+    idx[:, :3] = torch.tensor([2, 20, 35])  # one row of each source in every list
+    idx[1, 5] = idx[1, 4]
+    sources = (kv[:9], kv[9:30].clone(), kv[30:])
+    want = K.sparse_mqa_sink(q, kv, idx, sink, 0.3)
+    assert torch.equal(K.sparse_mqa_sink(q, sources, idx, sink, 0.3), want)
+    assert torch.equal(K.sparse_mqa_sink(q, list(sources), idx.int(), sink, 0.3), want)
+    with pytest.raises(ValueError, match=r"kv\[1\]: expected a \[M, 16\] tensor"):
+        K.sparse_mqa_sink(q, (kv[:9], kv[9:, :8]), idx, sink, 0.3)
+    with pytest.raises(ValueError, match="1..3"):
+        K.sparse_mqa_sink(q, (kv,) * 4, idx, sink, 0.3)
+
+
 def test_hc_coefficients_sinkhorn_and_directions():
     nc, d = 4, 6
     h = randn(3, nc, d)

@@ -5,7 +5,7 @@ lists built from the sliding window and the compressed entries."""
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 import deepinfer.kernels as K
 from deepinfer.engine.model.cache import overlapped
@@ -86,66 +86,32 @@ class Attention(nn.Module):
         q = self.q_head_norm(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)))
         q = K.apply_rope(q, cos, sin)
         kv = self.simulate_kv(K.apply_rope(self.kv_norm(self.wkv(x)), cos, sin))
-        md = ctx.metadata
-        if md.fixed:
-            all_kv, all_idx = self.gather_fixed(x, qr, kv, ctx)
-        else:
-            all_kv, all_idx = self.assemble(x, qr, kv, ctx)
-        o = K.sparse_mqa_sink(q, all_kv, all_idx, self.attn_sink, self.head_dim**-0.5)
-        if not md.fixed:
-            window = ctx.cache[f"{self.layer_id}.window"]
-            window.index_copy_(0, md.window_write_dst, kv[md.window_write_src].to(window.dtype))
+        sources, indices = self.kv_sources(x, qr, kv, ctx)
+        o = K.sparse_mqa_sink(q, sources, indices, self.attn_sink, self.head_dim**-0.5)
+        md, window = ctx.metadata, ctx.cache[f"{self.layer_id}.window"]
+        window.index_copy_(0, md.window_write_dst, kv[md.window_write_src].to(window.dtype))
         o = K.apply_rope(o.to(x.dtype), cos, sin, inverse=True)
         grouped = o.reshape(o.shape[0], self.groups, -1)
         z = K.grouped_linear(grouped, self.wo_a.weight, self.wo_a.scale, block_size=self.wo_a.block)
         return self.wo_b(z.flatten(1))
 
-    def assemble(self, x, qr, kv, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """(kv rows ``[rings | step KV | compressed]``, index lists into them ``[T, K]``)."""
+    def kv_sources(self, x, qr, kv, ctx: StepContext) -> tuple[tuple[torch.Tensor, ...], Tensor]:
+        """(the KV sources attention reads in place: window rings, this step's KV, compressed
+        arena; index lists ``[T, W + K]`` into their virtual concatenation). The step's KV is
+        written to the rings after attention, so eager and graph-replay steps read alike."""
         md = ctx.metadata
-        window = ctx.cache[f"{self.layer_id}.window"]
-        # the rings of the slots the step can read (all slots unless the metadata is compact)
-        rings = window[: md.window_base]
-        sources, indices = [rings, kv.to(window.dtype)], [md.window_indices]
-        if self.ratio:
-            arena, rows = self.read_compressed(*self.compressed_entries(x, qr, ctx))
-            offset = rings.shape[0] + kv.shape[0]
-            sources.append(arena)
-            indices.append(torch.where(rows >= 0, rows + offset, rows))
-        return torch.cat(sources), torch.cat(indices, dim=1)
-
-    def gather_fixed(self, x, qr, kv, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fixed-shape form of :meth:`assemble` (decode graphs): write the step's KV into the
-        rings first, then gather each query's window rows and compressed rows into one buffer
-        of ``T (W + K)`` rows; the same values in the same order as :meth:`assemble`'s."""
-        md = ctx.metadata
-        window = ctx.cache[f"{self.layer_id}.window"]
-        window.index_copy_(0, md.window_write_dst, kv[md.window_write_src].to(window.dtype))
-        sources = [window[md.window_indices.clamp(min=0).flatten()]]
-        indices = [md.window_gather]
-        if self.ratio:
-            arena, rows, _ = self.compressed_entries(x, qr, ctx)
-            sources.append(arena[rows.clamp(min=0).flatten()])
-            first = md.window_gather.numel()
-            numbers = torch.arange(rows.numel(), device=rows.device).view(rows.shape) + first
-            indices.append(torch.where(rows >= 0, numbers, -1))
-        return torch.cat(sources), torch.cat(indices, dim=1)
+        window = ctx.cache[f"{self.layer_id}.window"][: md.window_base]
+        sources = (window, kv.to(window.dtype))
+        if not self.ratio:
+            return sources, md.window_indices
+        arena, rows, _ = self.compressed_entries(x, qr, ctx)
+        offset = window.shape[0] + kv.shape[0]
+        compressed = torch.where(rows >= 0, rows + offset, rows).to(md.window_indices.dtype)
+        return (*sources, arena), torch.cat([md.window_indices, compressed], dim=1)
 
     def simulate_kv(self, kv: torch.Tensor) -> torch.Tensor:
         """Reference window-KV rounding (spec 2.3 step 7 / 7.1; :mod:`.variant`)."""
         return self.rounding.kv(kv)
-
-    @staticmethod
-    def read_compressed(
-        arena: torch.Tensor, rows: torch.Tensor, plan: CompressionPlan
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(kv rows attention reads, ``rows`` renumbered into them): with the plan's
-        ``read_rows`` just those arena rows (sorted, so a row's new number is its rank),
-        else the whole arena and ``rows`` as they are."""
-        if plan.read_rows is None:
-            return arena, rows
-        ranks = torch.searchsorted(plan.read_rows, rows.long().clamp(min=0)).to(rows.dtype)
-        return arena.index_select(0, plan.read_rows), torch.where(rows >= 0, ranks, rows)
 
     def compressed_entries(
         self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext

@@ -5,7 +5,8 @@ decode steps mixed). Sequence ``b`` contributes tokens ``cu_seqlens_q[b] .. cu_s
 at consecutive positions ending at ``seq_lens[b] - 1``. Everything a kernel needs is turned into
 row indices here, once per step, on the host (plain integers in, tensors out; no masks):
 
-- window lists ``[T, window]``: rows of ``[ring rows of all slots | this step's tokens]``;
+- window lists ``[T, window]``: rows of ``[ring rows of all slots | this step's tokens]``
+  (the step's rows are written to the rings after attention reads);
 - per compression ratio: the source rows of each entry completed this step (in
   ``[compressor state rows | this step's tokens]``), the arena rows they are written to, and each
   query's visible arena rows (entry ``w`` visible at position ``t`` iff ``w < (t + 1) // ratio``).
@@ -60,9 +61,6 @@ class CompressionPlan:
     state_write_dst: torch.Tensor  # [n] state rows they go to
     visible: torch.Tensor  # [T, C] arena rows visible to each query, entry order; -1 pad
     visible_count: torch.Tensor  # [T]
-    # sorted arena rows any query of the step can read (compact metadata: attention gathers
-    # just these rows instead of handing the whole arena to the kernel); None: the whole arena
-    read_rows: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -73,15 +71,6 @@ class AttentionMetadata:
     window_write_src: torch.Tensor
     window_write_dst: torch.Tensor
     plans: dict[tuple[int, bool], CompressionPlan] = field(default_factory=dict)
-    # fixed-shape decode metadata (:mod:`deepinfer.engine.runner.decode_metadata`):
-    # window_indices are ring rows (the step's KV is written to the rings before attention
-    # reads), and window_gather
-    # ``[T, W]`` numbers each query's window rows in a per-query gather buffer (-1: none)
-    window_gather: torch.Tensor | None = None
-
-    @property
-    def fixed(self) -> bool:
-        return self.window_gather is not None
 
 
 @dataclass(frozen=True)
@@ -122,20 +111,14 @@ def build_metadata(
     config: ModelConfig,
     layout: CacheLayout,
     ring_size: int,
-    *,
-    compact: bool = False,
 ) -> AttentionMetadata:
-    """Index lists of one step. ``compact=True`` (the engine's steps) makes attention read only
-    what the step can see: the window rings of slots up to the batch's highest (slots are
-    handed out lowest first), so the step tokens follow ``(max slot + 1) * ring_size`` rows
-    instead of every slot's ring, and each compressed kind's ``read_rows``; the kv attention
-    assembles then scales with the batch's context, not with the cache pool. The values read
-    and their order are the same either way, so the outputs are bit-identical."""
+    """Index lists of one step. Attention reads its KV sources in place (the op indexes the
+    rings, the step's rows and the arena without copying them), so the lists have one form
+    whatever the batch; the decode graphs' fixed-shape lists only pad them."""
     seqs, seq_of_token, positions = _sequences(batch)
     device = batch.input_ids.device
     window = config.sliding_window
-    slots_read = int(seqs.slot.max()) + 1 if compact and len(seqs.slot) else layout.num_slots
-    base = slots_read * ring_size
+    base = layout.num_slots * ring_size
     tokens = seqs.take(seq_of_token)
     q = window_positions(positions, window)
     window_rows = _state_or_step(q, tokens, base, ring_size)
@@ -150,7 +133,7 @@ def build_metadata(
         if config.compress_ratios[i] > 0
     }
     plans = {
-        kind: _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout, compact)
+        kind: _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout)
         for kind, state_rows in sorted(kinds.items())
     }
     return AttentionMetadata(
@@ -192,9 +175,7 @@ def _arena_rows(rows: _Rows, entries: torch.Tensor, ratio: int, block_size: int)
     return torch.where(entries >= 0, ids * per_block + entries % per_block, -1)
 
 
-def _plan(
-    seqs, seq_of_token, positions, batch, kind, state_rows, layout, compact=False
-) -> CompressionPlan:
+def _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout) -> CompressionPlan:
     ratio, overlap = kind
     base = layout.num_slots * state_rows
     width = 2 * ratio if overlap else ratio
@@ -229,7 +210,6 @@ def _plan(
         state_write_dst=tokens.slot[keep] * state_rows + positions[keep] % state_rows,
         visible=visible,
         visible_count=counts,
-        read_rows=torch.unique(seq_rows[seq_rows >= 0]) if compact else None,
     )
 
 

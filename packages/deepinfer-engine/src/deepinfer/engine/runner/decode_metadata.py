@@ -8,13 +8,11 @@ entry rows, ``sliding_window`` window columns, ``context // ratio`` visible colu
 (plain integers in, numpy on the host, no torch op) into one flat int64 host buffer, which one
 copy moves into the device buffer a captured graph reads (:meth:`DecodeLayout.metadata` views).
 
-Differences from :func:`deepinfer.engine.model.metadata.build_metadata`, none of which changes
-a value attention reads or the order it reads them in:
+The fields are those :func:`deepinfer.engine.model.metadata.build_metadata` gives (window
+lists into ``[ring rows of all slots | the step's rows]``, a token's own position being its
+step row), and attention runs the same code on both; the differences change no value attention
+reads nor the order it reads them in:
 
-- ``fixed=True``: attention writes the step's KV rows into the window rings *before* reading,
-  and ``window_indices`` are ring rows only (the row a token's KV overwrites holds a position
-  ``ring >= window`` back, outside every window of the step); attention then gathers the rows
-  each query reads into one fixed-size buffer instead of concatenating the pools.
 - padding: a step of fewer tokens than the layout's fills the remaining rows with copies of its
   first token (same id, position, state slot, window and visible lists, so they compute what
   that token computes and route to its experts), whose writes go to the reserved scratch state
@@ -101,8 +99,7 @@ class DecodeLayout:
         w = c.sliding_window
         for name, shape in (("input_ids", (t,)), ("positions", (t,)), ("seq_lens", (t,)),
                             ("state_slots", (t,)), ("rows", (t,)), ("cu_seqlens_q", (t + 1,)),
-                            ("window_indices", (t, w)), ("window_gather", (t, w)),
-                            ("window_write_dst", (t,))):  # fmt: skip
+                            ("window_indices", (t, w)), ("window_write_dst", (t,))):  # fmt: skip
             self._add(name, shape)
         for k, e in zip(self.kinds, self.emits, strict=True):
             p = f"{k.ratio}.{int(k.overlap)}."
@@ -151,8 +148,10 @@ class DecodeLayout:
         v["cu_seqlens_q"][:] = np.arange(n + 1)
         ring, w = self.ring_size, c.sliding_window
         q = p[:, None] - w + 1 + np.arange(w)
-        v["window_indices"][:] = np.where(q >= 0, s[:, None] * ring + q % ring, -1)
-        v["window_gather"][:] = np.where(q >= 0, (rows[:, None] * w + np.arange(w)), -1)
+        # earlier positions from the ring, the token's own from its step row (after the rings)
+        in_ring = np.where(q >= 0, s[:, None] * ring + q % ring, -1)
+        step_row = self.cache_layout.num_slots * ring + rows[:, None]
+        v["window_indices"][:] = np.where(q == p[:, None], step_row, in_ring)
         v["window_write_dst"][:] = writes * ring + p % ring
         for k, count in zip(self.kinds, self.emits, strict=True):
             prefix = f"{k.ratio}.{int(k.overlap)}."
@@ -222,7 +221,6 @@ class DecodeLayout:
             window_write_src=v["rows"],
             window_write_dst=v["window_write_dst"],
             plans=plans,
-            window_gather=v["window_gather"],
         )
         return batch, md
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from deepinfer.kernels.reference import attention as ref
@@ -12,15 +14,21 @@ __all__ = ["sparse_mqa_sink"]
 
 @op(reference=ref.sparse_mqa_sink)
 def sparse_mqa_sink(
-    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sink: torch.Tensor, scale: float
+    q: torch.Tensor,
+    kv: torch.Tensor | Sequence[torch.Tensor],
+    indices: torch.Tensor,
+    sink: torch.Tensor,
+    scale: float,
 ) -> torch.Tensor:
     """One shared K=V head attended by every query head, over the rows each query lists.
 
     q:       ``[T, H, D]`` fp32 / bf16, one row per query token.
-    kv:      ``[M, D]`` same dtype: the key and value rows (window slots, this step's tokens,
-             compressed entries -- whatever the caller laid out).
-    indices: ``[T, K]`` int32 / int64 rows of ``kv`` query ``t`` attends to; ``-1`` = skip.
-             Order is irrelevant; duplicates count twice (callers never produce them).
+    kv:      ``[M, D]`` float: the key and value rows; or a tuple / list of up to three
+             ``[M_i, D]`` sources (window rings, this step's tokens, compressed entries), each
+             a float dtype, read in place: row ``r`` of the sources is row ``r - M_0 - ..``
+             of the source it falls in (their virtual concatenation, never materialised).
+    indices: ``[T, K]`` int32 / int64 rows of ``kv`` query ``t`` attends to (``< sum M_i``);
+             ``-1`` = skip. Order is irrelevant; duplicates count twice.
     sink:    ``[H]`` fp32 per-head sink logit: an extra logit with a zero value vector.
     For each (t, h): ``l_i = scale * q[t,h] . kv[idx_i]`` over valid i (fp32);
     ``out = sum_i exp(l_i - M) kv[idx_i] / (sum_i exp(l_i - M) + exp(sink_h - M))``.

@@ -2,14 +2,55 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+
+MAX_SOURCES = 3  # window rings, this step's tokens, compressed entries
+
+
+def kv_sources(kv: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """``kv`` as a tuple of ``[M_i, D]`` sources, checked: one width, float dtypes."""
+    sources = (kv,) if isinstance(kv, torch.Tensor) else tuple(kv)
+    if not 1 <= len(sources) <= MAX_SOURCES:
+        raise ValueError(
+            f"kv: expected a tensor or 1..{MAX_SOURCES} [M_i, D] tensors, got {len(sources)}"
+        )
+    width = sources[0].shape[-1]
+    for i, s in enumerate(sources):
+        if not isinstance(s, torch.Tensor) or s.dim() != 2 or s.shape[1] != width:
+            shape = tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__
+            raise ValueError(f"kv[{i}]: expected a [M, {width}] tensor, got {shape}")
+        if not s.dtype.is_floating_point:
+            raise ValueError(f"kv[{i}]: expected a float dtype, got {s.dtype}")
+    return sources
+
+
+def gather_rows(kv: torch.Tensor | Sequence[torch.Tensor], indices: torch.Tensor) -> torch.Tensor:
+    """``[*indices.shape, D]`` fp32: row ``indices[...]`` of the sources' virtual concatenation
+    (``-1``: a zero row), read from each source in place."""
+    sources = kv_sources(kv)
+    idx = indices.long()
+    if len(sources) == 1:
+        return sources[0][idx.clamp(min=0)].float()
+    out = torch.zeros(*idx.shape, sources[0].shape[1], dtype=torch.float32, device=idx.device)
+    start = 0
+    for s in sources:
+        inside = (idx >= start) & (idx < start + s.shape[0])
+        out[inside] = s[idx[inside] - start].float()
+        start += s.shape[0]
+    return out
 
 
 def sparse_mqa_sink(
-    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sink: torch.Tensor, scale: float
+    q: torch.Tensor,
+    kv: torch.Tensor | Sequence[torch.Tensor],
+    indices: torch.Tensor,
+    sink: torch.Tensor,
+    scale: float,
 ) -> torch.Tensor:
     valid = indices >= 0  # [T, K]
-    gathered = kv[indices.clamp(min=0).long()].float()  # [T, K, D]
+    gathered = gather_rows(kv, indices)  # [T, K, D]
     logits = torch.einsum("thd,tkd->thk", q.float(), gathered) * scale
     logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
     sink_logit = sink.float()[None, :, None].expand(q.shape[0], -1, 1)

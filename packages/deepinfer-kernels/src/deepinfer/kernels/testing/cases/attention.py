@@ -1,5 +1,6 @@
 """Cases for sparse_mqa_sink: index lists with ``-1`` holes, duplicated and unsorted entries,
-rows that see only their window, rows that see nothing, bf16 / fp32 / FP8-cache KV."""
+rows that see only their window, rows that see nothing, bf16 / fp32 / FP8-cache KV, and KV
+handed as three sources (rows listed in each, a source of another dtype, a row-strided one)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import functools
 import torch
 
 from deepinfer.kernels.testing import Case, register, tolerance
+
+FP8 = torch.float8_e4m3fn
 
 
 def make_index_lists(gen, *, rows, window, entries, num_kv, holes=0.15):
@@ -31,18 +34,39 @@ def make_index_lists(gen, *, rows, window, entries, num_kv, holes=0.15):
     return idx.to(torch.int32)
 
 
-def _inputs(gen, device, *, rows, heads, dim, window, entries, num_kv, dtype, kv_dtype):
+def split_sources(kv: torch.Tensor, dtypes=(None, None, None)) -> tuple[torch.Tensor, ...]:
+    """``kv`` cut into three sources at ``M / 8`` and ``M / 3`` (so window rows of
+    :func:`make_index_lists` fall in the first two and compressed rows in the last two), each
+    cast to its entry of ``dtypes`` (None: kept)."""
+    cuts = (0, kv.shape[0] // 8, kv.shape[0] // 3, kv.shape[0])
+    parts = [kv[a:b] for a, b in zip(cuts, cuts[1:])]
+    return tuple(p if d is None else p.to(d) for p, d in zip(parts, dtypes))
+
+
+def _inputs(gen, device, *, rows, heads, dim, window, entries, num_kv, dtype, kv_dtype, sources):
     q = torch.randn(rows, heads, dim, generator=gen).to(dtype)
     kv = torch.randn(num_kv, dim, generator=gen)
     kv = kv.to(kv_dtype if kv_dtype is not None else dtype)
     idx = make_index_lists(gen, rows=rows, window=window, entries=entries, num_kv=num_kv)
     sink = torch.randn(heads, generator=gen) * 2.0
     scale = dim**-0.5 * 2.0  # peakier than 1/sqrt(d) so the softmax is far from uniform
+    if sources is not None:
+        kv = split_sources(kv, sources)
+        return (q.to(device), tuple(s.to(device) for s in kv), idx.to(device),
+                sink.to(device), scale), {}  # fmt: skip
     return (q.to(device), kv.to(device), idx.to(device), sink.to(device), scale), {}
+
+
+def _row_strided(t: torch.Tensor) -> torch.Tensor:
+    wide = torch.empty(t.shape[0], t.shape[1] + 16, dtype=t.dtype, device=t.device)
+    wide[:, : t.shape[1]] = t
+    return wide[:, : t.shape[1]]
 
 
 def _strided(args):
     q, kv, idx, sink, scale = args
+    if not isinstance(kv, torch.Tensor):
+        kv = (kv[0], _row_strided(kv[1]), kv[2])
     wide = torch.empty(q.shape[0], q.shape[1], q.shape[2] * 2, dtype=q.dtype, device=q.device)
     wide[..., : q.shape[2]] = q
     wide_idx = torch.full((idx.shape[0], idx.shape[1] + 8), -1, dtype=idx.dtype, device=idx.device)
@@ -50,9 +74,12 @@ def _strided(args):
     return (wide[..., : q.shape[2]], kv, wide_idx[:, : idx.shape[1]], sink, scale)
 
 
-def _case(scale, rows, heads, dim, window, entries, num_kv, dtype, kv_dtype=None):
+def _case(scale, rows, heads, dim, window, entries, num_kv, dtype, kv_dtype=None, sources=None):
+    """``sources``: the dtypes of three KV sources (None: one tensor)."""
     atol, rtol = tolerance(dtype)
     kv_name = "" if kv_dtype is None else "-kvfp8"
+    if sources is not None:
+        kv_name += "-3src" + "".join("-fp8" if d == FP8 else "" for d in sources)
     return Case(
         op="sparse_mqa_sink",
         name=f"{rows}x{heads}x{dim}-w{window}+{entries}of{num_kv}"
@@ -68,6 +95,7 @@ def _case(scale, rows, heads, dim, window, entries, num_kv, dtype, kv_dtype=None
             num_kv=num_kv,
             dtype=dtype,
             kv_dtype=kv_dtype,
+            sources=sources,
         ),
         make_strided=_strided,
         atol=atol,
@@ -75,15 +103,16 @@ def _case(scale, rows, heads, dim, window, entries, num_kv, dtype, kv_dtype=None
     )
 
 
-FP8 = torch.float8_e4m3fn
-
 register(
     _case("small", 1, 16, 64, 8, 24, 100, torch.float32),
     _case("small", 5, 16, 64, 16, 40, 300, torch.bfloat16),
     _case("small", 4, 20, 48, 8, 56, 200, torch.float32),
     _case("small", 3, 16, 64, 8, 40, 120, torch.bfloat16, FP8),
+    _case("small", 4, 16, 64, 16, 40, 300, torch.float32, sources=(None, None, None)),
+    _case("small", 5, 16, 64, 16, 40, 300, torch.bfloat16, sources=(FP8, None, FP8)),
     _case("real", 64, 64, 512, 128, 512, 131072 + 128, torch.bfloat16),
     _case("real", 64, 64, 512, 128, 512, 131072 + 128, torch.bfloat16, FP8),
     _case("real", 7, 64, 512, 128, 512, 4096, torch.float32),
+    _case("real", 64, 64, 512, 128, 512, 131072 + 128, torch.bfloat16, sources=(FP8, None, FP8)),
     _case("real", 1024, 64, 512, 128, 512, 65536, torch.bfloat16),
 )

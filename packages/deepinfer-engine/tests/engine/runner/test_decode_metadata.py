@@ -1,0 +1,63 @@
+"""The decode graphs' fixed-shape metadata is the eager step's metadata, padded: the same
+window base, window lists (the token's own position read from its step row), ring writes,
+visible lists (``-1`` past the eager width) and entry plans for the real rows; padding rows
+read like the first token and write to the scratch slot and the null block only."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from deepinfer.engine.model.cache import CacheLayout
+from deepinfer.engine.model.config_parsing import parse_config
+from deepinfer.engine.model.metadata import ForwardBatch, build_metadata
+from deepinfer.engine.runner.decode_metadata import SCRATCH_SLOT, DecodeLayout
+from deepinfer.engine.testing import tiny_v4_config, tiny_v41_config
+
+
+def _check(raw, block_size: int, positions: list[int]) -> None:
+    config = parse_config(raw)
+    layout = CacheLayout(num_blocks=16, num_slots=6, block_size=block_size)
+    ring, context = config.sliding_window, 4 * block_size
+    t, rows = len(positions), 8
+    slots = [4, 1, 5][:t]
+    tables = [[1 + 4 * i + j for j in range(4)] for i in range(t)]
+    ids = [7, 8, 9][:t]
+    p = torch.tensor(positions)
+    eager = build_metadata(
+        ForwardBatch(torch.tensor(ids), p, torch.arange(t + 1), p + 1, torch.tensor(tables),
+                     torch.tensor(slots)), config, layout, ring,
+    )  # fmt: skip
+    fixed_layout = DecodeLayout(config, layout, ring, num_tokens=rows, context=context)
+    flat = np.zeros(fixed_layout.size, dtype=np.int64)
+    fixed_layout.fill(flat, ids, positions, tables, slots)
+    _, fixed = fixed_layout.metadata(torch.from_numpy(flat))
+
+    assert fixed.window_base == eager.window_base == layout.num_slots * ring
+    assert torch.equal(fixed.window_indices[:t], eager.window_indices)
+    # padding rows: row 0's window, their own step row for their own position
+    pad = fixed.window_indices[t:]
+    assert torch.equal(pad[:, :-1], eager.window_indices[:1, :-1].expand(rows - t, -1))
+    assert pad[:, -1].tolist() == [eager.window_base + r for r in range(t, rows)]
+    assert torch.equal(fixed.window_write_src[eager.window_write_src], eager.window_write_src)
+    assert torch.equal(fixed.window_write_dst[:t], eager.window_write_dst)
+    assert (fixed.window_write_dst[t:] // ring == SCRATCH_SLOT).all()
+    assert fixed.plans.keys() == eager.plans.keys() and eager.plans
+    for kind, want in eager.plans.items():
+        got = fixed.plans[kind]
+        width = want.visible.shape[1]
+        assert torch.equal(got.visible[:t, :width], want.visible)
+        assert (got.visible[:t, width:] == -1).all()
+        assert torch.equal(got.visible_count[:t], want.visible_count)
+        n = want.emit_rows.shape[0]
+        assert torch.equal(got.emit_rows[:n], want.emit_rows)
+        assert torch.equal(got.emit_positions[:n], want.emit_positions)
+        assert (got.emit_rows[n:] == 0).all()  # padding entries go to the null block
+
+
+def test_v4_fixed_metadata_is_the_eager_one_padded():
+    _check(tiny_v4_config(hca_ratio=8), 16, [3, 39, 47])  # entries of ratio 4 and 8 complete
+
+
+def test_v41_fixed_metadata_is_the_eager_one_padded():
+    _check(tiny_v41_config(vision=False), 16, [1, 20, 33])
