@@ -60,8 +60,8 @@ ROW_WISE: dict[str, RowSplit] = {
     "route_hash": RowSplit(("logits", "ids")),
     "hc_collapse": RowSplit(("h", "pre")),
     "hc_expand": RowSplit(("f", "h", "post", "comb")),
-    # torch splits a reduction's inner dimension across threads once a tensor is big enough,
-    # and whether it is depends on the number of rows: the gate's RMS and dot go row by row.
+    # The gate's RMS and dot reduce a short inner dimension, which torch's CPU kernels may
+    # vectorise across rows: row by row too.
     "engram_gate": RowSplit(("hidden", "key", "value", "mask")),
     # Not listed: ops whose only reductions are max / sort (the FP8 / FP4 scale of a block,
     # top-k with stable ties, the candidate pre-filter): exact in any order.
