@@ -177,6 +177,7 @@ class LLM:
             max_model_len=self.scheduler_config.max_model_len,
             max_num_seqs=self.scheduler_config.max_num_seqs,
             has_tokenizer=self._tokenizer is not None,
+            yoco_truncation=self.config.yoco_prefill_truncation_mode,
         )
         request_ids = []
         eos = min(self._eos_token_ids) if self._eos_token_ids else None

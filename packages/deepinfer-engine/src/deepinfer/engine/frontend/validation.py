@@ -41,6 +41,7 @@ def validate_sampling_params(
     vocab_size: int,
     max_num_seqs: int,
     has_tokenizer: bool,
+    yoco_truncation: str = "off",
 ) -> None:
     """Engine-dependent checks (``SamplingParams`` validates its own fields on construction)."""
     n = num_samples(params)
@@ -57,6 +58,13 @@ def validate_sampling_params(
                 f"request {index}: stop_token_ids contains {token_id!r}, expected integers "
                 f"in [0, {vocab_size})"
             )
+    prompt_logprobs = getattr(params, "prompt_logprobs", None)
+    if prompt_logprobs is not None and yoco_truncation != "off":
+        raise InvalidRequestError(
+            f"request {index}: prompt_logprobs={prompt_logprobs} cannot be computed with "
+            f"yoco_prefill_truncation_mode={yoco_truncation!r} (the consumer layers skip early "
+            "prompt rows); expected prompt_logprobs=None, or the mode 'off'"
+        )
     if getattr(params, "stop", None) and not has_tokenizer:
         raise InvalidRequestError(
             f"request {index}: stop strings need a tokenizer to detokenise the output, but "
@@ -72,6 +80,7 @@ def validate_batch(
     max_model_len: int,
     max_num_seqs: int,
     has_tokenizer: bool,
+    yoco_truncation: str = "off",
 ) -> None:
     """Validate every request of a batch (raises at the first bad one)."""
     if len(prompt_token_ids) != len(params):
@@ -88,4 +97,5 @@ def validate_batch(
             vocab_size=vocab_size,
             max_num_seqs=max_num_seqs,
             has_tokenizer=has_tokenizer,
+            yoco_truncation=yoco_truncation,
         )

@@ -33,6 +33,7 @@ from deepinfer.engine.model.config_parsing import load_config
 from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.model.model import build_model
 from deepinfer.engine.model.moe import stack_grouped_experts
+from deepinfer.engine.model.yoco import prefill_truncation
 from deepinfer.engine.runner.capacity import plan_cache_capacity
 from deepinfer.engine.runner.cost_profile import measure_step_cost_curve
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
@@ -63,9 +64,15 @@ def load_executor(config: EngineConfig) -> LoadedModel:
     spec = resolve_spec_config(
         config, model_config, has_draft_weights=_has_draft_weights(path, config.load_format)
     )
+    max_draft = spec.num_draft_tokens if spec is not None else 0
+    truncation = prefill_truncation(  # checked before any weight loads
+        model_config,
+        config.yoco_prefill_truncation_mode,
+        config.yoco_prefill_keep_tokens,
+        max_draft,
+    )
     model = _build_and_fill(path, model_config, config, spec is not None, device, dtype)
     tokenizer = _load_tokenizer(path)
-    max_draft = spec.num_draft_tokens if spec is not None else 0
     use_graphs = not config.enforce_eager and spec is None and DecodeGraphs.supports(model, device)
     graph_batch = min(config.max_num_seqs, MAX_GRAPH_BATCH)
     graph_context = min(config.max_model_len or model_config.max_position_embeddings,
@@ -94,6 +101,14 @@ def load_executor(config: EngineConfig) -> LoadedModel:
             spec.num_draft_tokens,
             "confidence-scheduled" if spec.varlen else "fixed-length",
             spec.acceptance,
+        )
+    if truncation is not None:  # after profiling, which must measure every row's activations
+        model.truncation = truncation
+        logger.info(
+            "YoCo prefill truncation: %s, layers %d+ compute the last %d rows of each prompt",
+            truncation.mode,
+            truncation.boundary,
+            truncation.keep_tokens,
         )
     return LoadedModel(
         executor=ModelRunner(

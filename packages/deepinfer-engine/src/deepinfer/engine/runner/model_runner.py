@@ -144,6 +144,9 @@ class ModelRunner:
             block_tables=torch.tensor(plan.block_tables, dtype=torch.int32, device=self.device),
             state_slots=torch.tensor(plan.state_slots, **long),
             logits_indices=torch.tensor(rows, **long),
+            prompt_lens=torch.tensor(
+                [len(self.state.sequences[r].token_ids) for r in plan.request_ids], **long
+            ),
         )
 
     def _prompt_logprobs(self, plan: StepPlan, logits: torch.Tensor, out: ModelRunnerOutput):
