@@ -88,6 +88,14 @@ class VisionConfig:
         return 3 * self.patch_size * self.patch_size
 
 
+@dataclass(frozen=True)
+class ImageSettings:
+    """What the frontend needs of a model with a tower: its config and placeholder token."""
+
+    config: VisionConfig
+    image_token_id: int
+
+
 def span_length(grid_h: int, grid_w: int) -> int:
     """Text positions of an image whose aligner grid is ``grid_h x grid_w``."""
     return grid_h * (grid_w + 1) + 2

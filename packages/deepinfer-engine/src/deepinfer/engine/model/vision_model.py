@@ -14,7 +14,7 @@ from torch import nn
 
 from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.model.vision import Aligner, VisionTower, image_span
-from deepinfer.engine.model.vision_config import VisionConfig
+from deepinfer.engine.model.vision_config import ImageSettings, VisionConfig
 
 SPAN_VECTORS = ("image_start", "image_end", "image_newline")
 
@@ -66,3 +66,12 @@ class VisionModel:
             return None
         mask = torch.zeros(batch.input_ids.shape, dtype=torch.bool, device=batch.input_ids.device)
         return mask.index_fill_(0, batch.image_rows, True)
+
+
+def image_settings(model: nn.Module) -> ImageSettings | None:
+    """The frontend's image settings of a loaded model (None: no tower)."""
+    vision = getattr(model, "vision_config", None)
+    token_id = getattr(model.config, "image_token_id", None)
+    if vision is None or token_id is None:
+        return None
+    return ImageSettings(vision, int(token_id))

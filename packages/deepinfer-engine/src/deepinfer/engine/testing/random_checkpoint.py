@@ -50,8 +50,11 @@ def random_state_dict(
     for name, t in tensors.items():
         if name.endswith("norm.weight") or name.endswith(("norm1.weight", "norm2.weight")):
             t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=generator))
-        elif name.startswith(("vision.", "aligner.")) and name.endswith(".bias"):
-            t.copy_(0.1 * torch.randn(t.shape, generator=generator))  # dummy biases are zeros
+        elif name.endswith(".gate.bias_vl") or (
+            name.startswith(("vision.", "aligner.")) and name.endswith(".bias")
+        ):
+            # dummy biases are zeros; image tokens must route and project differently
+            t.copy_(0.1 * torch.randn(t.shape, generator=generator))
     return tensors
 
 
