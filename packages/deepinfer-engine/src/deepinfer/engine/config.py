@@ -306,6 +306,8 @@ class LoadedModel:
     num_blocks / num_state_slots: cache capacity, reserved id 0 included.
     compression_ratios: the model's KV compression ratios (the block size must be a
         multiple of each).
+    vision: the V4.1 image settings (``model.vision_config.ImageSettings``) of a model with a
+        vision tower, None without one.
     """
 
     executor: Executor
@@ -316,6 +318,7 @@ class LoadedModel:
     num_blocks: int
     num_state_slots: int
     compression_ratios: tuple[int, ...] = (1,)
+    vision: Any = None
 
 
 def resolve_max_model_len(config: EngineConfig, loaded: LoadedModel) -> EngineConfig:

@@ -44,6 +44,7 @@ class ExecutorView:
                 block_ids=list(request.block_ids),
                 state_slot=request.state_slot,
                 has_user_seed=request.has_user_seed,
+                images=request.images,
             )
         return CachedRequestData(
             request_id=request.request_id,

@@ -138,6 +138,8 @@ class Request:
         self.skip_special_tokens = skip_special_tokens  # False when the text will be parsed
         self.detokenizer: Any = None  # IncrementalDetokenizer when a tokenizer is known
         self.text = TextBuffer()
+        # V4.1 images (frontend ImageInput objects: the scheduler reads .offset, .num_tokens)
+        self.images: tuple[Any, ...] = ()
 
     @property
     def output_text(self) -> str:

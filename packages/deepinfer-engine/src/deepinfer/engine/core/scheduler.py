@@ -28,6 +28,7 @@ from deepinfer.engine.core.block_manager import BlockManager, cdiv
 from deepinfer.engine.core.config import SchedulerConfig
 from deepinfer.engine.core.detokenizer import IncrementalDetokenizer
 from deepinfer.engine.core.executor_view import ExecutorView
+from deepinfer.engine.core.image_spans import fit_to_image_spans
 from deepinfer.engine.core.request import (
     FINISH_ABORT,
     FINISH_ERROR,
@@ -84,6 +85,12 @@ class Scheduler:
         self.attach_detokenizer(request)
         self.requests[request.request_id] = request
         self.waiting.append(request)
+
+    def reject_request(self, request: Request, message: str) -> None:
+        """Finish a new request with ``"error"`` and ``message`` without running it (its input
+        failed a check at submission that concerns it alone); reported by the next update."""
+        self.add_request(request)
+        self._finish(request, FINISH_ERROR, error=message)
 
     def abort_requests(self, group_ids: Iterable[str]) -> None:
         """Finish every sequence of these groups with ``"abort"`` (reported by the next update)."""
@@ -163,7 +170,8 @@ class Scheduler:
                 if not config.enable_chunked_prefill:
                     break
                 num_new = budget
-            if not self._can_allocate(request, num_new):
+            num_new = fit_to_image_spans(request, num_new)
+            if num_new == 0 or not self._can_allocate(request, num_new):
                 break
             self.waiting.popleft()
             request.state_slot = self.state_slots.allocate()
@@ -181,7 +189,7 @@ class Scheduler:
     def _num_tokens_to_schedule(self, request: Request, budget: int) -> int:
         wanted = request.num_tokens + len(request.spec_token_ids) - request.num_computed_tokens
         room = self.config.max_model_len - request.num_computed_tokens
-        return max(0, min(wanted, budget, room))
+        return fit_to_image_spans(request, max(0, min(wanted, budget, room)))
 
     def _blocks_needed(self, request: Request, num_new: int) -> tuple[int, bool]:
         """(new blocks to append, whether the first block written is shared: copy on write)."""

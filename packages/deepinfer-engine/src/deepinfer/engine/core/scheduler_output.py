@@ -37,6 +37,7 @@ class NewRequestData:
     block_ids: list[int]
     state_slot: int
     has_user_seed: bool = True
+    images: tuple[Any, ...] = ()  # V4.1 images of the prompt (spans, patches), passed through
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from deepinfer.engine.core.engine_core import EngineCore
 from deepinfer.engine.core.request import Request
 from deepinfer.engine.core.scheduler import Scheduler
 from deepinfer.engine.frontend.inputs import normalize_params, normalize_prompts, seed_stream
+from deepinfer.engine.frontend.multimodal import ImageRequests, split_prompt_dicts
 from deepinfer.engine.frontend.output_processor import OutputProcessor
 from deepinfer.engine.frontend.outputs import RequestOutput
 from deepinfer.engine.frontend.progress import ThroughputBar
@@ -57,6 +58,8 @@ class LLM:
         self._tokenizer = loaded.tokenizer
         self._vocab_size = loaded.vocab_size
         self._eos_token_ids = loaded.eos_token_ids
+        sc = self.scheduler_config
+        self._images = ImageRequests(loaded.vision, sc.max_model_len, sc.max_num_batched_tokens)
         scheduler = Scheduler(self.scheduler_config, tokenizer=loaded.tokenizer)
         self._core = EngineCore(scheduler, loaded.executor)
         self._outputs = OutputProcessor()
@@ -82,15 +85,23 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         prompt_token_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
         use_tqdm: bool = True,
+        multi_modal_data: Any = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; the outputs come back in input order.
 
         Give ``prompts`` (text), ``prompt_token_ids``, or both (then the ids are used and the
-        text is only reported). ``sampling_params``: one for all, one per prompt, or None for
+        text is only reported). Images (V4.1): a prompt may be a dict ``{"prompt" or
+        "prompt_token_ids": ..., "multi_modal_data": {"image": image or list}}``, or
+        ``multi_modal_data`` gives one such dict per prompt; each image needs one placeholder
+        token (``<｜deepseek_image｜>``) in the prompt, which becomes the image's span. An
+        image is a ``PIL.Image``, encoded bytes, a path, a ``file://`` or a ``data:`` URL; a
+        request whose images do not fit finishes alone with ``finish_reason="error"``. ``sampling_params``: one for all, one per prompt, or None for
         the defaults. Raises :class:`InvalidRequestError` (naming the request index) before
         any work if an input is invalid.
         """
-        request_ids = self._submit(prompts, sampling_params, prompt_token_ids)
+        request_ids = self._submit(
+            prompts, sampling_params, prompt_token_ids, multi_modal_data=multi_modal_data
+        )
         return self._run_to_completion(request_ids, use_tqdm)
 
     def stream(
@@ -123,14 +134,19 @@ class LLM:
         """Chat completions with the V4 encoding; each sample's text is parsed into
         ``reasoning_content``, ``content`` and ``tool_calls``.
 
-        ``conversations``: one list of OpenAI-style messages, or a list of them.
+        ``conversations``: one list of OpenAI-style messages, or a list of them. A message's
+        ``content`` may be a list of parts: ``{"type": "text", "text": ...}``, ``{"type":
+        "image_url", "image_url": {"url": "data:image/...;base64,..." | "file://..."}}`` or
+        ``{"type": "image", "image": PIL.Image}`` (V4.1; each image takes its place in the text).
         """
         from deepinfer.engine.frontend.chat import encode_conversations, parse_outputs
 
-        texts, token_ids = encode_conversations(
+        texts, token_ids, images = encode_conversations(
             self._tokenizer, conversations, thinking, reasoning_effort, tools
         )
-        request_ids = self._submit(texts, sampling_params, token_ids, skip_special_tokens=False)
+        request_ids = self._submit(
+            texts, sampling_params, token_ids, skip_special_tokens=False, multi_modal_data=images
+        )
         outputs = self._run_to_completion(request_ids, use_tqdm)
         parse_outputs(outputs, thinking)
         return outputs
@@ -148,10 +164,12 @@ class LLM:
         ``reasoning_content`` / ``content`` / ``tool_calls`` their new text completed."""
         from deepinfer.engine.frontend.chat import ChatStreamParser, encode_conversations
 
-        texts, token_ids = encode_conversations(
+        texts, token_ids, images = encode_conversations(
             self._tokenizer, conversations, thinking, reasoning_effort, tools
         )
-        request_ids = self._submit(texts, sampling_params, token_ids, skip_special_tokens=False)
+        request_ids = self._submit(
+            texts, sampling_params, token_ids, skip_special_tokens=False, multi_modal_data=images
+        )
         return RequestStream(self, request_ids, annotate=ChatStreamParser(thinking).annotate)
 
     def abort(self, request_ids: str | Sequence[str]) -> None:
@@ -167,9 +185,15 @@ class LLM:
         prompt_token_ids: Any,
         *,
         skip_special_tokens: bool = True,
+        multi_modal_data: Any = None,
     ) -> list[str]:
+        prompts, prompt_token_ids, images = split_prompt_dicts(
+            prompts, prompt_token_ids, multi_modal_data
+        )
         texts, token_ids = normalize_prompts(prompts, prompt_token_ids, self._tokenizer)
         params = normalize_params(sampling_params, len(token_ids))
+        # a request whose images do not fit fails alone (rejected[i] says why)
+        token_ids, image_inputs, rejected = self._images.prepare_all(token_ids, images)
         validate_batch(
             token_ids,
             params,
@@ -181,7 +205,7 @@ class LLM:
         )
         request_ids = []
         eos = min(self._eos_token_ids) if self._eos_token_ids else None
-        for text, ids, p in zip(texts, token_ids, params):
+        for index, (text, ids, p) in enumerate(zip(texts, token_ids, params)):
             has_user_seed = p.seq_seed is not None
             if p.seq_seed is None:
                 p = replace(p, seq_seed=next(self._seeds), seed=None)
@@ -200,7 +224,11 @@ class LLM:
                 skip_special_tokens=skip_special_tokens,
                 has_user_seed=has_user_seed,
             )
-            self._core.add_request(request)
+            request.images = image_inputs[index]
+            if rejected[index] is None:
+                self._core.add_request(request)
+            else:
+                self._core.scheduler.reject_request(request, rejected[index])
             request_ids.append(request_id)
         return request_ids
 

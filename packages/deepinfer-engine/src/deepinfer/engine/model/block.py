@@ -70,5 +70,6 @@ class Block(nn.Module):
         a = self.attn(self.attn_norm(K.hc_collapse(h, pre)), ctx)
         h = K.hc_expand(a, h, post, comb)
         ffn_pre, post, comb = self.ffn_coefficients(h)
-        f = self.ffn(self.ffn_norm(K.hc_collapse(h, attn_pre)), ctx.input_ids, ctx.positions)
+        x = self.ffn_norm(K.hc_collapse(h, attn_pre))
+        f = self.ffn(x, ctx.input_ids, ctx.positions, image_mask=ctx.image_mask)
         return K.hc_expand(f, h, post, comb), ffn_pre

@@ -35,7 +35,7 @@ from deepinfer.parallel import ExpertParallelContext
 
 class Gate(nn.Module):
     """Router: ``weight [E, D]``; ``bias [E]`` fp32 (score layers) or ``tid2eid [vocab, k]``
-    int64 (hash layers); V4.1 also ``bias_vl`` (image tokens, unused by text-only inference)."""
+    int64 (hash layers); V4.1 also ``bias_vl`` (the selection bias of image-span tokens)."""
 
     def __init__(
         self, config: ModelConfig, layer_id: int, factory: LinearFactory, n_experts: int, top_k: int
@@ -61,9 +61,10 @@ class Gate(nn.Module):
                 self.bias_vl = nn.Parameter(bias.clone(), requires_grad=False)
 
     def forward(
-        self, x: torch.Tensor, input_ids: torch.Tensor
+        self, x: torch.Tensor, input_ids: torch.Tensor, image_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x ``[T, D]`` -> (weights ``[T, k]`` fp32, expert ids ``[T, k]`` int64)."""
+        """x ``[T, D]`` -> (weights ``[T, k]`` fp32, expert ids ``[T, k]`` int64).
+        ``image_mask`` ``[T]`` bool: V4.1 image-span rows, which select with ``bias_vl``."""
         logits = K.linear(x.float(), self.weight, out_dtype=torch.float32)
         if self.temperature != 1.0:
             logits = logits / self.temperature
@@ -76,7 +77,12 @@ class Gate(nn.Module):
         if self.is_hash:
             ids = self.tid2eid[input_ids].long()
             return K.route_hash(logits, ids, **kw), ids
-        return K.route_topk(logits, self.bias, self.top_k, **kw)
+        weights, ids = K.route_topk(logits, self.bias, self.top_k, **kw)
+        if image_mask is None or not hasattr(self, "bias_vl"):
+            return weights, ids
+        vl_weights, vl_ids = K.route_topk(logits, self.bias_vl, self.top_k, **kw)
+        image = image_mask[:, None]
+        return torch.where(image, vl_weights, weights), torch.where(image, vl_ids, ids)
 
 
 class Expert(nn.Module):
@@ -125,11 +131,16 @@ class MoE(nn.Module):
         self._stacked: tuple[torch.Tensor, ...] | None = None
 
     def forward(
-        self, x: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        image_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x ``[T, D]`` -> ``[T, D]``: routed experts summed in fp32, plus the shared expert.
-        ``positions`` ``[T]`` only spread an expert's tokens over its replicas under EP."""
-        weights, ids = self.gate(x, input_ids)
+        ``positions`` ``[T]`` only spread an expert's tokens over its replicas under EP;
+        ``image_mask`` ``[T]`` marks V4.1 image-span rows (routed with ``gate.bias_vl``)."""
+        weights, ids = self.gate(x, input_ids, image_mask)
         if self.ep is not None:
             keys = token_keys(input_ids, positions)
             routed = expert_parallel_routed(self, x, weights, ids, keys)

@@ -31,6 +31,7 @@ class RunnerSequence:
     state_slot: int
     num_computed_tokens: int
     has_user_seed: bool = True
+    images: tuple[Any, ...] = ()  # V4.1 images of the prompt (frontend ImageInput)
     # the sampling parameters of a row drawn with a given seed (built once, not every step)
     row_params: dict[int, Any] = field(default_factory=dict)
 
@@ -61,6 +62,7 @@ class RunnerState:
                 state_slot=new.state_slot,
                 num_computed_tokens=new.num_computed_tokens,
                 has_user_seed=new.has_user_seed,
+                images=new.images,
             )
         for cached in so.cached_requests:
             seq = self.sequences[cached.request_id]
@@ -106,6 +108,7 @@ class StepPlan:
     prompt_logprob_rows: list[int]
     prompt_logprob_targets: list[int]
     prompt_logprob_requests: list[int]
+    images: list[tuple[int, Any]]  # (row of the span's first token, image) per span this step
 
     @property
     def num_tokens(self) -> int:
@@ -153,6 +156,9 @@ def _add_request(lists, b, seq: RunnerSequence, num_new, drafts, seeds) -> None:
     lists["seq_lens"].append(end)
     lists["block_tables"].append(list(seq.block_ids))
     lists["state_slots"].append(seq.state_slot)
+    for image in seq.images:  # a span lies whole in one chunk (the scheduler's cut)
+        if start <= image.offset < end:
+            lists["images"].append((first_row + image.offset - start, image))
     lists["is_fresh"].append(start == 0)
     lists["num_drafts"].append(len(drafts))
     if getattr(seq.sampling_params, "prompt_logprobs", None) is not None:

@@ -33,6 +33,7 @@ from deepinfer.engine.model.config_parsing import load_config
 from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.model.model import build_model
 from deepinfer.engine.model.moe import stack_grouped_experts
+from deepinfer.engine.model.vision_model import image_settings
 from deepinfer.engine.model.yoco import prefill_truncation
 from deepinfer.engine.runner.capacity import plan_cache_capacity
 from deepinfer.engine.runner.cost_profile import measure_step_cost_curve
@@ -121,6 +122,7 @@ def load_executor(config: EngineConfig) -> LoadedModel:
         num_blocks=num_blocks,
         num_state_slots=num_slots,
         compression_ratios=ratios,
+        vision=image_settings(model),
     )
 
 

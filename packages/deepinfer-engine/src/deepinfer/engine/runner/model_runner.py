@@ -34,6 +34,7 @@ from deepinfer.engine.runner.cache_ops import copy_blocks, copy_slots, reset_slo
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
 from deepinfer.engine.runner.drafting import DraftRequest, DraftSource, Proposal
 from deepinfer.engine.runner.grammar import GrammarManager
+from deepinfer.engine.runner.images import image_fields
 from deepinfer.engine.runner.speculation import SpecConfig, verify_mode
 from deepinfer.engine.runner.varlen import trim_verification
 from deepinfer.engine.runner.verify import Emitted, Verifier
@@ -98,7 +99,7 @@ class ModelRunner:
 
     def _forward(self, plan: StepPlan, rows: list[int]) -> torch.Tensor:
         """Logits of ``rows``: a decode graph's replay when one takes the step, else eager."""
-        if self.graphs is not None and self.drafter is None:
+        if self.graphs is not None and self.drafter is None and not plan.images:
             logits = self.graphs.run(plan, rows)
             if logits is not None:
                 return logits
@@ -144,6 +145,7 @@ class ModelRunner:
             block_tables=torch.tensor(plan.block_tables, dtype=torch.int32, device=self.device),
             state_slots=torch.tensor(plan.state_slots, **long),
             logits_indices=torch.tensor(rows, **long),
+            **image_fields(self.model, plan.images, self.device),
             prompt_lens=torch.tensor(
                 [len(self.state.sequences[r].token_ids) for r in plan.request_ids], **long
             ),
