@@ -19,13 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-_REQUIRED = (
-    "num_hidden_layers",
-    "hidden_size",
-    "num_attention_heads",
-    "intermediate_size",
-    "patch_size",
-)
+# The released tower; like transformers' DeepseekV41VisionConfig, an absent field takes these.
+_DEFAULTS = {
+    "num_hidden_layers": 32,
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "intermediate_size": 2816,
+    "patch_size": 14,
+}
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,7 @@ class VisionConfig:
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any]) -> VisionConfig:
-        missing = [k for k in _REQUIRED if k not in raw]
-        if missing:
-            raise ValueError(f"vision_config lacks {missing}")
+        raw = {**_DEFAULTS, **raw}
         config = cls(
             num_layers=int(raw["num_hidden_layers"]),
             hidden_size=int(raw["hidden_size"]),
