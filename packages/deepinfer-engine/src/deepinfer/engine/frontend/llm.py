@@ -60,8 +60,14 @@ class LLM:
         self._eos_token_ids = loaded.eos_token_ids
         sc = self.scheduler_config
         self._images = ImageRequests(loaded.vision, sc.max_model_len, sc.max_num_batched_tokens)
-        scheduler = Scheduler(self.scheduler_config, tokenizer=loaded.tokenizer)
-        self._core = EngineCore(scheduler, loaded.executor)
+        self._distributed = config.data_parallel_size > 1
+        if self._distributed:
+            from deepinfer.engine.distributed.start import make_core
+
+            self._core = make_core(self.config, self.scheduler_config, loaded)
+        else:
+            scheduler = Scheduler(self.scheduler_config, tokenizer=loaded.tokenizer)
+            self._core = EngineCore(scheduler, loaded.executor)
         self._outputs = OutputProcessor()
         self._seeds = seed_stream(self.config.seed)
         self._request_counter = itertools.count()
@@ -69,8 +75,13 @@ class LLM:
     def _load_executor(self, config: EngineConfig) -> LoadedModel:
         """Load weights and tokenizer, profile, allocate the cache; return what the engine needs.
 
-        The model runner implements this; tests override it with a fake executor.
+        The model runner implements this; tests override it with a fake executor. With
+        ``data_parallel_size`` > 1 the ranks load their own models (``engine.distributed``).
         """
+        if config.data_parallel_size > 1:
+            from deepinfer.engine.distributed.start import start_ranks
+
+            return start_ranks(config)
         from deepinfer.engine.runner.loading import load_executor
 
         return load_executor(config)
@@ -97,8 +108,11 @@ class LLM:
         image is a ``PIL.Image``, encoded bytes, a path, a ``file://`` or a ``data:`` URL; a
         request whose images do not fit finishes alone with ``finish_reason="error"``. ``sampling_params``: one for all, one per prompt, or None for
         the defaults. Raises :class:`InvalidRequestError` (naming the request index) before
-        any work if an input is invalid.
+        any work if an input is invalid. Under ``torchrun`` only rank 0 returns the outputs;
+        the other ranks serve its call and return ``[]``.
         """
+        if self._serve_rank0():
+            return []
         request_ids = self._submit(
             prompts, sampling_params, prompt_token_ids, multi_modal_data=multi_modal_data
         )
@@ -118,6 +132,8 @@ class LLM:
         Inputs are validated (and the requests queued) on the call, before iteration; closing
         the iterator early aborts the requests still running.
         """
+        if self._serve_rank0():
+            return iter(())
         request_ids = self._submit(prompts, sampling_params, prompt_token_ids)
         return RequestStream(self, request_ids)
 
@@ -139,6 +155,8 @@ class LLM:
         "image_url", "image_url": {"url": "data:image/...;base64,..." | "file://..."}}`` or
         ``{"type": "image", "image": PIL.Image}`` (V4.1; each image takes its place in the text).
         """
+        if self._serve_rank0():
+            return []
         from deepinfer.engine.frontend.chat import encode_conversations, parse_outputs
 
         texts, token_ids, images = encode_conversations(
@@ -162,6 +180,8 @@ class LLM:
     ) -> Iterator[RequestOutput]:
         """Like :meth:`chat`, streamed as :meth:`stream` does; each delta's samples carry the
         ``reasoning_content`` / ``content`` / ``tool_calls`` their new text completed."""
+        if self._serve_rank0():
+            return iter(())
         from deepinfer.engine.frontend.chat import ChatStreamParser, encode_conversations
 
         texts, token_ids, images = encode_conversations(
@@ -177,7 +197,25 @@ class LLM:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         self._core.abort(ids)
 
+    def close(self) -> None:
+        """Stop the worker processes of ``data_parallel_size`` > 1 (also done when the ``LLM``
+        is collected or the program exits); nothing to do for one process."""
+        if self._distributed:
+            self._core.close()
+
     # ------------------------------------------------------------------ internals
+    def _serve_rank0(self) -> bool:
+        """On a torchrun rank other than 0: serve rank 0's matching call, then True."""
+        if not getattr(self._core, "is_follower", False):
+            return False
+        self._core.serve_call()
+        return True
+
+    def _end_call(self) -> None:
+        """Tell ranks that follow the calls (torchrun) that this one is over."""
+        if self._distributed:
+            self._core.end_call()
+
     def _submit(
         self,
         prompts: Any,
@@ -252,6 +290,7 @@ class LLM:
         finally:
             bar.close()
             self._abandon(pending)
+            self._end_call()
         return [results[request_id] for request_id in request_ids]
 
     def _abandon(self, request_ids: set[str]) -> None:
@@ -298,6 +337,7 @@ class RequestStream:
         self._pending = set(request_ids)
         self._ready: deque[RequestOutput] = deque()
         self._annotate = annotate
+        self._ended = False
 
     def __iter__(self) -> RequestStream:
         return self
@@ -305,6 +345,7 @@ class RequestStream:
     def __next__(self) -> RequestOutput:
         while not self._ready:
             if not self._pending:
+                self._end()
                 raise StopIteration
             self._collect(self._llm._step())
         return self._ready.popleft()
@@ -322,6 +363,12 @@ class RequestStream:
         """Abort the requests that have not finished."""
         pending, self._pending = self._pending, set()
         self._llm._abandon(pending)
+        self._end()
+
+    def _end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._llm._end_call()
 
     def __del__(self) -> None:
         if getattr(self, "_pending", None):
