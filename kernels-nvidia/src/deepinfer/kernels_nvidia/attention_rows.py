@@ -2,8 +2,9 @@
 
 The engine hands attention its window rings, this step's tokens and the compressed arena as
 separate tensors; an index ``r`` names row ``r`` of their virtual concatenation. Each tile of
-indices is loaded with one masked load per source (lanes of other sources issue no memory
-traffic) and merged with selects, so no source is ever copied and nothing syncs with the host.
+indices is loaded through per-row pointers into the source that holds the row (one load when
+the sources share a dtype; else one masked load per source, merged with selects), so no source
+is ever copied and nothing syncs with the host.
 """
 
 from __future__ import annotations
@@ -24,18 +25,29 @@ def load_rows(
     dtype: source 0 holds rows ``[0, end0)``, source 1 ``[end0, end1)``, source 2 the rest."""
     r = idx.to(tl.int64)
     valid = idx >= 0
-    in0 = valid & (r < end0) if NUM_SRC > 1 else valid
+    if NUM_SRC == 1 or (kv0.dtype == kv1.dtype and kv1.dtype == kv2.dtype):
+        # one load through per-row pointers: separate loads would each take their own
+        # pipelining buffers in shared memory
+        ptrs = kv0 + r * stride0
+        if NUM_SRC > 1:
+            ptrs = tl.where(r >= end0, kv1 + (r - end0) * stride1, ptrs)
+        if NUM_SRC > 2:
+            ptrs = tl.where(r >= end1, kv2 + (r - end1) * stride2, ptrs)
+        rows = tl.load(
+            ptrs[:, None] + cols[None, :], mask=valid[:, None] & col_mask[None, :], other=0.0
+        ).to(like.dtype)
+        return rows
+    in0 = valid & (r < end0)
     rows = tl.load(
         kv0 + r[:, None] * stride0 + cols[None, :], mask=in0[:, None] & col_mask[None, :],
         other=0.0,
     ).to(like.dtype)  # fmt: skip
-    if NUM_SRC > 1:
-        in1 = (r >= end0) & (r < end1) if NUM_SRC > 2 else r >= end0
-        rows1 = tl.load(
-            kv1 + (r - end0)[:, None] * stride1 + cols[None, :],
-            mask=in1[:, None] & col_mask[None, :], other=0.0,
-        ).to(like.dtype)  # fmt: skip
-        rows = tl.where(in1[:, None], rows1, rows)
+    in1 = (r >= end0) & (r < end1) if NUM_SRC > 2 else r >= end0
+    rows1 = tl.load(
+        kv1 + (r - end0)[:, None] * stride1 + cols[None, :],
+        mask=in1[:, None] & col_mask[None, :], other=0.0,
+    ).to(like.dtype)  # fmt: skip
+    rows = tl.where(in1[:, None], rows1, rows)
     if NUM_SRC > 2:
         in2 = r >= end1
         rows2 = tl.load(
