@@ -208,6 +208,23 @@ class EngineConfig:
         cli_type=int,
         cli_alias="-ep",
     )
+    num_redundant_experts: int = param(
+        0,
+        "with expert parallelism: extra expert slots on each rank, holding replicas of the "
+        "most loaded experts (chosen by EPLB).",
+        checks.optional_count,
+        cli_type=int,
+    )
+    eplb_interval: int = param(
+        0,
+        "with expert parallelism: rebalance the experts over the ranks every this many steps, "
+        "between steps, by the load of the last ``eplb_window`` steps (0: never).",
+        checks.optional_count,
+        cli_type=int,
+    )
+    eplb_window: int = param(
+        100, "steps of per-expert load EPLB balances.", checks.positive_int, cli_type=int
+    )
     distributed_timeout_s: float = param(
         60.0,
         "with ``data_parallel_size`` > 1: the longest a step may take before the call raises "
@@ -284,6 +301,9 @@ class EngineConfig:
         return ParallelConfig(
             data_parallel_size=self.data_parallel_size,
             expert_parallel_size=self.expert_parallel_size,
+            num_redundant_experts=self.num_redundant_experts,
+            eplb_interval=self.eplb_interval,
+            eplb_window=self.eplb_window,
         )
 
     @classmethod

@@ -49,6 +49,7 @@ class ExpertSlots:
     ) -> None:
         self.ctx = ctx
         self.device = torch.device("cpu" if device in (None, "meta") else device)
+        self.num_forwards = 0  # forwards run, idle ones included (the executor's step check)
         self.window = None
         if ctx.eplb_window:
             self.window = ExpertLoadWindow(num_experts, ctx.eplb_window, self.device)
@@ -89,6 +90,7 @@ def expert_parallel_routed(
     slots: ExpertSlots = moe.ep
     comm, per_rank = slots.ctx.comm, slots.placement.slots_per_rank
     grouped = moe.uses_grouped_experts(x.device)
+    slots.num_forwards += 1
     if not grouped:  # the single-process loop adds a token's experts in ascending id
         ids, perm = ids.sort(dim=1)
         weights = weights.gather(1, perm)

@@ -39,9 +39,11 @@ from deepinfer.engine.runner.capacity import plan_cache_capacity
 from deepinfer.engine.runner.cost_profile import measure_step_cost_curve
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
 from deepinfer.engine.runner.drafting import DSparkDraftSource
+from deepinfer.engine.runner.ep_executor import ExpertParallelExecutor
 from deepinfer.engine.runner.grammar import GrammarManager
 from deepinfer.engine.runner.model_runner import ModelRunner
 from deepinfer.engine.runner.speculation import SpecConfig, resolve_spec_config
+from deepinfer.parallel import ExpertParallelContext, TorchDistributedComm
 
 logger = logging.getLogger("deepinfer.engine")
 
@@ -58,10 +60,7 @@ def load_executor(config: EngineConfig) -> LoadedModel:
     path = resolve_model_path(config.model, weights=config.load_format != "dummy")
     dtype = getattr(torch, config.dtype)
     torch.manual_seed(config.seed)
-    overrides = (
-        {} if config.quant_simulation is None else {"quant_simulation": config.quant_simulation}
-    )
-    model_config: ModelConfig = load_config(path, **overrides)
+    model_config: ModelConfig = load_config(path, numerics=config.numerics)
     spec = resolve_spec_config(
         config, model_config, has_draft_weights=_has_draft_weights(path, config.load_format)
     )
@@ -72,7 +71,10 @@ def load_executor(config: EngineConfig) -> LoadedModel:
         config.yoco_prefill_keep_tokens,
         max_draft,
     )
-    model = _build_and_fill(path, model_config, config, spec is not None, device, dtype)
+    expert_parallel = expert_parallel_context(config)
+    model = _build_and_fill(
+        path, model_config, config, spec is not None, device, dtype, expert_parallel
+    )
     tokenizer = _load_tokenizer(path)
     use_graphs = not config.enforce_eager and spec is None and DecodeGraphs.supports(model, device)
     graph_batch = min(config.max_num_seqs, MAX_GRAPH_BATCH)
@@ -112,8 +114,10 @@ def load_executor(config: EngineConfig) -> LoadedModel:
             truncation.keep_tokens,
         )
     return LoadedModel(
-        executor=ModelRunner(
-            model, cache, grammar=grammar, spec=spec, drafter=drafter, graphs=graphs
+        executor=_with_expert_parallel(
+            ModelRunner(model, cache, grammar=grammar, spec=spec, drafter=drafter, graphs=graphs),
+            model,
+            config,
         ),
         tokenizer=tokenizer,
         vocab_size=vocab,
@@ -133,9 +137,46 @@ def _has_draft_weights(path: Path, load_format: str) -> bool:
     return any(name.startswith("mtp.") for name in read_checkpoint_index(path))
 
 
-def _build_and_fill(path, model_config, config: EngineConfig, include_mtp: bool, device, dtype):
-    """The model (with its draft stages when speculating), weights loaded, Engram bound."""
-    model = build_model(model_config, device=device, dtype=dtype, include_mtp=include_mtp)
+def expert_parallel_context(config: EngineConfig) -> ExpertParallelContext | None:
+    """This rank's EP group (the default process group, whose ranks are the DP ranks), or None
+    without expert parallelism."""
+    if config.expert_parallel_size == 1:
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() != config.expert_parallel_size:
+        raise RuntimeError(
+            f"expert_parallel_size={config.expert_parallel_size}: expected to run in a process "
+            "group of that many ranks (LLM starts them; under torchrun, each launched process)"
+        )
+    return ExpertParallelContext.from_config(config.parallel_config(), TorchDistributedComm())
+
+
+def _with_expert_parallel(runner: ModelRunner, model, config: EngineConfig):
+    """Under expert parallelism, the runner that also steps when idle and runs EPLB."""
+    if config.expert_parallel_size == 1:
+        return runner
+    return ExpertParallelExecutor(runner, model, config.eplb_interval)
+
+
+def _build_and_fill(
+    path,
+    model_config,
+    config: EngineConfig,
+    include_mtp: bool,
+    device,
+    dtype,
+    expert_parallel: ExpertParallelContext | None = None,
+):
+    """The model (with its draft stages when speculating), weights loaded (under expert
+    parallelism only this rank's experts), Engram bound."""
+    model = build_model(
+        model_config,
+        device=device,
+        dtype=dtype,
+        include_mtp=include_mtp,
+        expert_parallel=expert_parallel,
+    )
     load_into(model, path, config=model_config, load_format=config.load_format, seed=config.seed)
     bind_engram_from_tokenizer(model, path)
     stacked = stack_grouped_experts(model, device)
