@@ -59,6 +59,14 @@ class ExpertSlots:
         self.placement = placement
         self.tables = placement.to_tensors(self.device)
 
+    def follow(self, device: torch.device) -> None:
+        """Keep the tables and the load window on ``device`` (the model was moved)."""
+        if device != self.device:
+            self.device = device
+            self.set_placement(self.placement)
+            if self.window is not None:
+                self.window.counts = self.window.counts.to(device)
+
     @property
     def slot_experts(self) -> tuple[int, ...]:
         """The logical expert of each local slot, in slot order."""
@@ -91,6 +99,7 @@ def expert_parallel_routed(
     comm, per_rank = slots.ctx.comm, slots.placement.slots_per_rank
     grouped = moe.uses_grouped_experts(x.device)
     slots.num_forwards += 1
+    slots.follow(x.device)
     if not grouped:  # the single-process loop adds a token's experts in ascending id
         ids, perm = ids.sort(dim=1)
         weights = weights.gather(1, perm)
