@@ -7,6 +7,7 @@ logits; image rows route with ``bias_vl``; each bad image input fails its reques
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 
 import numpy as np
@@ -59,14 +60,12 @@ def test_same_tokens_alone_in_a_mixed_batch_and_chunked(vision_checkpoint, llm, 
     prompts = [
         _ask("look: ", wide),
         "a text prompt in between",
-        _ask("and ", tall, " here"),
         {"prompt": "two " + IMAGE_TOKEN + IMAGE_TOKEN, "multi_modal_data": {"image": [tall, wide]}},
-        "another text one",
     ]
     together = [o.outputs[0].token_ids for o in _greedy(llm, prompts)]
-    alone = [_greedy(llm, [p])[0].outputs[0].token_ids for p in prompts]
-    assert alone == together
     assert all(len(t) == MAX_TOKENS for t in together)
+    for index in (0, 2):  # the image requests alone
+        assert _greedy(llm, [prompts[index]])[0].outputs[0].token_ids == together[index]
     chunked = LLM(
         str(vision_checkpoint), dtype="float32", block_size=16, max_model_len=160,
         max_num_batched_tokens=16,
@@ -176,3 +175,57 @@ def test_an_image_too_large_for_the_limits_fails_alone(vision_checkpoint):
     assert "expected fewer than max_model_len=32" in outs[1].outputs[0].error
     assert "request 2: an image span of 14 tokens" in outs[2].outputs[0].error
     assert "max_num_batched_tokens=12" in outs[2].outputs[0].error
+
+
+def test_chat_image_parts_equal_generate_with_the_placeholder(llm, tmp_path):
+    image = _image(8, 70, 30)
+    image.save(tmp_path / "a.png")
+    encoded = base64.b64encode((tmp_path / "a.png").read_bytes()).decode()
+    sp = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    conversations = [
+        [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "hi"}]}],
+        [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{encoded}"}},
+            {"type": "text", "text": "hi"},
+        ]}],
+        [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": f"file://{tmp_path / 'a.png'}"}},
+            {"type": "text", "text": "hi"},
+        ]}],
+    ]  # fmt: skip
+    chats = llm.chat(conversations, sp, use_tqdm=False)
+    ids = llm.get_tokenizer().encode_chat([{"role": "user", "content": IMAGE_TOKEN + "hi"}])
+    direct = llm.generate(
+        {"prompt_token_ids": ids, "multi_modal_data": {"image": image}}, sp, use_tqdm=False
+    )[0]
+    assert IMAGE_ID in direct.prompt_token_ids
+    for out in chats:
+        assert out.prompt_token_ids == direct.prompt_token_ids
+        assert out.outputs[0].token_ids == direct.outputs[0].token_ids
+
+
+def _type_lines(monkeypatch, *lines: str) -> None:
+    """``input()`` returns ``lines``, then raises EOFError (Ctrl-D)."""
+    pending = iter(lines)
+
+    def fake_input(prompt: str = "") -> str:
+        try:
+            return next(pending)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", fake_input)
+
+
+def test_cli_chat_takes_images(vision_checkpoint, tmp_path, monkeypatch, capsys):
+    from deepinfer.engine.cli import main
+
+    _image(9, 40, 50).save(tmp_path / "b.png")
+    args = ["chat", "--model", str(vision_checkpoint), "--accelerator", "cpu", "--max-tokens", "2"]
+    args += ["--max-model-len", "128"]
+    _type_lines(monkeypatch, "describe it", "and now?")
+    assert main([*args, "--image", str(tmp_path / "b.png"), "--image", "none.png"]) == 0
+    err = capsys.readouterr().err
+    # the first turn holds both images and fails; it is dropped, so the second one runs
+    assert "request 0: image 1:" in err and "no such image file" in err
+    assert err.count("deepinfer: error") == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -113,11 +114,23 @@ def _record(output: Any) -> dict[str, Any]:
     return {"prompt": output.prompt, "outputs": samples}
 
 
+def _user_turn(text: str, images: list[str]) -> dict[str, Any]:
+    """A user message; ``images`` (paths) go before the text as ``image_url`` parts."""
+    if not images:
+        return {"role": "user", "content": text}
+    parts: list[dict[str, Any]] = [
+        {"type": "image_url", "image_url": {"url": "file://" + os.path.abspath(path)}}
+        for path in images
+    ]
+    return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
+
+
 def chat(args: argparse.Namespace) -> int:
     llm = _engine(args)
-    history: list[dict[str, str]] = []
+    history: list[dict[str, Any]] = []
     if args.system:
         history.append({"role": "system", "content": args.system})
+    images = list(args.image or [])  # attached to the first user turn
     print("deepinfer chat: type a message, an empty line or Ctrl-D to quit.", file=sys.stderr)
     while True:
         try:
@@ -126,15 +139,22 @@ def chat(args: argparse.Namespace) -> int:
             break
         if not user.strip():
             break
-        history.append({"role": "user", "content": user})
-        reply = []
+        history.append(_user_turn(user, images))
+        images = []
+        reply, failed = [], False
         for delta in llm.stream_chat(history, _params(args), thinking=args.thinking):
             for c in delta.outputs:
                 piece = c.text
                 reply.append(piece)
                 print(piece, end="", flush=True)
+                if c.finish_reason == "error":
+                    print(f"deepinfer: error: {c.error}", file=sys.stderr)
+                    failed = True
         print()
-        history.append({"role": "assistant", "content": "".join(reply)})
+        if failed:
+            history.pop()  # the turn that failed (with its images) is not kept
+        else:
+            history.append({"role": "assistant", "content": "".join(reply)})
     return 0
 
 
@@ -158,5 +178,12 @@ def add_commands(sub) -> None:
     )
     ch.add_argument("--system", default=None, help="system prompt")
     ch.add_argument("--thinking", action="store_true", help="thinking mode")
+    ch.add_argument(
+        "--image",
+        action="append",
+        default=None,
+        metavar="PATH",
+        help="an image for the first message (repeatable; V4.1 checkpoints with a vision tower)",
+    )
     add_engine_options(ch)
     ch.set_defaults(func=chat)
