@@ -99,6 +99,18 @@ REGISTRY: dict[str, EnvVar] = {
         ),
         EnvVar("DEEPINFER_ENFORCE_EAGER", _bool, False, "never capture CUDA graphs"),
         EnvVar(
+            "DEEPINFER_ENGRAM_FORCE_GPU_STORAGE",
+            _bool,
+            False,
+            "keep V4.1 Engram tables on the device even when they are large (default: host)",
+        ),
+        EnvVar(
+            "DEEPINFER_ZERO_OVERHEAD_SCHEDULING",
+            _bool,
+            True,
+            "asynchronous scheduling: prepare step N+1 while the device runs step N",
+        ),
+        EnvVar(
             "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE",
             _truncation_mode,
             "off",

@@ -24,6 +24,7 @@ How the stack calls it (once per forward, flat batch of ``T`` tokens):
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from deepinfer import kernels
 from deepinfer.engine.model.engram_hashing import EngramHashLayout
 from deepinfer.engine.model.engram_history import ngram_token_ids, update_history
 from deepinfer.engine.model.layers import LinearFactory
+from deepinfer.kernels import envs
 
 ENGRAM_SCALE_BLOCK = 32
 
@@ -88,26 +90,126 @@ def _frozen(t: torch.Tensor) -> nn.Parameter:
 
 
 class EngramTable(nn.Module):
-    """``embed``: the hashed n-gram table, FP8 rows with one ue8m0 scale per 32 columns."""
+    """``embed``: the hashed n-gram table, FP8 rows with one ue8m0 scale per 32 columns.
+
+    A table on the host (``host=True``: pinned memory when CUDA is available) serves a step by
+    gathering only the rows the step reads, on a worker thread that starts as soon as the row
+    ids exist (:meth:`prefetch`) and copies them to the device on a side stream while the layers
+    before this one run; the lookup then reads that compact table. Dequantisation is per row,
+    so the result is bitwise the device table's."""
 
     def __init__(
-        self, num_rows: int, width: int, quantized: bool, dtype: torch.dtype, device=None
+        self,
+        num_rows: int,
+        width: int,
+        quantized: bool,
+        dtype: torch.dtype,
+        device=None,
+        host: bool = False,
     ) -> None:
         super().__init__()
         fp8, e8m0 = torch.float8_e4m3fn, torch.float8_e8m0fnu
-        self.weight = _frozen(
-            torch.empty(num_rows, width, dtype=fp8 if quantized else dtype, device=device)
-        )
+        self.host = host
+        pin = host and torch.cuda.is_available()
+        place = {"device": "cpu", "pin_memory": pin} if host else {"device": device}
+        weight_dtype = fp8 if quantized else dtype
+        self.weight = _frozen(torch.empty(num_rows, width, dtype=weight_dtype, **place))
         self.scale = None
         if quantized:
             scale_shape = (num_rows, width // ENGRAM_SCALE_BLOCK)
-            self.scale = _frozen(torch.empty(scale_shape, dtype=e8m0, device=device))
+            self.scale = _frozen(torch.empty(scale_shape, dtype=e8m0, **place))
+        self._pending: tuple[torch.Tensor, Future] | None = None
+
+    def prefetch(self, row_ids: torch.Tensor) -> None:
+        """Start gathering the rows ``row_ids`` will read (host tables on a CUDA step only)."""
+        if self.host and row_ids.is_cuda:
+            stream = torch.cuda.current_stream(row_ids.device)
+            produced = stream.record_event()
+            job = _gather_pool().submit(self._gather_async, row_ids, produced, stream)
+            self._pending = (_key(row_ids), job)
 
     def forward(self, row_ids: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """row_ids ``[...]`` int64 -> dequantised rows ``[..., width]`` of ``out_dtype``."""
-        return kernels.engram_embedding_lookup(
-            self.weight, self.scale, row_ids, out_dtype=out_dtype
-        )
+        if not self.host or not row_ids.is_cuda:
+            return kernels.engram_embedding_lookup(
+                self.weight, self.scale, row_ids, out_dtype=out_dtype
+            )
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == _key(row_ids):
+            weight, scale, local, ready = pending[1].result()
+        else:
+            stream = torch.cuda.current_stream(row_ids.device)
+            weight, scale, local, ready = self._gather_async(row_ids, stream.record_event(), stream)
+        torch.cuda.current_stream(row_ids.device).wait_event(ready)
+        return kernels.engram_embedding_lookup(weight, scale, local, out_dtype=out_dtype)
+
+    def gather(
+        self, row_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """(the distinct rows ``row_ids`` reads, their scales, ``row_ids`` renumbered into them),
+        on the host."""
+        distinct, local = torch.unique(row_ids.cpu(), return_inverse=True)
+        scale = None if self.scale is None else self.scale.index_select(0, distinct)
+        return self.weight.index_select(0, distinct), scale, local
+
+    def _gather_async(self, row_ids: torch.Tensor, produced, consumer):
+        """On a worker thread: wait for the row ids (``produced``, recorded on the ``consumer``
+        stream that computes and later reads them), gather on the host, copy to the device on a
+        side stream; returns the device tensors and the event that marks them ready."""
+        device = row_ids.device
+        side = _side_stream(device)
+        with torch.cuda.stream(side):
+            side.wait_event(produced)
+            row_ids.record_stream(side)
+            weight, scale, local = self.gather(row_ids)
+            moved = [
+                None if t is None else t.pin_memory().to(device, non_blocking=True)
+                for t in (weight, scale, local)
+            ]
+            ready = torch.cuda.Event()
+            ready.record(side)
+        for t in moved:
+            if t is not None:
+                t.record_stream(consumer)
+        return (*moved, ready)
+
+
+_POOL: ThreadPoolExecutor | None = None
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _gather_pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engram-gather")
+    return _POOL
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[device]
+
+
+def _key(row_ids: torch.Tensor) -> tuple:
+    return row_ids.data_ptr(), tuple(row_ids.shape), row_ids.stride()
+
+
+# A table larger than this share of the device's memory lives on the host.
+HOST_TABLE_SHARE = 0.05
+
+
+def engram_on_host(device, table_bytes: int) -> bool:
+    """Where a V4.1 model on ``device`` keeps an Engram table of ``table_bytes``: in host memory
+    on a CUDA device when the table is large next to the device (the released tables are ~98 GB
+    each, and a step reads a few thousand rows of them), unless
+    ``DEEPINFER_ENGRAM_FORCE_GPU_STORAGE=1``; on the device everywhere else."""
+    if device is None or torch.device(device).type != "cuda":
+        return False
+    if envs.get("DEEPINFER_ENGRAM_FORCE_GPU_STORAGE"):
+        return False
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return table_bytes > HOST_TABLE_SHARE * total
 
 
 class Engram(nn.Module):
@@ -118,7 +220,9 @@ class Engram(nn.Module):
         self.cfg = cfg
         dtype, device = factory.dtype, factory.device
         quantized = cfg.weight_block is not None
-        self.embed = EngramTable(cfg.num_embeddings, cfg.head_dim, quantized, dtype, device)
+        row_bytes = cfg.head_dim * (1 if quantized else dtype.itemsize)
+        host = engram_on_host(device, cfg.num_embeddings * row_bytes)
+        self.embed = EngramTable(cfg.num_embeddings, cfg.head_dim, quantized, dtype, device, host)
         self.wkv = factory.quantised(
             cfg.num_columns * cfg.head_dim, (cfg.hc_mult + 1) * cfg.hidden_size
         )

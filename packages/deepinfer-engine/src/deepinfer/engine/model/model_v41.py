@@ -81,6 +81,9 @@ class DeepseekV41Model(VisionModel, DecoderStack):
             else:
                 ctx.token_mask = ~ctx.image_mask
             ctx.engram_rows = self.engram_rows(batch, cache, ctx.image_mask)
+            for k, layer_id in enumerate(self.config.engram_layer_ids):
+                # host tables start gathering this step's rows while the first layers run
+                self.layers[layer_id].engram.embed.prefetch(ctx.engram_rows[:, k])
         return ctx
 
     def engram_rows(

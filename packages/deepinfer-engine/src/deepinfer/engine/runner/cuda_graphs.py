@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from deepinfer.engine.model.cache import CacheLayout, ModelCache
+from deepinfer.engine.model.engram import EngramTable
 from deepinfer.engine.model.moe import MoE
 from deepinfer.engine.runner.batch_plan import StepPlan
 from deepinfer.engine.runner.decode_metadata import (
@@ -124,9 +125,12 @@ class DecodeGraphs:
     def supports(model: torch.nn.Module, device: torch.device) -> bool:
         """Whether ``model``'s forward can be captured on ``device``: a CUDA device and no host
         loop in the model (dense or FP8 experts run a loop over the routed experts; expert
-        parallel layers read their all-to-all sizes on the host)."""
+        parallel layers read their all-to-all sizes on the host; host Engram tables gather rows
+        on the host)."""
         if device.type != "cuda":
             return False
+        if any(isinstance(m, EngramTable) and m.host for m in model.modules()):
+            return False  # its rows are gathered on the host each step
         moes = [m for m in model.modules() if isinstance(m, MoE)]
         return all(m.uses_grouped_experts(device) and m.ep is None for m in moes)
 
