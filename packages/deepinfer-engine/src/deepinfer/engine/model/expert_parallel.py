@@ -108,7 +108,9 @@ def expert_parallel_routed(
     global_slot = route_to_slots(ids, slots.tables, keys)
     received, local_slot, handle = dispatch(x, global_slot, per_rank, comm)
     route_weight = dispatch_pairs(weights, handle, comm)
-    if grouped:
+    if grouped and received.shape[0] == 0:
+        out = received.new_empty(received.shape, dtype=torch.float32)
+    elif grouped:
         w13, w13_scale, w2, w2_scale = moe.stacked_experts()
         out = K.fp4_moe_experts(
             received,
@@ -125,6 +127,17 @@ def expert_parallel_routed(
         out = _run_slots(moe.expert_list(), received, route_weight, local_slot, per_rank)
     # router weights were applied inside the experts: combine only sums, in k order
     return combine(out, torch.ones_like(weights), handle, comm)
+
+
+def expert_parallel_idle(moe: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A step with no tokens on this rank (``x`` ``[0, D]``): no gate, no shared expert (empty
+    launches), but the collectives run and this rank's experts serve the rows it receives."""
+    top_k = moe.gate.top_k
+    ids = torch.empty((0, top_k), dtype=torch.long, device=x.device)
+    weights = torch.empty((0, top_k), dtype=torch.float32, device=x.device)
+    keys = torch.empty(0, dtype=torch.long, device=x.device)
+    expert_parallel_routed(moe, x, weights, ids, keys)
+    return x.new_empty(x.shape)
 
 
 def _run_slots(experts, received, route_weight, local_slot, per_rank) -> torch.Tensor:

@@ -25,6 +25,7 @@ from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.expert_parallel import (
     ExpertSlots,
     build_local_experts,
+    expert_parallel_idle,
     expert_parallel_routed,
     token_keys,
 )
@@ -140,6 +141,8 @@ class MoE(nn.Module):
         """x ``[T, D]`` -> ``[T, D]``: routed experts summed in fp32, plus the shared expert.
         ``positions`` ``[T]`` only spread an expert's tokens over its replicas under EP;
         ``image_mask`` ``[T]`` marks V4.1 image-span rows (routed with ``gate.bias_vl``)."""
+        if self.ep is not None and x.shape[0] == 0:
+            return expert_parallel_idle(self, x)  # no tokens here: serve the other ranks'
         weights, ids = self.gate(x, input_ids, image_mask)
         if self.ep is not None:
             keys = token_keys(input_ids, positions)
