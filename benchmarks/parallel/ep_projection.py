@@ -16,6 +16,9 @@ Prints resident device memory (routed experts, the rest), prefill step time (one
 
     python -m benchmarks.parallel.ep_projection --model v4-flash --ep 2 --out bench-out/ep2.json
     python -m benchmarks.parallel.ep_projection --model v41-flash --ep 8 --out bench-out/ep8.json
+
+``--ep 1`` runs the plain single-device model (every expert) as the baseline; with ``--layers
+N`` (V4-Flash) both fit one GPU at the layer count of the single-GPU engine runs.
 """
 
 from __future__ import annotations
@@ -108,9 +111,13 @@ def v41_flash_config(engram_rows: int) -> dict:
     ) | {"quantization_config": FP8_BLOCK_32}
 
 
-def model_config(name: str, tiny: bool, engram_rows: int):
+def model_config(name: str, tiny: bool, engram_rows: int, layers: int | None = None):
+    """``layers``: V4-Flash's first layers only (to compare with single-GPU runs of as many)."""
+    if layers is not None and (name != "v4-flash" or tiny or not 1 <= layers <= len(V4_RATIOS)):
+        raise ValueError(f"--layers {layers}: expected 1..{len(V4_RATIOS)}, full-size v4-flash")
     if name == "v4-flash":
-        raw = tiny_v4_config(n_routed_experts=8) if tiny else v4_flash_config(V4_RATIOS)
+        ratios = V4_RATIOS[:layers] if layers else V4_RATIOS
+        raw = tiny_v4_config(n_routed_experts=8) if tiny else v4_flash_config(ratios)
     else:
         raw = tiny_v41_config(vision=False, n_routed_experts=8)
         raw = raw if tiny else v41_flash_config(engram_rows)
@@ -130,15 +137,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _forward(model, runner, chunks) -> None:
+    """One forward of ``chunks`` computing only each sequence's last-token logits."""
+    batch = runner.batch(chunks)
+    model(replace(batch, logits_indices=batch.cu_seqlens_q[1:].long() - 1), runner.cache)
+
+
 def _step_seconds(model, runner, chunks, device, repeats: int) -> float:
-    """Median seconds of one forward of ``chunks`` (last-token logits), cache rows rewritten."""
+    """Median seconds of one forward of ``chunks``; the same cache rows are rewritten."""
     times = []
     for _ in range(repeats + 1):
-        batch = runner.batch(chunks)
-        last = batch.cu_seqlens_q[1:].long() - 1
         _sync(device)
         start = time.perf_counter()
-        model(replace(batch, logits_indices=last), runner.cache)
+        _forward(model, runner, chunks)
         _sync(device)
         times.append(time.perf_counter() - start)
     return sorted(times[1:])[len(times[1:]) // 2]  # the first run warms up
@@ -147,8 +158,13 @@ def _step_seconds(model, runner, chunks, device, repeats: int) -> float:
 @torch.inference_mode()
 def run(args) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
-    config = model_config(args.model, args.tiny, args.engram_rows)
-    ctx = ExpertParallelContext(LoopbackComm(args.ep), args.num_redundant_experts)
+    if args.tiny:
+        torch.set_num_threads(1)  # tiny shapes: a thread pool spins longer than it computes
+    config = model_config(args.model, args.tiny, args.engram_rows, args.layers)
+    # EP 1: the plain single-device model, the baseline
+    ctx = None
+    if args.ep > 1:
+        ctx = ExpertParallelContext(LoopbackComm(args.ep), args.num_redundant_experts)
     dtype = torch.float32 if args.tiny else torch.bfloat16
     before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     model = build_model(config, device=device, dtype=dtype, expert_parallel=ctx).eval()
@@ -165,7 +181,9 @@ def run(args) -> dict:
     tokens = torch.randint(3, config.vocab_size, (prompt,), generator=gen).tolist()
     prefill_s = _step_seconds(model, runner, {batch: tokens}, device, args.repeats)
     for seq in range(batch):  # decode contexts: write `context` tokens per sequence once
-        runner.step({seq: torch.randint(3, config.vocab_size, (context,), generator=gen).tolist()})
+        chunk = {seq: torch.randint(3, config.vocab_size, (context,), generator=gen).tolist()}
+        _forward(model, runner, chunk)
+        runner.lengths[seq] = context
     chunks = {seq: [int(torch.randint(3, config.vocab_size, (1,), generator=gen))]
               for seq in range(batch)}  # fmt: skip
     decode_s = _step_seconds(model, runner, chunks, device, args.repeats)
@@ -191,6 +209,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--engram-rows", type=int, default=1 << 21)
+    parser.add_argument("--layers", type=int, default=None, help="v4-flash: first N layers")
     parser.add_argument("--tiny", action="store_true", help="tiny configs on the CPU")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
