@@ -16,8 +16,9 @@ def vision_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     """Full bidirectional attention over the patches of one image, no mask, no sink.
 
     q, k, v: ``[N, H, d]`` (N patches, H heads), one float dtype.
-    ``out[n, h] = sum_m softmax_m(q[n, h] . k[m, h] / sqrt(d)) v[m, h]`` with the logits, the
-    softmax and the sum in fp32. Returns ``[N, H, d]`` of ``q.dtype``.
+    ``out[n, h] = sum_m softmax_m(q[n, h] . k[m, h] / sqrt(d)) v[m, h]``, logits and softmax in
+    fp32, the sum accumulated in fp32 (a backend may round the probabilities to ``q.dtype``
+    before the product, as flash attention does). Returns ``[N, H, d]`` of ``q.dtype``.
     """
 
 
