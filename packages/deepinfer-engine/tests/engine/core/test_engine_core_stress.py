@@ -1,4 +1,5 @@
-"""Randomised runs: random limits, n, drafts, aborts and failures; outputs stay exact."""
+"""Randomised runs: random limits, n, drafts, aborts and failures, synchronous and
+asynchronous scheduling; outputs stay exact."""
 
 import random
 
@@ -28,13 +29,17 @@ def _random_config(rng: random.Random) -> tuple[SchedulerConfig, int]:
     return config, drafts
 
 
-@pytest.mark.parametrize("trial", range(12))
+@pytest.mark.parametrize("trial", range(16))
 def test_random_runs_are_exact_and_leak_nothing(trial):
     rng = random.Random(trial)
     config, drafts = _random_config(rng)
     failing = {f"r{i}" for i in range(20) if rng.random() < 0.1}
     core = build_engine_core(
-        config, vocab_size=VOCAB, num_draft_tokens=drafts, fail_request_ids=failing
+        config,
+        vocab_size=VOCAB,
+        num_draft_tokens=drafts,
+        fail_request_ids=failing,
+        async_scheduling=trial % 2 == 1,
     )
     requests = {}
     for i in range(20):

@@ -31,11 +31,12 @@ def _add(sched: Scheduler, rid: str, num_tokens: int, params=GREEDY) -> Request:
 
 
 def _sample_all(sched, output, token=3) -> ModelRunnerOutput:
-    """Runner output sampling ``token`` for every request whose chunk reaches its end."""
+    """Runner output sampling ``token`` for every request whose chunk reaches its end (the
+    scheduler counts the step as computed and waits for its sample)."""
     sampled = {}
-    for rid, num in output.num_scheduled_tokens.items():
+    for rid in output.num_scheduled_tokens:
         req = sched.requests[rid]
-        if req.num_computed_tokens + num >= req.num_tokens:
+        if req.num_placeholders or req.awaits_result:
             sampled[rid] = [token] * len(output.fork_seeds.get(rid, [0]))
     return ModelRunnerOutput(sampled_token_ids=sampled)
 
@@ -105,7 +106,9 @@ def test_preemption_frees_the_latest_request_and_requeues_it_first():
     assert out.num_scheduled_tokens == {"a": 1, "b": 1}
     assert c.num_computed_tokens == 0 and c.num_preemptions == 1 and not c.block_ids
     assert list(sched.waiting) == [c]
-    assert a.num_computed_tokens == 8 and b.num_computed_tokens == 8
+    # the scheduled step counts as computed, its token is a placeholder until the update
+    assert a.num_computed_tokens == 9 and b.num_computed_tokens == 9
+    assert a.num_placeholders == 1 and a.num_tokens == 9
 
 
 def test_spec_tokens_are_scheduled_and_rejected_ones_uncomputed():

@@ -29,11 +29,16 @@ class ExecutorView:
     def describe(
         self, request: Request, replaced: list[tuple[int, int]]
     ) -> NewRequestData | CachedRequestData:
-        """The diff for a scheduled request; marks it as known up to its current state."""
+        """The diff for a scheduled request; marks it as known up to its current state.
+
+        Tokens still to come from a step in flight (``num_placeholders``) count as known: the
+        executor appends them itself (``SchedulerOutput.from_previous_sample``).
+        """
         known = self._known.get(request.request_id)
-        self._known[request.request_id] = _Known(request.num_tokens, len(request.block_ids))
+        num_tokens = request.num_tokens + request.num_placeholders
+        self._known[request.request_id] = _Known(num_tokens, len(request.block_ids))
         if known is None:
-            assert request.state_slot is not None
+            assert request.state_slot is not None and not request.num_placeholders
             return NewRequestData(
                 request_id=request.request_id,
                 token_ids=list(request.all_token_ids),

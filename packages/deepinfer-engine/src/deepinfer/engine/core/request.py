@@ -92,6 +92,13 @@ class Request:
     are draft tokens to verify next step (speculative decoding; empty otherwise).
     ``has_user_seed``: whether the user gave the seed (seeded sampling verifies drafts
     seed-exactly; engine-drawn seeds use rejection sampling, see the runner's speculation).
+
+    Steps in flight (scheduled, results not yet applied; asynchronous scheduling keeps one):
+    ``num_placeholders`` counts tokens such steps will sample that ``all_token_ids`` does not
+    hold yet (the executor feeds each into the next step itself); ``awaits_result`` is set
+    when the step in flight decides the next input in a way only its result tells (drafts
+    verified, a fork); ``speculates`` once the executor returned drafts for the request, whose
+    next input then depends on how many get accepted.
     """
 
     def __init__(
@@ -123,6 +130,9 @@ class Request:
         self.prompt_logprobs: list[Any] = []
         self.spec_token_ids: list[int] = []
         self.num_computed_tokens = 0
+        self.num_placeholders = 0
+        self.awaits_result = False
+        self.speculates = False
         self.block_ids: list[int] = []
         self.state_slot: int | None = None
         self.reserved_child_slots: list[int] = []

@@ -12,8 +12,9 @@ Every sequence has ``num_computed_tokens`` chasing its ``num_tokens`` (+ drafts)
    prompt chunk (chunked prefill). A request whose tokens need more blocks than the whole
    pool finishes alone with finish reason ``"error"`` and a message.
 
-``update`` applies a step's results: advances computed counts, appends sampled tokens, runs
-stop checks, forks ``n > 1`` requests when their prompt is done, and frees what finished.
+A scheduled step counts as computed at once and is in flight (``updates.mark_in_flight``)
+until ``update`` applies its results: gives back rejected drafts' positions, appends sampled
+tokens, runs stop checks, forks ``n > 1`` requests, frees what finished.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from typing import Any
 
 from deepinfer.engine.core.block_manager import BlockManager, cdiv
@@ -45,7 +45,11 @@ from deepinfer.engine.core.scheduler_output import (
 from deepinfer.engine.core.state_slots import StateSlotPool
 from deepinfer.engine.core.updates import (
     append_tokens,
+    can_run_ahead,
+    final_updates,
     fork_children,
+    mark_in_flight,
+    resolve_in_flight,
     sequence_update,
     with_spec_stats,
 )
@@ -159,8 +163,8 @@ class Scheduler:
         while self.waiting and budget > 0:
             request = self.waiting[0]
             num_seqs = request.num_pending_samples
-            if len(self.running) + num_seqs > config.max_num_seqs:
-                break
+            if request.num_placeholders or len(self.running) + num_seqs > config.max_num_seqs:
+                break  # (a preempted request waits for its step in flight)
             if not self.state_slots.can_allocate(num_seqs):
                 break
             if self._fail_if_never_fits(request):
@@ -187,7 +191,10 @@ class Scheduler:
             budget -= num_new
 
     def _num_tokens_to_schedule(self, request: Request, budget: int) -> int:
-        wanted = request.num_tokens + len(request.spec_token_ids) - request.num_computed_tokens
+        if not can_run_ahead(request, self.config.max_model_len):
+            return 0
+        known = request.num_tokens + request.num_placeholders
+        wanted = known + len(request.spec_token_ids) - request.num_computed_tokens
         room = self.config.max_model_len - request.num_computed_tokens
         return fit_to_image_spans(request, max(0, min(wanted, budget, room)))
 
@@ -260,15 +267,20 @@ class Scheduler:
         new_requests, cached_requests = [], []
         spec: dict[str, list[int]] = {}
         fork_seeds: dict[str, list[int]] = {}
+        from_previous: set[str] = set()
         for request_id, num_new in scheduled.items():
             request = self.requests[request_id]
+            if request.num_placeholders:
+                from_previous.add(request_id)
             data = self._view.describe(request, replaced.get(request_id, []))
             (new_requests if isinstance(data, NewRequestData) else cached_requests).append(data)
-            num_known = request.num_tokens - request.num_computed_tokens
+            num_known = request.num_tokens + request.num_placeholders - request.num_computed_tokens
             if num_new > num_known:
                 spec[request_id] = request.spec_token_ids[: num_new - num_known]
             if request.forks_on_prompt_end and num_new >= num_known:
                 fork_seeds[request_id] = request_seeds(request)
+            awaits = request_id in spec or request_id in fork_seeds
+            mark_in_flight(request, num_new, num_known, awaits=awaits)
         finished, preempted = self._view.take_forgotten()
         state_copies, self._pending_state_copies = self._pending_state_copies, []
         return SchedulerOutput(
@@ -277,6 +289,7 @@ class Scheduler:
             num_scheduled_tokens=scheduled,
             scheduled_spec_token_ids=spec,
             fork_seeds=fork_seeds,
+            from_previous_sample=from_previous,
             block_copies=block_copies,
             state_copies=state_copies,
             finished_request_ids=finished,
@@ -309,13 +322,17 @@ class Scheduler:
         logprobs = runner_output.logprobs.get(request_id, [])
         num_drafts = len(scheduler_output.scheduled_spec_token_ids.get(request_id, []))
         num_rejected = num_drafts + 1 - len(sampled) if num_drafts and sampled else 0
-        request.num_computed_tokens += num_new - num_rejected
+        if request.status is RequestStatus.RUNNING:  # (else preempted since: recomputes)
+            request.num_computed_tokens -= num_rejected
         request.spec_token_ids = []
         request.prompt_logprobs.extend(runner_output.prompt_logprobs.get(request_id, []))
         if not sampled:
             return []
+        resolve_in_flight(request)
         now = self.clock()
         if request_id in scheduler_output.fork_seeds:
+            if request.status is not RequestStatus.RUNNING:
+                return []  # preempted before its fork: the recompute forks again
             sequences = [request, *self._fork(request)]
             return [
                 self._append_sampled(seq, [tok], logprobs[k : k + 1], now)
@@ -326,7 +343,10 @@ class Scheduler:
         if stats is not None:
             update = with_spec_stats(update, stats)
         drafts = runner_output.draft_token_ids.get(request_id)
-        if drafts and not request.is_finished:
+        if drafts:
+            request.speculates = True
+        # drafts follow the newest token: stale once a later step of the request is in flight
+        if drafts and request.status is RequestStatus.RUNNING and not request.num_placeholders:
             room = self.config.max_model_len - request.num_tokens
             request.spec_token_ids = list(drafts[: max(0, room)])
         return [update]
@@ -359,18 +379,7 @@ class Scheduler:
         """
         num_unborn = request.num_pending_samples - 1
         self.mark_finished(request, reason, stop_reason=stop_reason, error=error)
-        self._pending_updates.append(sequence_update(request, [], []))
-        for index in range(1, num_unborn + 1):
-            self._pending_updates.append(
-                replace(
-                    sequence_update(request, [], []),
-                    request_id=f"{request.group_id}#{index}",
-                    index=index,
-                    new_text="",
-                    text_length=0,
-                    prompt_logprobs=None,
-                )
-            )
+        self._pending_updates.extend(final_updates(request, num_unborn))
 
     def mark_finished(
         self, request: Request, reason: str, *, stop_reason=None, error: str | None = None

@@ -68,6 +68,10 @@ class SchedulerOutput:
     scheduled_spec_token_ids: draft tokens appended to the scheduled input (verification).
     fork_seeds: requests whose prompt ends this step and fork into ``n`` samples: the last
         row is sampled once per seed, in sample order, giving the first token of each sample.
+    from_previous_sample: requests whose input ends with the token the executor sampled for
+        them in its previous step, which the scheduler does not know yet (asynchronous
+        scheduling): the executor appends that token to its copy itself, after this step's
+        ``new_token_ids``; ``num_computed_tokens`` counts the position of the token before it.
     """
 
     new_requests: list[NewRequestData] = field(default_factory=list)
@@ -75,6 +79,7 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     scheduled_spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     fork_seeds: dict[str, list[int]] = field(default_factory=dict)
+    from_previous_sample: set[str] = field(default_factory=set)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     state_copies: list[tuple[int, int]] = field(default_factory=list)
     finished_request_ids: set[str] = field(default_factory=set)

@@ -1,4 +1,5 @@
-"""How a step's sampled tokens change a sequence: append, stop checks, fork of ``n > 1``."""
+"""How a step's sampled tokens change a sequence: append, stop checks, fork of ``n > 1``, and
+the bookkeeping of steps in flight (asynchronous scheduling)."""
 
 from __future__ import annotations
 
@@ -110,3 +111,58 @@ def fork_children(parent: Request, block_manager: BlockManager, block_size: int)
         children.append(child)
     parent.num_pending_samples = 1
     return children
+
+
+def final_updates(request: Request, num_unborn: int) -> list[SequenceUpdate]:
+    """The updates of a request finished outside the token path: its own, and one per sample
+    of an ``n > 1`` request that ended before forking."""
+    update = sequence_update(request, [], [])
+    unborn = [
+        replace(
+            update,
+            request_id=f"{request.group_id}#{index}",
+            index=index,
+            new_text="",
+            text_length=0,
+            prompt_logprobs=None,
+        )
+        for index in range(1, num_unborn + 1)
+    ]
+    return [update, *unborn]
+
+
+def mark_in_flight(request: Request, num_new: int, num_known: int, *, awaits: bool) -> None:
+    """Count a just-scheduled step: its positions as computed (a rejected draft's are given
+    back by ``update``) and, when it reaches the last known token, what it will sample: a
+    placeholder token, or (drafts verified, a fork) a result the next input depends on.
+
+    num_known: tokens not yet computed before the step, placeholders included.
+    """
+    request.num_computed_tokens += num_new
+    if num_new < num_known:
+        return  # a prefill chunk short of the end samples nothing
+    if awaits:
+        request.awaits_result = True
+    else:
+        request.num_placeholders += 1
+
+
+def resolve_in_flight(request: Request) -> None:
+    """The oldest step in flight of ``request`` returned its sampled tokens."""
+    if request.awaits_result:
+        request.awaits_result = False
+    elif request.num_placeholders:
+        request.num_placeholders -= 1
+
+
+def can_run_ahead(request: Request, max_model_len: int) -> bool:
+    """Whether the request's next step can be scheduled before the results of its step in
+    flight: only after a plain sample (its token is fed on the executor's side) that cannot
+    have reached ``max_tokens`` or ``max_model_len``."""
+    if not request.num_placeholders:
+        return not request.awaits_result
+    if request.speculates or request.awaits_result:
+        return False
+    num_tokens = request.num_tokens + request.num_placeholders
+    num_output = num_tokens - request.num_prompt_tokens
+    return num_output < request.stop_conditions.max_tokens and num_tokens < max_model_len

@@ -67,7 +67,9 @@ class LLM:
             self._core = make_core(self.config, self.scheduler_config, loaded)
         else:
             scheduler = Scheduler(self.scheduler_config, tokenizer=loaded.tokenizer)
-            self._core = EngineCore(scheduler, loaded.executor)
+            self._core = EngineCore(
+                scheduler, loaded.executor, async_scheduling=self.config.async_scheduling
+            )
         self._outputs = OutputProcessor()
         self._seeds = seed_stream(self.config.seed)
         self._request_counter = itertools.count()

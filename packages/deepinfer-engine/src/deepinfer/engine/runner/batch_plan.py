@@ -38,9 +38,15 @@ class RunnerSequence:
 
 @dataclass
 class RunnerState:
-    """Every sequence the executor holds, updated from ``SchedulerOutput`` diffs."""
+    """Every sequence the executor holds, updated from ``SchedulerOutput`` diffs.
+
+    last_sampled: per request, the newest token the executor sampled for it (the executor
+    records it each step); a ``from_previous_sample`` request gets it appended (token 0 when
+    there is none: the scheduler fails that request and drops what this step computes).
+    """
 
     sequences: dict[str, RunnerSequence] = field(default_factory=dict)
+    last_sampled: dict[str, int] = field(default_factory=dict)
 
     def apply(self, scheduler_output: SchedulerOutput) -> None:
         """Drop finished / preempted ids, register new ones, apply cached diffs.
@@ -51,6 +57,7 @@ class RunnerState:
         so = scheduler_output
         for request_id in so.finished_request_ids | so.preempted_request_ids:
             self.sequences.pop(request_id, None)
+            self.last_sampled.pop(request_id, None)
         for new in so.new_requests:
             self.sequences[new.request_id] = RunnerSequence(
                 request_id=new.request_id,
@@ -67,6 +74,9 @@ class RunnerState:
         for cached in so.cached_requests:
             seq = self.sequences[cached.request_id]
             seq.token_ids.extend(cached.new_token_ids)
+            if cached.request_id in so.from_previous_sample:
+                # none when the previous step failed the request: this step's result is dropped
+                seq.token_ids.append(self.last_sampled.get(cached.request_id, 0))
             seq.block_ids.extend(cached.new_block_ids)
             for index, block_id in cached.replaced_block_ids:
                 seq.block_ids[index] = block_id

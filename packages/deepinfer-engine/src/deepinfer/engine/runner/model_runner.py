@@ -8,6 +8,12 @@ with the step's taps -> prompt logprobs -> sample and verify (:mod:`.verify`; gr
 applied, one row per seed for ``n > 1`` forks) -> propose the next drafts (:mod:`.drafting`)
 -> ``ModelRunnerOutput``. A request whose grammar fails finishes alone with an error.
 
+``execute_async`` (asynchronous scheduling) returns once a step without drafts or logprobs is
+queued on the device; its sampled tokens are copied back in the background and read by
+``result()`` (:mod:`.async_step`), at the latest when the next step starts, whose
+``from_previous_sample`` requests take them as input. ``execute`` is ``execute_async`` then
+``result()``.
+
 Rejected draft tokens need no undo: every ring of the state slots (target and draft windows,
 compressor partial windows, Engram history) holds ``window + K`` rows addressed by position,
 and compressed entries are visible only to positions after them, so what a rejected token
@@ -19,9 +25,11 @@ advanced tentatively over drafts and rolled back.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import torch
 
+from deepinfer.engine.core.executor import DoneStep, StepResult
 from deepinfer.engine.core.scheduler_output import (
     ModelRunnerOutput,
     SchedulerOutput,
@@ -29,6 +37,7 @@ from deepinfer.engine.core.scheduler_output import (
 )
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import ForwardBatch
+from deepinfer.engine.runner.async_step import PendingStep, read_back
 from deepinfer.engine.runner.batch_plan import RunnerState, StepPlan, build_step_plan
 from deepinfer.engine.runner.cache_ops import copy_blocks, copy_slots, reset_slot
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
@@ -65,6 +74,7 @@ class ModelRunner:
         self.drafter = drafter
         self.graphs = graphs
         self.state = RunnerState()
+        self._pending: PendingStep | None = None
         self.proposals: dict[str, Proposal] = {}
         self.verifier = Verifier(
             self.state.sequences,
@@ -74,13 +84,21 @@ class ModelRunner:
             return_confidences=spec.return_confidences if spec is not None else False,
         )
 
-    @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        return self.execute_async(so).result()
+
+    @torch.inference_mode()
+    def execute_async(self, so: SchedulerOutput) -> StepResult:
+        """Queue the step on the device; sampled tokens are read back by ``result()``
+        (steps with drafts, logprobs or prompt logprobs read them before returning)."""
+        if self._pending is not None:  # its tokens are the placeholders of this step
+            self._pending.result()
+            self._pending = None
         out = ModelRunnerOutput()
         self._apply(so, out.errors)
         live = {r: n for r, n in so.num_scheduled_tokens.items() if r not in out.errors}
         if not live:
-            return out
+            return DoneStep(out)
         so = replace(so, num_scheduled_tokens=live)
         verifying = {r for r, d in so.scheduled_spec_token_ids.items() if d and r in live}
         if self.spec is not None and self.spec.varlen and self.spec.cost_curve is not None:
@@ -90,12 +108,34 @@ class ModelRunner:
         logits = self._forward(plan, rows)
         if plan.prompt_logprob_rows:
             self._prompt_logprobs(plan, logits[prompt_at], out)
-        if plan.sample_rows:
+        if plan.sample_rows and self._defers(plan):
+            groups, tokens = self.verifier.launch_plain(plan, so, logits[sample_at], out.errors)
+            if tokens is not None:
+                finish = partial(self._finish_plain, plan, so, groups, verifying, out)
+                self._pending = PendingStep(finish, *read_back(tokens))
+                return self._pending
+        elif plan.sample_rows:
             emitted = self.verifier.sample_and_verify(plan, so, logits[sample_at], out.errors)
-            self._emit(emitted, verifying, out)
+            self._record(emitted, so, verifying, out)
             if self.drafter is not None:
                 self._propose([e for e in emitted if e.request_id not in so.fork_seeds], out)
+        return DoneStep(out)
+
+    def _defers(self, plan: StepPlan) -> bool:
+        """Whether the step's tokens can be read back later: no drafts, no logprobs."""
+        if self.drafter is not None:
+            return False
+        return all(p.logprobs is None for p in plan.sample_params(self.state))
+
+    def _finish_plain(self, plan, so, groups, verifying, out, tokens: list[int]):
+        self._record(self.verifier.finish_plain(plan, groups, tokens), so, verifying, out)
         return out
+
+    def _record(self, emitted: list[Emitted], so, verifying: set[str], out) -> None:
+        self._emit(emitted, verifying, out)
+        for e in emitted:  # the input of a from_previous_sample request next step
+            newest = e.tokens[0] if e.request_id in so.fork_seeds else e.tokens[-1]
+            self.state.last_sampled[e.request_id] = newest
 
     def _forward(self, plan: StepPlan, rows: list[int]) -> torch.Tensor:
         """Logits of ``rows``: a decode graph's replay when one takes the step, else eager."""

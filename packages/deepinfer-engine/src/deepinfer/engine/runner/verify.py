@@ -95,6 +95,30 @@ class Verifier:
             emitted += self._reject(plan, rejecting, logits)
         return emitted
 
+    def launch_plain(self, plan: StepPlan, so: SchedulerOutput, logits: torch.Tensor, errors):
+        """Sample a step without drafts or logprobs and read nothing back: (the request
+        groups, the sampled tokens ``[S]`` on the device, None without groups)."""
+        groups = self.request_rows(plan, so, errors)
+        if not groups:
+            return groups, None
+        result = sample(
+            logits[_row_index(groups, logits.device)],
+            [p for g in groups for p in g.params],
+            [plan.sample_positions[g.first + j] for g in groups for j in range(g.count)],
+            output_token_ids=[h for g in groups for h in g.histories],
+            bitmask=_stack_masks(groups, logits.shape[1]),
+        )
+        return groups, result.token_ids
+
+    def finish_plain(self, plan: StepPlan, groups, tokens: list[int]) -> list[Emitted]:
+        """What :meth:`launch_plain`'s groups emit, from the tokens read back."""
+        out, at = [], 0
+        for g in groups:
+            rows = tokens[at : at + g.count]
+            out.append(self._emitted(plan, g, rows, [None] * len(rows), 0))
+            at += g.count
+        return out
+
     def request_rows(self, plan: StepPlan, so: SchedulerOutput, errors) -> list[RequestRows]:
         """Group the sampling rows by request; requests whose grammar failed are left out."""
         groups: list[RequestRows] = []

@@ -173,6 +173,7 @@ class HashModelExecutor:
             ]
             sampled = self._verify(targets, drafts)
         out.sampled_token_ids[request_id] = sampled
+        self.runner_state.last_sampled[request_id] = sampled[0 if is_fork else -1]
         first_position = plan.sample_positions[rows[0]]
         if getattr(seq.sampling_params, "logprobs", None) is not None:
             out.logprobs[request_id] = [
@@ -276,6 +277,7 @@ def build_engine_core(
     vocab_size: int = 256,
     fail_request_ids=(),
     num_draft_tokens: int = 0,
+    async_scheduling: bool = False,
 ) -> Any:
     """An ``EngineCore`` over a :class:`HashModelExecutor` sized from ``config``."""
     from deepinfer.engine.core.engine_core import EngineCore
@@ -289,7 +291,8 @@ def build_engine_core(
         fail_request_ids=set(fail_request_ids),
         num_draft_tokens=num_draft_tokens,
     )
-    return EngineCore(Scheduler(config, tokenizer=tokenizer), executor)
+    scheduler = Scheduler(config, tokenizer=tokenizer)
+    return EngineCore(scheduler, executor, async_scheduling=async_scheduling)
 
 
 def run_until_done(core: Any, max_steps: int = 100_000) -> list[Any]:
