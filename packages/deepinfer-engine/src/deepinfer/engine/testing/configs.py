@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from deepinfer.engine.testing.vision_configs import tiny_vision_config
+
 
 def tiny_v4_config(*, hca_ratio: int = 128, **overrides: Any) -> dict[str, Any]:
     """4 backbone layers (SWA, CSA, HCA, CSA) + 1 MTP block; hash routing in layer 0.
@@ -147,19 +149,7 @@ def tiny_v41_config(*, vision: bool = True, **text_overrides: Any) -> dict[str, 
         "text_config": text,
     }
     if vision:
-        config["vision_config"] = {
-            "model_type": "deepseek_v41_vision",
-            "num_hidden_layers": 1,
-            "hidden_size": 32,
-            "num_attention_heads": 2,
-            "intermediate_size": 48,
-            "patch_size": 14,
-            "rope_theta": 10000,
-            "downsample_ratio": 3,
-            "max_image_tokens": 16,
-            "min_pixels": 784,
-            "max_wh_ratio": None,
-        }
+        config["vision_config"] = tiny_vision_config()
     return config
 
 

@@ -12,6 +12,7 @@ from deepinfer.engine.checkpoint.dummy import fill_dummy
 from deepinfer.engine.checkpoint.inventory import official_inventory
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.config_parsing import parse_config
+from deepinfer.engine.testing.vision_configs import tiny_vision_config
 from deepinfer.engine.testing.writer import (
     DEFAULT_SHARD_BYTES,
     _is_written_scale,
@@ -67,15 +68,18 @@ def make_random_checkpoint(
     float_dtype: torch.dtype | None = None,
     tokenizer: bool | None = None,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    vision: bool | None = None,
 ) -> Path:
     """Write a random checkpoint of ``config`` (a ``config.json`` dict) into ``directory``.
 
     ``quantized`` adds (or removes) the ``quantization_config`` the real checkpoints carry:
     FP8 block weights, FP4 routed experts, FP8 Engram tables. ``float_dtype`` stores every
     unquantised float tensor in that dtype (fp32 for tight comparisons). ``tokenizer``: write
-    the tiny test tokenizer (default: when the vocabulary has room for it).
+    the tiny test tokenizer (default: when the vocabulary has room for it). ``vision`` (V4.1):
+    True writes a vision tower (the config's ``vision_config``, else a one-block tiny one),
+    False drops it, None follows the config.
     """
-    raw = with_quantization(config, quantized)
+    raw = with_vision(with_quantization(config, quantized), vision)
     parsed = parse_config(raw)
     tensors = random_state_dict(parsed, seed=seed)
     path = write_checkpoint(
@@ -86,6 +90,20 @@ def make_random_checkpoint(
     if tokenizer:
         write_testing_tokenizer(path, parsed.vocab_size)
     return path
+
+
+def with_vision(raw: Mapping[str, Any], vision: bool | None) -> dict[str, Any]:
+    """``raw`` with its ``vision_config`` kept (None), ensured (True) or removed (False)."""
+    raw = dict(raw)
+    if vision is False:
+        raw.pop("vision_config", None)
+    elif vision and not raw.get("vision_config"):
+        if "text_config" not in raw:
+            raise ValueError(
+                "vision=True: only V4.1 checkpoints (text_config / vision_config) have a tower"
+            )
+        raw["vision_config"] = tiny_vision_config()
+    return raw
 
 
 def write_testing_tokenizer(directory: str | Path, vocab_size: int) -> None:
