@@ -13,7 +13,9 @@ weight except the embedding, plus the routed experts a batch of that size touche
 expectation, ``E (1 - (1 - k/E)^B)`` per layer; KV reads of 128-token contexts are negligible)
 over the copy rate measured in the same run. ``--reference-ops-batches`` then repeats decode
 rows with ``DEEPINFER_REFERENCE_OPS=1`` (every op's plain-PyTorch reference on the GPU, the
-engine's reference-op baseline) in the same process and model. ``--modes graphs,eager`` runs
+engine's reference-op baseline) in the same process and model. ``--batch-invariant`` repeats
+the prefill rows and, eagerly, the decode rows with ``DEEPINFER_BATCH_INVARIANT=1`` (the cost of
+the mode: compare with the eager rows without it). ``--modes graphs,eager`` runs
 the decode rows with the engine's decode CUDA graphs and again with every step eager (same
 model and cache); ``--profile-batches`` adds ``profile_decode.py``'s breakdown of the decode
 steps (GPU busy time, launches, host time by part of the step) in each mode.
@@ -28,6 +30,8 @@ wall seconds, generated tokens per second, graphs captured, steps replayed.
     python -m benchmarks.engine.bench_engine --out bench-out/engine.json
     python -m benchmarks.engine.bench_engine --layers 28 --prefill-prompts 1,8 \
         --decode-batches 1,8,32,64 --reference-ops-batches 1,32 --out bench-out/engine-28.json
+    python -m benchmarks.engine.bench_engine --modes eager --batch-invariant \
+        --out bench-out/engine-invariant.json
 """
 
 from __future__ import annotations
@@ -176,6 +180,17 @@ def _job_rows(llm: LLM, vocab: int, count: int, max_tokens: int, modes: list[str
     return rows
 
 
+def _prefill_rows(llm: LLM, gen, vocab: int, args, ops: str) -> list[dict]:
+    rows = []
+    for n in _batches(args.prefill_prompts):
+        prompts = torch.randint(3, vocab, (n, args.prompt_len), generator=gen).tolist()
+        seconds = _run(llm, prompts, 1)
+        rows.append({"phase": "prefill", "ops": ops, "batch": n,
+                     "tokens": n * args.prompt_len, "seconds": seconds,
+                     "tok/s": n * args.prompt_len / seconds})  # fmt: skip
+    return rows
+
+
 def _batches(text: str) -> list[int]:
     return [int(b) for b in text.split(",") if b.strip()]
 
@@ -195,6 +210,8 @@ def main() -> None:
                         help="profile decode steps of these batches (profile_decode.py)")  # fmt: skip
     parser.add_argument("--modes", default="graphs,eager",
                         help="decode rows with the decode CUDA graphs and/or eagerly")  # fmt: skip
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="repeat prefill and eager decode rows with DEEPINFER_BATCH_INVARIANT=1")  # fmt: skip
     parser.add_argument("--job", type=int, default=0, help="requests of the offline job (0: none)")
     parser.add_argument("--job-max-tokens", type=int, default=256)
     parser.add_argument("--out", default=None)
@@ -216,12 +233,7 @@ def main() -> None:
     vocab = config["vocab_size"]
     rows = []
     _run(llm, [[1] * 64], 2)  # warm-up (Triton compiles)
-    for n in _batches(args.prefill_prompts):
-        prompts = torch.randint(3, vocab, (n, args.prompt_len), generator=gen).tolist()
-        seconds = _run(llm, prompts, 1)
-        rows.append({"phase": "prefill", "ops": "kernels", "batch": n,
-                     "tokens": n * args.prompt_len, "seconds": seconds,
-                     "tok/s": n * args.prompt_len / seconds})  # fmt: skip
+    rows += _prefill_rows(llm, gen, vocab, args, "kernels")
     modes = [m for m in args.modes.split(",") if m]
     for mode in modes:
         with _mode(llm, mode):
@@ -237,6 +249,14 @@ def main() -> None:
             tokens = args.reference_ops_tokens
             rows.append(_decode_row(llm, model, gen, vocab, b, tokens, copy_tbs, "reference"))
     os.environ.pop("DEEPINFER_REFERENCE_OPS")
+    if args.batch_invariant:
+        os.environ["DEEPINFER_BATCH_INVARIANT"] = "1"
+        rows += _prefill_rows(llm, gen, vocab, args, "kernels, batch-invariant")
+        with _mode(llm, "eager"):
+            for b in _batches(args.decode_batches):
+                rows.append(_decode_row(llm, model, gen, vocab, b, args.decode_tokens, copy_tbs,
+                                        "kernels, batch-invariant, eager"))  # fmt: skip
+        os.environ.pop("DEEPINFER_BATCH_INVARIANT")
     print(f"V4-Flash-shaped dummy model, {args.layers} of 43 layers, load {load_s:.1f} s, "
           f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")  # fmt: skip
     print(f"copy rate {copy_tbs:.2f} TB/s; floor_ms = least bytes per step / copy rate")
