@@ -208,10 +208,10 @@ class MoE(nn.Module):
         later in-place loads still reach the stack. Rebuilt when the first expert's parameter no
         longer points into it (the model was moved or its parameters reassigned).
         """
-        experts = self.expert_list()
-        first = experts[0].w1.weight
+        first = self._first_expert().w1.weight
         if self._stacked is not None and first.data_ptr() == self._stacked[0].data_ptr():
             return self._stacked
+        experts = self.expert_list()
         inter = experts[0].w1.out_features
         views = {  # stack name -> per expert: (parameter holder, attribute, row slice)
             "w13": [(e.w1, "weight", slice(0, inter)) for e in experts]
@@ -227,11 +227,14 @@ class MoE(nn.Module):
             rows = 2 * inter if name.startswith("w13") else linear.out_features
             like = getattr(linear, attr)
             stack = like.new_empty((len(experts), rows, like.shape[1]))
+            pointed = set()  # an expert in two EP slots points into its first one
             for index, (linear, attr, rows_slice) in enumerate(targets):
                 view = stack[index % len(experts), rows_slice]
                 param = getattr(linear, attr)
                 view.copy_(param)
-                param.data = view  # the expert's own storage is freed here
+                if id(param) not in pointed:
+                    pointed.add(id(param))
+                    param.data = view  # the expert's own storage is freed here
             stacks[name] = stack
         self._stacked = (stacks["w13"], stacks["w13_scale"], stacks["w2"], stacks["w2_scale"])
         return self._stacked
