@@ -73,9 +73,7 @@ def checkpoints(tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize(
-    ("arch", "world_size", "num_redundant"), [("v4", 2, 1), ("v41", 4, 1)]
-)
+@pytest.mark.parametrize(("arch", "world_size", "num_redundant"), [("v4", 2, 1), ("v41", 4, 1)])
 def test_ep_decode_is_bitwise_the_single_process_one(checkpoints, arch, world_size, num_redundant):
     results = spawn(
         _worker,
