@@ -32,6 +32,8 @@ class EngineCore:
     ) -> None:
         self.scheduler = scheduler
         self.executor = executor
+        # a drafting executor's next input depends on how many drafts get accepted
+        scheduler.speculative = getattr(executor, "num_draft_tokens", 0) > 0
         self.async_scheduling = async_scheduling
         self.num_steps = 0  # steps that computed tokens
         self._in_flight: tuple[SchedulerOutput, StepResult] | None = None

@@ -24,7 +24,9 @@ class Executor(Protocol):
     ``from_previous_sample`` requests take the token the executor sampled for them in its
     previous step as their last input. An executor may also offer
     ``execute_async(scheduler_output) -> StepResult``, returning once the step is queued on
-    the device so the host can prepare the next one; its steps run in launch order.
+    the device so the host can prepare the next one; its steps run in launch order. An
+    executor that proposes drafts has ``num_draft_tokens`` > 0: no request then runs ahead
+    of its results, as its next input depends on how many drafts get accepted.
     """
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...

@@ -77,6 +77,7 @@ class Scheduler:
         self._pending_state_copies: list[tuple[int, int]] = []
         self._pending_updates: list[SequenceUpdate] = []
         self.num_preemptions = 0
+        self.speculative = False  # the executor drafts: requests never run ahead (EngineCore)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
@@ -87,6 +88,7 @@ class Scheduler:
             if rid in self.requests:
                 raise ValueError(f"request id {rid!r} is already in use")
         self.attach_detokenizer(request)
+        request.speculates = request.speculates or self.speculative
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -116,7 +118,7 @@ class Scheduler:
         self._pending_state_copies.append((src_slot, dst_slot))
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests) or bool(self._pending_updates)
+        return bool(self.requests or self._pending_updates)
 
     @property
     def num_unfinished_requests(self) -> int:
@@ -306,13 +308,11 @@ class Scheduler:
             request = self.requests.get(request_id)
             if request is None or request.is_finished:
                 continue  # aborted after scheduling
-            error = runner_output.errors.get(request_id)
-            if error is not None:
-                self._finish(request, FINISH_ERROR, error=error)
+            if request_id in runner_output.errors:
+                self._finish(request, FINISH_ERROR, error=runner_output.errors[request_id])
                 continue
             updates.extend(self._apply_step(request, num_new, scheduler_output, runner_output))
-        updates.extend(self._pending_updates)
-        self._pending_updates = []
+        updates, self._pending_updates = updates + self._pending_updates, []
         self.running = [r for r in self.running if not r.is_finished]
         return updates
 
@@ -325,7 +325,8 @@ class Scheduler:
         if request.status is RequestStatus.RUNNING:  # (else preempted since: recomputes)
             request.num_computed_tokens -= num_rejected
         request.spec_token_ids = []
-        request.prompt_logprobs.extend(runner_output.prompt_logprobs.get(request_id, []))
+        if request.status is RequestStatus.RUNNING:  # a preempted one recomputes them
+            request.prompt_logprobs.extend(runner_output.prompt_logprobs.get(request_id, []))
         if not sampled:
             return []
         resolve_in_flight(request)

@@ -107,6 +107,7 @@ def fork_children(parent: Request, block_manager: BlockManager, block_size: int)
         child.block_ids = block_manager.share(parent.block_ids[:num_shared])
         child.state_slot = parent.reserved_child_slots.pop(0)
         child.status = RequestStatus.RUNNING
+        child.speculates = parent.speculates
         child.first_scheduled_time = parent.first_scheduled_time
         children.append(child)
     parent.num_pending_samples = 1

@@ -103,6 +103,7 @@ class ModelConfig:
     dspark_markov_rank: int = 0
     dspark_n_routed_experts: int | None = None
     dspark_num_experts_per_tok: int | None = None
+    dspark_confidence_temperature: float = 1.0  # confidence = sigmoid(logit / temperature)
     image_token_id: int | None = None
     vision_config: Mapping[str, Any] | None = field(default=None, compare=False)
     # Numerics: run the reference activation / KV / indexer quantisation simulation (spec 4.3).

@@ -83,6 +83,7 @@ _SCALARS: tuple[tuple[str, str, Any], ...] = (
     ("dspark_markov_rank", "dspark_markov_rank", 0),
     ("dspark_n_routed_experts", "dspark_n_routed_experts", None),
     ("dspark_num_experts_per_tok", "dspark_num_experts_per_tok", None),
+    ("dspark_confidence_temperature", "dspark_confidence_temperature", 1.0),
 )
 _INT_LISTS = (
     "kv_source_layer_ids",

@@ -23,6 +23,7 @@ import torch
 
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import ForwardBatch
+from deepinfer.engine.model.mtp_heads import confidence_from_logits
 from deepinfer.engine.runner.spec_sampling import processed_probs
 from deepinfer.engine.runner.speculation import REJECTION
 from deepinfer.sampling import allocate_token_bitmask, rng, sample
@@ -55,8 +56,9 @@ class DraftRequest:
 
 @dataclass
 class Proposal:
-    """A request's drafts: tokens, the confidence of each (``sigmoid`` of the confidence
-    head: acceptance probability given the earlier drafts were accepted) and, for rejection
+    """A request's drafts: tokens, the confidence of each (``sigmoid(logit / T)`` of the
+    confidence head, ``T`` the checkpoint's ``dspark_confidence_temperature``: acceptance
+    probability given the earlier drafts were accepted) and, for rejection
     requests, the processed distributions ``[n, V]`` fp32 they were drawn from."""
 
     tokens: list[int]
@@ -81,6 +83,12 @@ class DSparkDraftSource:
         self.model = model
         self.cache = cache
         self.num_draft_tokens = num_draft_tokens
+        self.confidence_temperature = float(model.config.dspark_confidence_temperature)
+        if not self.confidence_temperature > 0:
+            raise ValueError(
+                f"dspark_confidence_temperature={self.confidence_temperature} in the "
+                "checkpoint's config.json: expected a number > 0"
+            )
 
     def seed(self, step: Any, batch: ForwardBatch) -> None:
         """Write every stage's window rows of the step's tokens from the taps ``step.taps``
@@ -113,7 +121,8 @@ class DSparkDraftSource:
             )
         finally:
             picker.release_grammars()
-        confidences = torch.sigmoid(drafted.confidence_logits.float()).tolist()
+        temperature = self.confidence_temperature
+        confidences = confidence_from_logits(drafted.confidence_logits, temperature).tolist()
         tokens = drafted.tokens.tolist()
         return {
             r.request_id: Proposal(

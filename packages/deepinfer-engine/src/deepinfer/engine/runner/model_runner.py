@@ -84,6 +84,11 @@ class ModelRunner:
             return_confidences=spec.return_confidences if spec is not None else False,
         )
 
+    @property
+    def num_draft_tokens(self) -> int:
+        """Drafts proposed per request per step (0 without speculation)."""
+        return self.spec.num_draft_tokens if self.spec is not None else 0
+
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         return self.execute_async(so).result()
 
