@@ -1,9 +1,9 @@
 """Image inputs of V4.1 on the CPU: decode (Pillow), resize plan, pad, normalise, patchify.
 
-Decoding happens when a call is validated, so an undecodable image fails its request before
-any work; the resize / pad / normalise / patchify that follow run on a worker thread while the
-engine steps, and the model runner waits for an image's patches only when the prefill chunk
-holding its span is scheduled.
+Decoding happens when a call is validated (every image of the call at once on the worker
+threads), so an undecodable image fails its request before any work; the resize / pad /
+normalise / patchify that follow run on the workers while the engine steps, and the model
+runner waits for an image's patches only when the prefill chunk holding its span is scheduled.
 
 Preprocessing follows the checkpoint's image processor (spec deepseek-v4.md section 7.4): the
 image is converted to RGB, scaled to fit the planned box (:func:`plan_image`) with its aspect
@@ -138,12 +138,19 @@ class ImageProcessor:
         self._max_workers = max_workers
         self._pool: ThreadPoolExecutor | None = None
 
+    def decode(self, item: Any) -> Future:
+        """:func:`decode_image` of ``item`` on the pool (the future raises its ImageError)."""
+        return self._workers().submit(decode_image, item)
+
     def plan(self, image: Any) -> ImagePlan:
         width, height = image.size
         return plan_image(width, height, self.config)
 
     def submit(self, image: Any, plan: ImagePlan, offset: int) -> ImageInput:
+        future = self._workers().submit(preprocess, image, plan, self.config)
+        return ImageInput(plan, offset, future)
+
+    def _workers(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="deepinfer-img")
-        future = self._pool.submit(preprocess, image, plan, self.config)
-        return ImageInput(plan, offset, future)
+        return self._pool

@@ -10,6 +10,7 @@ the message its request fails alone with (before any work).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from deepinfer.engine.frontend.images import ImageError, ImageInput, ImageProcessor, decode_image
@@ -115,6 +116,8 @@ class ImageRequests:
             raise InvalidRequestError(
                 f"{len(token_ids)} prompts but images for {len(images)}; give one entry each"
             )
+        if self.processor is not None:  # decode every image of the call on the pool at once
+            images = [[self.processor.decode(item) for item in imgs] for imgs in images]
         prepared = [
             self.prepare(i, ids, imgs) for i, (ids, imgs) in enumerate(zip(token_ids, images))
         ]
@@ -153,7 +156,7 @@ class ImageRequests:
         decoded, plans = [], []
         for k, item in enumerate(images):
             try:
-                image = decode_image(item)
+                image = item.result() if isinstance(item, Future) else decode_image(item)
                 plans.append(self.processor.plan(image))
             except (ImageError, ValueError) as e:
                 return token_ids, (), f"request {index}: image {k}: {e}"
