@@ -24,6 +24,7 @@ import torch
 from deepinfer import kernels
 from deepinfer.engine.checkpoint import resolve_model_path
 from deepinfer.engine.checkpoint.index import read_checkpoint_index
+from deepinfer.engine.checkpoint.inventory_vision import checked_image_settings
 from deepinfer.engine.checkpoint.loader import load_into
 from deepinfer.engine.checkpoint.model_loader import bind_engram_from_tokenizer
 from deepinfer.engine.config import EngineConfig, LoadedModel
@@ -33,7 +34,6 @@ from deepinfer.engine.model.config_parsing import load_config
 from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.model.model import build_model
 from deepinfer.engine.model.moe import stack_grouped_experts
-from deepinfer.engine.model.vision_model import image_settings
 from deepinfer.engine.model.yoco import prefill_truncation
 from deepinfer.engine.runner.capacity import plan_cache_capacity
 from deepinfer.engine.runner.cost_profile import measure_step_cost_curve
@@ -129,7 +129,7 @@ def load_executor(config: EngineConfig) -> LoadedModel:
         num_blocks=num_blocks,
         num_state_slots=num_slots,
         compression_ratios=ratios,
-        vision=image_settings(model),
+        vision=checked_image_settings(model, path),
     )
 
 
