@@ -229,3 +229,19 @@ def test_cli_chat_takes_images(vision_checkpoint, tmp_path, monkeypatch, capsys)
     # the first turn holds both images and fails; it is dropped, so the second one runs
     assert "request 0: image 1:" in err and "no such image file" in err
     assert err.count("deepinfer: error") == 1
+
+
+def test_image_rows_are_engram_barriers(vision_checkpoint):
+    """A text token right after an image span hashes its n-grams as the first token of a
+    sequence does (no look-back into or across the span)."""
+    model = load_model(vision_checkpoint, dtype=torch.float32, progress=False)
+    runner = SimpleRunner(model, max_seqs=2, max_len=32, block_size=16)
+    after = [20, 21, IMAGE_ID, IMAGE_ID, IMAGE_ID, IMAGE_ID, IMAGE_ID, 22, 23]
+    batch = runner.batch({0: after, 1: [22, 23]})
+    image_mask = torch.zeros(len(after) + 2, dtype=torch.bool)
+    image_mask[2:7] = True
+    rows = model.engram_rows(batch, runner.cache, image_mask)
+    torch.testing.assert_close(rows[7:9], rows[9:11], rtol=0, atol=0)
+    plain = SimpleRunner(model, max_seqs=1, max_len=32, block_size=16)
+    text_rows = model.engram_rows(plain.batch({0: after}), plain.cache)
+    assert not torch.equal(text_rows[7], rows[7])  # without the barrier it looks back
