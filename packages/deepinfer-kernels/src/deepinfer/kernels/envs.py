@@ -123,6 +123,18 @@ REGISTRY: dict[str, EnvVar] = {
             "prompt rows the YoCo consumer layers keep; 0: sliding window + speculative tokens",
         ),
         EnvVar(
+            "DEEPINFER_CACHE_DIR",
+            str,
+            None,
+            "where measured facts are kept (step-cost curves); unset: ~/.cache/deepinfer",
+        ),
+        EnvVar(
+            "DEEPINFER_REMEASURE_STEP_COST",
+            _bool,
+            False,
+            "measure the speculation planner's step-cost curve again instead of reusing it",
+        ),
+        EnvVar(
             "DEEPINFER_REFERENCE_OPS",
             _bool,
             False,

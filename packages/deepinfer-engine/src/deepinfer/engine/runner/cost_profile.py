@@ -1,21 +1,28 @@
 """The step-cost curve confidence-scheduled verification plans with, measured at start-up.
 
 Dummy steps of ``T`` tokens laid out as verification would lay them out (sequences of
-``K + 1`` rows each, on a scratch cache), timed after one warm-up, median of a few runs per
-size, for ``T`` = 1, 2, 4, ... up to the largest step verification can make (every running
-sequence verifying ``K`` drafts, within the token budget). ``StepCostCurve.from_samples`` makes
-the medians non-decreasing. The drafter's own cost does not depend on how many drafts are
-verified, so it is left out (the planner's ``fixed_cost`` is 0).
+``K + 1`` rows each, on a scratch cache), for ``T`` = 1, 2, 4, ... up to the largest step
+verification can make (every running sequence verifying ``K`` drafts, within the token
+budget). Timed warm: every size runs twice first (kernel compilation and autotuning happen
+there, not in the timings), then the median of a few runs per size.
+``StepCostCurve.from_samples`` makes the medians non-decreasing. The drafter's own cost does
+not depend on how many drafts are verified, so it is left out (the planner's ``fixed_cost`` is
+0). :func:`step_cost_curve` measures once per GPU, model and configuration and keeps the
+curve on disk (:mod:`.cost_cache`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import torch
 
 from deepinfer.engine.model.cache import CacheLayout, ModelCache
 from deepinfer.engine.model.metadata import ForwardBatch
+from deepinfer.engine.runner.cost_cache import cached_step_cost_curve, curve_key
+from deepinfer.engine.version import __version__
+from deepinfer.kernels import envs
 from deepinfer.spec import StepCostCurve
 
 
@@ -36,7 +43,7 @@ def measure_step_cost_curve(
     block_size: int,
     dtype: torch.dtype,
     device: torch.device,
-    runs: int = 3,
+    runs: int = 5,
 ) -> StepCostCurve:
     """Milliseconds per target step as a function of its token count (see the module doc)."""
     width = num_draft_tokens + 1
@@ -46,12 +53,41 @@ def measure_step_cost_curve(
         max_seqs * blocks_per_seq + 1, max_seqs + 1, block_size, max_draft=num_draft_tokens
     )
     cache = ModelCache(model.config, layout, dtype=dtype, device=device)
-    samples = {}
-    for tokens in profile_sizes(max_tokens):
-        batch = _dummy_batch(model.config.vocab_size, tokens, width, blocks_per_seq, device)
-        _time_step(model, batch, cache, device)  # warm-up
-        samples[tokens] = [_time_step(model, batch, cache, device) for _ in range(runs)]
+    vocab = model.config.vocab_size
+    batches = {
+        t: _dummy_batch(vocab, t, width, blocks_per_seq, device) for t in profile_sizes(max_tokens)
+    }
+    for _ in range(2):  # warm every size before timing any
+        for batch in batches.values():
+            _time_step(model, batch, cache, device)
+    samples = {
+        tokens: [_time_step(model, batch, cache, device) for _ in range(runs)]
+        for tokens, batch in batches.items()
+    }
     return StepCostCurve.from_samples(samples)
+
+
+def step_cost_curve(
+    model: torch.nn.Module,
+    *,
+    num_draft_tokens: int,
+    max_tokens: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> StepCostCurve:
+    """:func:`measure_step_cost_curve`, or the curve an earlier run measured with the same
+    device, model and configuration (``DEEPINFER_REMEASURE_STEP_COST=1`` measures again)."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    config = hashlib.sha256(repr(model.config).encode()).hexdigest()[:16]
+    key = curve_key(
+        device=name, model=config, dtype=dtype, drafts=num_draft_tokens, max_tokens=max_tokens,
+        block_size=block_size, batch_invariant=envs.batch_invariant(),
+        version=__version__,
+    )  # fmt: skip
+    settings = dict(num_draft_tokens=num_draft_tokens, max_tokens=max_tokens,
+                    block_size=block_size, dtype=dtype, device=device)  # fmt: skip
+    return cached_step_cost_curve(key, lambda: measure_step_cost_curve(model, **settings))
 
 
 def _dummy_batch(vocab: int, tokens: int, width: int, blocks_per_seq: int, device):

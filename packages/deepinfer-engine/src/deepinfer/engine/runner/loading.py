@@ -8,7 +8,8 @@ streaming load, or ``load_format="dummy"``) -> profile one forward of
 ``max_num_batched_tokens`` tokens to measure activation memory -> size the cache from what is
 left of ``gpu_memory_utilization`` (a RAM budget on CPU; state slots then hold every ring at
 ``window + K`` rows plus the draft stages' rings) -> allocate it -> with confidence-scheduled
-verification and no given curve, measure the step-cost curve.
+verification and no given curve, measure the step-cost curve (or reuse the one an earlier
+run stored for this GPU, model and configuration).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from deepinfer.engine.model.model import build_model
 from deepinfer.engine.model.moe import stack_grouped_experts
 from deepinfer.engine.model.yoco import prefill_truncation
 from deepinfer.engine.runner.capacity import plan_cache_capacity
-from deepinfer.engine.runner.cost_profile import measure_step_cost_curve
+from deepinfer.engine.runner.cost_profile import step_cost_curve
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
 from deepinfer.engine.runner.drafting import DSparkDraftSource
 from deepinfer.engine.runner.ep_executor import ExpertParallelExecutor
@@ -197,7 +198,7 @@ def _with_cost_curve(spec: SpecConfig, model, config: EngineConfig, device, dtyp
         config.max_num_seqs * (spec.num_draft_tokens + 1),
         PROFILE_TOKENS_CAP,
     )
-    curve = measure_step_cost_curve(
+    curve = step_cost_curve(
         model,
         num_draft_tokens=spec.num_draft_tokens,
         max_tokens=max_tokens,
