@@ -68,20 +68,21 @@ def _steps(tokens: dict[int, list[int]]) -> list[tuple[dict, str | None]]:
 
 @torch.no_grad()
 def _run(model, mode: str, keep: int, *, poison: bool = False):
-    """Each step's StepOutput (logits of every computed row) and the runner."""
+    """Each step's (StepOutput, batch). The steps after the prefill run with truncation off,
+    as the decode graphs run them: every query reads its whole window, whatever was kept."""
     model.truncation = None
     if mode != "off":
         model.set_prefill_truncation(mode, keep, MAX_DRAFT)
     runner = SimpleRunner(model, max_seqs=2, max_len=64, block_size=16, max_draft=MAX_DRAFT)
     if poison:  # every consumer window row truncation may skip
         for layer in range(model.truncation.boundary, model.config.num_layers):
-            runner.cache[f"{layer}.window"].fill_(float("nan"))
+            _poison(runner.cache[f"{layer}.window"])
     tokens, outs = _tokens(0), []
     for chunks, then in _steps(tokens):
         batch = runner.batch(chunks)
-        known = [PROMPTS[s] if runner.lengths.get(s, 0) < PROMPTS[s] else None for s in chunks]
-        known = [k if k is not None else int(n) for k, n in zip(known, batch.seq_lens)]
-        batch = dataclasses.replace(batch, prompt_lens=torch.tensor(known))
+        if all(runner.lengths.get(s, 0) >= PROMPTS[s] for s in chunks):
+            model.truncation = None
+        batch = dataclasses.replace(batch, prompt_lens=torch.tensor([PROMPTS[s] for s in chunks]))
         outs.append((model.forward_step(batch, runner.cache), batch))
         for s, ids in chunks.items():
             runner.lengths[s] = runner.lengths.get(s, 0) + len(ids)
@@ -90,6 +91,12 @@ def _run(model, mode: str, keep: int, *, poison: bool = False):
                 runner.rollback(s, MAX_DRAFT)
     model.truncation = None
     return outs
+
+
+def _poison(rows: torch.Tensor) -> None:
+    """NaN in every row: NaN itself, or in a packed cache all bytes 0xFF (NaN as an FP8 e4m3
+    code and as a UE8M0 scale)."""
+    rows.fill_(float("nan") if rows.is_floating_point() else 0xFF)
 
 
 def _rows(out, batch) -> torch.Tensor:
