@@ -245,3 +245,17 @@ def test_image_rows_are_engram_barriers(vision_checkpoint):
     plain = SimpleRunner(model, max_seqs=1, max_len=32, block_size=16)
     text_rows = model.engram_rows(plain.batch({0: after}), plain.cache)
     assert not torch.equal(text_rows[7], rows[7])  # without the barrier it looks back
+
+
+def test_stream_takes_images(llm):
+    image = _image(10, 45, 45)
+    sp = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    done = llm.generate(["t", "u"], sp, use_tqdm=False, multi_modal_data=[None, None])
+    assert [len(o.outputs[0].token_ids) for o in done] == [MAX_TOKENS] * 2
+    streamed = [
+        t
+        for d in llm.stream(["a " + IMAGE_TOKEN], sp, multi_modal_data={"image": image})
+        for t in d.outputs[0].token_ids
+    ]
+    direct = llm.generate([_ask("a ", image, "")], sp, use_tqdm=False)[0]
+    assert streamed == direct.outputs[0].token_ids
