@@ -125,8 +125,9 @@ class LLM:
         prompts: str | Sequence[str] | None = None,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         prompt_token_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
+        multi_modal_data: Any = None,
     ) -> Iterator[RequestOutput]:
-        """Like :meth:`generate`, but yield per-step deltas as tokens arrive.
+        """Like :meth:`generate` (images included), but yield per-step deltas as tokens arrive.
 
         Each item is a ``RequestOutput`` whose ``outputs`` hold the samples that changed, with
         only their new text and tokens; the last item of a request has ``finished=True``.
@@ -136,7 +137,9 @@ class LLM:
         """
         if self._serve_rank0():
             return iter(())
-        request_ids = self._submit(prompts, sampling_params, prompt_token_ids)
+        request_ids = self._submit(
+            prompts, sampling_params, prompt_token_ids, multi_modal_data=multi_modal_data
+        )
         return RequestStream(self, request_ids)
 
     def chat(
