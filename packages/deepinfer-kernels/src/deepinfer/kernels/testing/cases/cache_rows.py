@@ -1,0 +1,47 @@
+"""Cases for pack_rows / unpack_rows: the cache formats of V4 (FP8 nope + wide RoPE tail) and
+V4.1 (FP8 rows, FP4 latents with e4m3 scales), the indexer keys (FP4, ue8m0), on rows whose
+magnitudes span 1e-6..1e3 (tiny rows exercise the scale floors). Exact: atol = rtol = 0."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from deepinfer.kernels.formats import RowFormat
+from deepinfer.kernels.reference.cache_rows import pack_rows
+from deepinfer.kernels.testing import Case, register
+
+V4_KV = RowFormat(512, 448, "e4m3", 64, "ue8m0")
+V41_KV = RowFormat(512, 512, "e4m3", 32, "ue8m0")
+V41_ENTRY = RowFormat(512, 512, "e2m1", 16, "e4m3")
+INDEX_KEY = RowFormat(128, 128, "e2m1", 32, "ue8m0")
+FORMATS = {"v4kv": V4_KV, "v41kv": V41_KV, "v41entry": V41_ENTRY, "index": INDEX_KEY}
+
+
+def random_rows(gen, rows: int, dim: int, dtype=torch.float32) -> torch.Tensor:
+    magnitude = torch.exp(torch.empty(rows, 1).uniform_(-14, 7, generator=gen))
+    return (torch.randn(rows, dim, generator=gen) * magnitude).to(dtype)
+
+
+def _pack_inputs(gen, device, *, fmt, rows, dtype):
+    return (random_rows(gen, rows, fmt.dim, dtype).to(device), fmt), {}
+
+
+def _unpack_inputs(gen, device, *, fmt, rows, dtype):
+    packed = pack_rows(random_rows(gen, rows, fmt.dim), fmt)
+    return (packed.to(device), fmt, dtype), {}
+
+
+def _cases(scale: str, rows: int) -> list[Case]:
+    cases = []
+    for name, fmt in FORMATS.items():
+        for dtype in (torch.float32, torch.bfloat16):
+            tag = f"{name}-{rows}-{str(dtype).removeprefix('torch.')}"
+            for op, maker in (("pack_rows", _pack_inputs), ("unpack_rows", _unpack_inputs)):
+                inputs = functools.partial(maker, fmt=fmt, rows=rows, dtype=dtype)
+                cases.append(Case(op=op, name=tag, scale=scale, make_inputs=inputs, atol=0, rtol=0))
+    return cases
+
+
+register(*_cases("small", 7), *_cases("real", 4096))
