@@ -71,13 +71,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ratios", default="4,128", help="compress ratio per layer")
     parser.add_argument("--tokens", type=int, default=1024, help="prefill length")
-    parser.add_argument("--quant-simulation", action="store_true")
+    parser.add_argument("--numerics", choices=("model", "float"), default="model")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device")
     ratios = [int(r) for r in args.ratios.split(",")]
-    config = parse_config(v4_flash_config(ratios), quant_simulation=args.quant_simulation)
+    config = parse_config(v4_flash_config(ratios), numerics=args.numerics)
     device = torch.device("cuda")
     torch.cuda.reset_peak_memory_stats()
     model, build_s = timed(lambda: build_model(config, device=device, dtype=torch.bfloat16))
@@ -94,7 +94,7 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(0),
         "layers": ratios,
         "tokens": args.tokens,
-        "quant_simulation": args.quant_simulation,
+        "numerics": args.numerics,
         "build_s": round(build_s, 3),
         "dummy_fill_s": round(fill_s, 3),
         "prefill_s": round(prefill_s, 3),

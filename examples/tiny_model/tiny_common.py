@@ -124,10 +124,10 @@ def hf_config(quantized: bool = True) -> dict[str, Any]:
     return with_quantization(raw, quantized)
 
 
-def model_config(*, quant_simulation: bool = False) -> ModelConfig:
-    """The unquantised (dense) ``ModelConfig``; ``quant_simulation`` adds the reference's
-    activation / KV rounding (the numerics the quantised checkpoint runs with)."""
-    return parse_config(hf_config(quantized=False), quant_simulation=quant_simulation)
+def model_config(*, numerics: str = "float") -> ModelConfig:
+    """The unquantised (dense) ``ModelConfig``; training runs ``numerics="float"``, ``"model"``
+    adds the model's cache and indexer rounding (a dense model has no FP8 / FP4 linears)."""
+    return parse_config(hf_config(quantized=False), numerics=numerics)
 
 
 def build_model(
@@ -136,11 +136,11 @@ def build_model(
     include_mtp: bool = False,
     *,
     seed: int = 0,
-    quant_simulation: bool = False,
+    numerics: str = "float",
 ) -> DeepseekV41Model:
     """The tiny model with dense weights, initialised from ``seed``; every float parameter a
     gradient can reach has ``requires_grad=True`` (see :data:`NON_DIFFERENTIABLE`)."""
-    config = model_config(quant_simulation=quant_simulation)
+    config = model_config(numerics=numerics)
     model = DeepseekV41Model(config, dtype=dtype, device=device, include_mtp=include_mtp)
     initialise_(model, seed)
     for name, p in model.named_parameters():
@@ -359,11 +359,11 @@ def load_backbone(
     dtype: torch.dtype = torch.float32,
     include_mtp: bool = False,
     *,
-    quant_simulation: bool = False,
+    numerics: str = "float",
 ) -> DeepseekV41Model:
     """The model of ``backbone.pt`` (``mtp.*`` keep their fresh initialisation when built)."""
     saved = torch.load(path, map_location="cpu", weights_only=True)
-    model = build_model(device, dtype, include_mtp, quant_simulation=quant_simulation)
+    model = build_model(device, dtype, include_mtp, numerics=numerics)
     missing, unexpected = model.load_state_dict(saved["state_dict"], strict=False)
     missing = [k for k in missing if not k.startswith("mtp.")]
     if missing or unexpected:

@@ -2,8 +2,8 @@
 
     python -m examples.tiny_model.train_dspark --backbone out/backbone.pt --out out/dspark.pt
 
-The target (``backbone.pt``, weights fake-quantised as exported; ``--target-quant-sim`` adds
-the shipped activation / KV rounding) is frozen; only the draft stages ``mtp.*`` train (the
+The target (``backbone.pt``, weights fake-quantised as exported; ``--target-numerics model``
+adds the model's cache and indexer rounding) is frozen; only the draft stages ``mtp.*`` train (the
 embedding and the LM head are the target's). Each step: one target prefill over ``--batch``
 windows of ``--seq-len`` training tokens, then the draft block of every anchor position at
 once (``dspark_training.teacher_forced_drafts``) and the DSpark loss. AdamW with linear
@@ -64,11 +64,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="tv: 1 - TV(p, q) (DeepSpec); greedy: draft argmax == target greedy token",
     )
     p.add_argument(
-        "--target-quant-sim",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="also run the shipped activation / KV rounding in the frozen target (weights are "
-        "always fake-quantised); about 2.4x the target's op count, so off by default",
+        "--target-numerics",
+        choices=("float", "model"),
+        default="float",
+        help="model: also the model's cache and indexer rounding in the frozen target (weights "
+        "are always fake-quantised; a dense target rounds no linear input); float by default",
     )
     args = p.parse_args(argv)
     for name in ("steps", "batch", "log_every", "max_minutes"):
@@ -97,7 +97,7 @@ def schedule_progress(step: int, elapsed_s: float, args: argparse.Namespace) -> 
 def load_models(args: argparse.Namespace):
     """(frozen fake-quantised target, trainable draft stages)."""
     target = tc.load_backbone(
-        args.backbone, args.device, torch.float32, quant_simulation=args.target_quant_sim
+        args.backbone, args.device, torch.float32, numerics=args.target_numerics
     )
     tc.fake_quantise_(target)
     target.eval().requires_grad_(False)

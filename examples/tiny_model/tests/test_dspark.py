@@ -263,7 +263,7 @@ def brute_force_drafts(model, prefixes):
 
 def test_evaluation_equals_one_anchor_at_a_time(micro_checkpoint):
     model = de.load_checkpoint_with_drafts(micro_checkpoint, "cpu", torch.float32)
-    assert model.config.quant_simulation  # the shipped numerics
+    assert model.config.numerics == "model"  # the shipped numerics
     gen = torch.Generator().manual_seed(9)
     prefixes = torch.randint(FIRST_TEXT_ID, VOCAB, (5, 14), generator=gen)
     raw = de.draft_and_verify(model, prefixes, chunk=3)

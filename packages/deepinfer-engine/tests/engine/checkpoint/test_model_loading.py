@@ -66,25 +66,24 @@ def test_checkpoint_loads_into_the_model_and_runs(tmp_path, raw, quantized):
 
 
 @pytest.mark.parametrize("raw", CONFIGS)
-def test_load_model_resolves_numerics_from_the_checkpoint(tmp_path, raw):
+def test_load_model_numerics_default_to_the_model_and_float_is_a_switch(tmp_path, raw):
     from deepinfer.engine.checkpoint import load_model
 
     tokens = list(range(3, 30))
     quantised = make_random_checkpoint(tmp_path / "q", raw, quantized=True, seed=4)
     plain = make_random_checkpoint(tmp_path / "f", raw, quantized=False, seed=4)
     reference = load_model(quantised, dtype=torch.float32, progress=False)
-    assert reference.config.quant_simulation is True
-    assert load_model(plain, dtype=torch.float32, progress=False).config.quant_simulation is False
-    loose = load_model(quantised, dtype=torch.float32, quant_simulation=False, progress=False)
-    assert loose.config.quant_simulation is False
+    assert reference.config.numerics == "model"
+    assert load_model(plain, dtype=torch.float32, progress=False).config.numerics == "model"
+    loose = load_model(quantised, dtype=torch.float32, numerics="float", progress=False)
+    assert loose.config.numerics == "float"
     for a, b in zip(reference.state_dict().values(), loose.state_dict().values()):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))  # same weights
-    simulated, unsimulated = _forward(reference, tokens), _forward(loose, tokens)
-    assert torch.isfinite(simulated).all()
-    # the reference numerics round activations: close, not equal
-    assert not torch.equal(simulated, unsimulated)
-    relative = ((simulated - unsimulated).norm() / simulated.norm()).item()
-    print("relative change from the reference numerics", relative)
+    rounded, unrounded = _forward(reference, tokens), _forward(loose, tokens)
+    assert torch.isfinite(rounded).all()
+    # the model's numerics round activations and caches: close, not equal
+    assert not torch.equal(rounded, unrounded)
+    relative = ((rounded - unrounded).norm() / rounded.norm()).item()
     assert relative < 0.5
     dummy = load_model(quantised, load_format="dummy", dtype=torch.float32, progress=False)
     assert torch.isfinite(_forward(dummy, tokens)).all()

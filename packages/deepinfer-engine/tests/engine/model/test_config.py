@@ -156,7 +156,7 @@ def test_v4_flash_schedule_and_fields(tmp_path):
     assert c.mtp_compress_ratios == (0,)
     assert [c.is_hash_layer(i) for i in range(4)] == [True, True, True, False]
     assert c.quantization.weight_block_size == (128, 128) and c.quantization.expert_dtype == "fp4"
-    assert c.quant_simulation  # quantised checkpoints default to the reference numerics
+    assert c.numerics == "model"  # the roundings the model defines, by default
     assert c.rope_scaling.factor == 16 and c.compress_rope_theta == 160000
     assert all(c.kv_source_of(i) == i for i in range(2, 43))
     assert c.index_source_of(3) is None and c.index_source_of(4) == 4

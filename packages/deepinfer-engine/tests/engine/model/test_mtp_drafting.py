@@ -241,7 +241,7 @@ def test_seeded_window_rows_are_fp8_simulated_under_the_reference_numerics():
     rows = {}
     for simulate in (False, True):
         cfg = tiny_config(True, quantization_config=quant, head_dim=32)
-        cfg = cfg.with_overrides(quant_simulation=simulate)
+        cfg = cfg.with_overrides(numerics="model" if simulate else "float")
         draft = DSparkDraft(cfg, LinearFactory(cfg, torch.float32))
         _randomise_stored(draft)
         cache = ModelCache(

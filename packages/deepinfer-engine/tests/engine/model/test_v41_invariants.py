@@ -63,8 +63,8 @@ RAW = {
 SEQ_LEN = 60
 
 
-def random_v41_model(raw=RAW, seed=0):
-    config = parse_config(raw)
+def random_v41_model(raw=RAW, seed=0, numerics="model"):
+    config = parse_config(raw, numerics=numerics)
     model = build_model(config, device="cpu", dtype=torch.float32)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

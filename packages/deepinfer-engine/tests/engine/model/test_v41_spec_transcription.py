@@ -7,12 +7,19 @@ sink, inverse RoPE, grouped output), the ratio-2 / ratio-1 compressors at kv sou
 keys from the pre-RoPE latent, index sources with the candidate pre-filter, shared entries and
 top-k lists, MoE routing (sqrt-softplus, bias for selection, 1e-20 normalisation, scale) and
 the clamped SwiGLU. Engram is covered by its own tests (test_engram.py).
+
+With ``numerics="model"`` also the rounding sites spec 7.1-7.2 and the transformers port define
+(the port's parity check shows these and no others): the window KV row after RoPE to FP8
+(blocks of 32, power-of-two scales), the compressed entries after RoPE to FP4 with e4m3 scales
+(blocks of 16), the indexer keys and queries after RoPE to FP4 (blocks of 32, power-of-two
+scales). The quantisers are transcribed here too, from their formulas.
 """
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -21,7 +28,44 @@ from deepinfer.engine.testing.simple_runner import SimpleRunner
 
 from .test_v41_invariants import RAW, TEXT, random_v41_model  # noqa: TID252
 
-NO_ENGRAM = {**TEXT, "engram_layer_ids": [], "engram_num_embeddings": []}
+# index_head_dim 32: every rounding site splits into whole blocks
+NO_ENGRAM = {**TEXT, "engram_layer_ids": [], "engram_num_embeddings": [], "index_head_dim": 32}
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # codes 0..7; even codes win exact ties
+
+
+def _pow2_ceil(v):
+    return 2.0 ** torch.ceil(torch.log2(v))
+
+
+def _e2m1(v):
+    """Round to nearest on the e2m1 grid, exact ties to the even code."""
+    grid = torch.tensor(E2M1)
+    dist = (grid - v.abs().clamp(max=6.0).unsqueeze(-1)).abs()
+    nearest = dist == dist.min(-1, keepdim=True).values
+    even = nearest & (torch.arange(8) % 2 == 0)
+    code = torch.where(even.any(-1), even.float().argmax(-1), nearest.float().argmax(-1))
+    return torch.copysign(grid[code], v)
+
+
+def _blocks(x, block):
+    return x.reshape(*x.shape[:-1], -1, block)
+
+
+def _fp8_row(x, block=32):
+    part = _blocks(x, block)
+    scale = _pow2_ceil(part.abs().amax(-1, keepdim=True).clamp(min=1e-4) / 448)
+    q = (part / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    return (q * scale).reshape(x.shape)
+
+
+def _fp4_row(x, block, e4m3_scale):
+    part = _blocks(x, block)
+    amax = part.abs().amax(-1, keepdim=True)
+    if e4m3_scale:
+        scale = (amax.clamp(min=6 * 2**-9) / 6).to(torch.float8_e4m3fn).float()
+    else:
+        scale = _pow2_ceil(amax.clamp(min=6 * 2**-126) / 6)
+    return (_e2m1(part / scale) * scale).reshape(x.shape)
 
 
 def _rms(x, w, eps):
@@ -72,12 +116,19 @@ def _moe(x, sd, i, c):
 class SpecV41:
     def __init__(self, sd, c):
         self.sd, self.c = sd, c
+        self.rounds = c.numerics == "model"
         self.main = plain_inv_freq(c.rope_head_dim, c.rope_theta)
         self.compress = yarn_inv_freq(c.rope_head_dim, c.compress_rope_theta, c.rope_scaling)
         self.entries, self.keys, self.selected, self.candidates = {}, {}, None, None
 
     def p(self, name):
         return self.sd[name]
+
+    def fp4(self, x, block, e4m3_scale):
+        return _fp4_row(x, block, e4m3_scale) if self.rounds else x
+
+    def fp8(self, x):
+        return _fp8_row(x) if self.rounds else x
 
     def compress_source(self, i, x):
         c, r, pre = self.c, self.c.compress_ratios[i], f"layers.{i}.attn."
@@ -94,8 +145,8 @@ class SpecV41:
                 self.p(pre + "indexer.k_norm.weight"),
                 c.rms_norm_eps,
             )
-            keys.append(_rope(k, r * w, self.compress))
-            entries.append(_rope(latent, r * w, self.compress))
+            keys.append(self.fp4(_rope(k, r * w, self.compress), 32, False))
+            entries.append(self.fp4(_rope(latent, r * w, self.compress), 16, True))
         self.entries[i], self.keys[i] = entries, keys
 
     def index(self, i, x, qr, src):
@@ -106,6 +157,7 @@ class SpecV41:
             q = _rope(
                 (qr[t] @ self.p(pre + "wq_b.weight").T).view(c.index_n_heads, -1), t, self.compress
             )
+            q = self.fp4(q, 32, False)
             w = (x[t] @ self.p(pre + "weights_proj.weight").T) / math.sqrt(
                 c.index_head_dim * c.index_n_heads
             )
@@ -140,9 +192,11 @@ class SpecV41:
         if r and c.index_source_of(i) == i:
             self.index(i, x, qr, src)
         outs = []
+        rounded = [self.fp8(_rope(kv[s], s, table)) for s in range(x.shape[0])]
         for t in range(x.shape[0]):
             q = _rope((qr[t] @ self.p(pre + "wq_b.weight").T).view(c.num_heads, -1), t, table)
-            rows = [_rope(kv[s], s, table) for s in range(max(0, t - c.sliding_window + 1), t + 1)]
+            window = range(max(0, t - c.sliding_window + 1), t + 1)
+            rows = [rounded[s] for s in window]
             if r:
                 rows += [self.entries[src][s] for s in self.selected[t]]
             kvs = torch.stack(rows)
@@ -190,8 +244,15 @@ class SpecV41:
         return y @ self.p("head.weight").T
 
 
-def test_v41_forward_matches_spec_transcription():
-    model = random_v41_model({**RAW, "text_config": NO_ENGRAM})
+@pytest.mark.parametrize("numerics", ["model", "float"])
+def test_v41_forward_matches_spec_transcription(numerics):
+    text = dict(NO_ENGRAM)
+    if numerics == "model":
+        # FP4 queries and keys make scores coarse: the top 3 of some row are then decided by
+        # less than fp32 summation order, so both sides keep every entry (the candidate filter
+        # still selects); top-k itself runs in the float case and in the kernels' conformance
+        text["index_topk"] = 64
+    model = random_v41_model({**RAW, "text_config": text}, numerics=numerics)
     ids = torch.randint(0, TEXT["vocab_size"], (40,), generator=torch.Generator().manual_seed(21))
     want = SpecV41(model.state_dict(), model.config).logits(ids)
     got = SimpleRunner(model, max_seqs=1, max_len=40, block_size=16).step({0: ids.tolist()})[0]

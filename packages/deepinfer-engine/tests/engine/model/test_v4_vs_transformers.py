@@ -1,4 +1,5 @@
-"""V4 full-sequence logits against transformers' DeepseekV4ForCausalLM (same weights, fp32)."""
+"""V4 full-sequence logits against transformers' DeepseekV4ForCausalLM (same weights, fp32), which
+rounds nothing: ours with ``numerics="float"``."""
 
 from __future__ import annotations
 
@@ -96,7 +97,8 @@ def checkpoint(request, tmp_path_factory):
 
 
 def _ours(path):
-    config = load_config(path)
+    # transformers' V4 port rounds nothing (no FP8 / FP4 cache formats): compare the float path
+    config = load_config(path, numerics="float")
     model = build_model(config, device="cpu", dtype=torch.float32)
     model.load_state_dict(from_transformers(load_file(path / "model.safetensors")), strict=True)
     return model.eval()

@@ -1,9 +1,8 @@
 """One call from a checkpoint (directory or hub id) to a ready model.
 
-``load_model(path)`` resolves the path, parses ``config.json`` (``quant_simulation`` defaults
-to whether the checkpoint is quantised: a quantised checkpoint runs the official reference
-numerics, an unquantised one plain floating point; an explicit argument overrides), builds the
-model on ``device``, fills it (validated streaming load, or ``load_format="dummy"``) and, for
+``load_model(path)`` resolves the path, parses ``config.json`` (``numerics="model"``: the
+roundings the model defines, ``"float"``: none; see :mod:`deepinfer.engine.model.variant`),
+builds the model on ``device``, fills it (validated streaming load, or ``load_format="dummy"``) and, for
 V4.1, binds the Engram token map from the checkpoint's tokenizer.
 """
 
@@ -24,7 +23,7 @@ def load_model(
     model: str | os.PathLike[str] | None = None,
     *,
     load_format: str = "auto",
-    quant_simulation: bool | None = None,
+    numerics: str = "model",
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.bfloat16,
     revision: str | None = None,
@@ -40,8 +39,7 @@ def load_model(
 
     weights = load_format != "dummy"
     directory = resolve_model_path(model, revision=revision, weights=weights)
-    overrides = {} if quant_simulation is None else {"quant_simulation": quant_simulation}
-    config = load_config(directory, **overrides)
+    config = load_config(directory, numerics=numerics)
     module = build_model(config, device=device, dtype=dtype)
     load_into(
         module, directory, config=config, load_format=load_format, seed=seed, progress=progress

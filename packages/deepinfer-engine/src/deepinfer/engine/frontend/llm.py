@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from deepinfer.engine.config import (
+    REMOVED_PARAMETERS,
     EngineConfig,
     LoadedModel,
     log_capacity,
@@ -47,6 +48,9 @@ class LLM:
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
         unknown = [name for name in kwargs if name not in _PARAMETERS]
+        for name in unknown:
+            if name in REMOVED_PARAMETERS:
+                raise TypeError(f"LLM(): {name!r} was replaced by {REMOVED_PARAMETERS[name]}")
         if unknown:
             raise TypeError(f"LLM() got an unexpected keyword argument {unknown[0]!r}")
         set_log_level()

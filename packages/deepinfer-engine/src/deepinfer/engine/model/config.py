@@ -11,6 +11,7 @@ from typing import Any
 V4_ARCH = "DeepseekV4ForCausalLM"
 V41_ARCH = "DeepseekV41ForCausalLM"
 ARCHITECTURES = (V4_ARCH, V41_ARCH)
+NUMERICS = ("model", "float")  # see ModelConfig.numerics
 # V4 tells its layer kinds apart by ratio, as its flat ``compress_ratios`` does.
 V4_CSA_RATIO = 4
 V4_RATIO_RULE = "0 sliding window, 4 compressed sparse (CSA), any other ratio heavily compressed"
@@ -106,9 +107,9 @@ class ModelConfig:
     dspark_confidence_temperature: float = 1.0  # confidence = sigmoid(logit / temperature)
     image_token_id: int | None = None
     vision_config: Mapping[str, Any] | None = field(default=None, compare=False)
-    # Numerics: run the reference activation / KV / indexer quantisation simulation (spec 4.3).
-    # parse_config defaults it to "the checkpoint is quantised"; an explicit value overrides.
-    quant_simulation: bool = False
+    # "model": the roundings the model defines (cache and indexer formats, FP8 inputs of FP8 /
+    # FP4 linears; :mod:`.variant`); "float": none of them, a pure floating-point debug path.
+    numerics: str = "model"
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -176,6 +177,8 @@ def _fail(field_name: str, value: Any, expected: str) -> None:
 def _validate(c: ModelConfig) -> None:
     if c.architecture not in ARCHITECTURES:
         _fail("architectures", c.architecture, f"one of {ARCHITECTURES}")
+    if c.numerics not in NUMERICS:
+        _fail("numerics", c.numerics, f"one of {NUMERICS}")
     if len(c.compress_ratios) != c.num_layers:
         _fail("compress_ratios", c.compress_ratios, f"{c.num_layers} backbone entries")
     if c.is_v41:

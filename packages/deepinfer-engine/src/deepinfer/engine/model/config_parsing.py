@@ -120,8 +120,11 @@ def parse_config(raw: Mapping[str, Any], **overrides: Any) -> ModelConfig:
     if arch == V41_ARCH:
         fields["image_token_id"] = raw.get("image_token_id")
         fields["vision_config"] = raw.get("vision_config")
-    # A quantised checkpoint runs the reference numerics unless told otherwise (spec 4.3).
-    fields["quant_simulation"] = fields["quantization"] is not None
+    if "quant_simulation" in overrides:
+        raise ConfigError(
+            "quant_simulation was replaced by numerics: 'model' (the default: the roundings "
+            "the model defines) or 'float' (none)"
+        )
     fields.update(overrides)
     return ModelConfig(architecture=arch, **fields)
 

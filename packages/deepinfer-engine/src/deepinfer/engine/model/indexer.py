@@ -11,6 +11,7 @@ from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.context import StepContext
 from deepinfer.engine.model.layers import LinearFactory
 from deepinfer.engine.model.metadata import CompressionPlan
+from deepinfer.engine.model.variant import variant_of
 
 
 class Indexer(nn.Module):
@@ -37,14 +38,7 @@ class Indexer(nn.Module):
             eps=config.rms_norm_eps,
         )
         self.weight_scale = (self.head_dim * self.n_heads) ** -0.5
-        self.simulate = config.quant_simulation
-
-    def rotate_and_round(self, x: torch.Tensor) -> torch.Tensor:
-        """Reference numerics (spec 2.6): Hadamard rotation then FP4 rounding (block 32); the
-        rotation cancels in the dot product, so it is skipped without simulation."""
-        if not self.simulate:
-            return x
-        return K.fp4_sim(K.hadamard_rotate(x), 32)
+        self.rounding = variant_of(config).kv_rounding(config)  # spec 2.6
 
     def forward(
         self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, plan: CompressionPlan
@@ -53,11 +47,11 @@ class Indexer(nn.Module):
         keys = ctx.cache[f"{self.layer_id}.index_keys"]
         entries = self.compressor(x, ctx, plan, f"{self.layer_id}.index_comp")
         cos_e, sin_e = ctx.entry_angles(plan.emit_positions)
-        entries = self.rotate_and_round(K.apply_rope(entries, cos_e, sin_e))
+        entries = self.rounding.index(K.apply_rope(entries, cos_e, sin_e))
         keys.index_copy_(0, plan.emit_rows, entries.to(keys.dtype))
         cos, sin = ctx.angles[True]
         q = K.apply_rope(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)), cos, sin)
-        q = self.rotate_and_round(q)
+        q = self.rounding.index(q)
         weights = self.weights_proj(x, out_dtype=torch.float32) * self.weight_scale
         scores = K.indexer_scores(q, weights, keys, plan.visible)
         return K.select_topk(scores, plan.visible, self.topk)

@@ -15,6 +15,7 @@ from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.context import StepContext
 from deepinfer.engine.model.layers import LinearFactory, RMSNorm
 from deepinfer.engine.model.metadata import CompressionPlan
+from deepinfer.engine.model.variant import variant_of
 
 
 class IndexerV41(nn.Module):
@@ -23,7 +24,7 @@ class IndexerV41(nn.Module):
         c, f = config, factory
         self.layer_id = layer_id
         self.n_heads, self.head_dim, self.topk = c.index_n_heads, c.index_head_dim, c.index_topk
-        self.simulate = c.quant_simulation
+        self.rounding = variant_of(c).kv_rounding(c)
         self.owns_keys = c.owns_compressor(layer_id)
         self.owns_queries = c.owns_indexer(layer_id)
         cand = c.candidate_source_layer_id
@@ -51,8 +52,7 @@ class IndexerV41(nn.Module):
     ) -> None:
         """Index keys of the entries completed this step, from the pre-RoPE latent."""
         k = K.apply_rope(self.k_norm(self.wk(latent)), cos, sin)
-        if self.simulate:
-            k = K.fp4_sim(k, 32)
+        k = self.rounding.index(k)
         keys.index_copy_(0, plan.emit_rows, k.to(keys.dtype))
 
     def forward(
@@ -66,8 +66,7 @@ class IndexerV41(nn.Module):
         """Chosen arena rows ``[T, index_topk]`` (``-1`` = none) of this index source."""
         cos, sin = ctx.angles[True]
         q = K.apply_rope(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)), cos, sin)
-        if self.simulate:
-            q = K.fp4_sim(q, 32)
+        q = self.rounding.index(q)
         weights = self.weights_proj(x, out_dtype=torch.float32) * self.weight_scale
         scores = K.indexer_scores(q, weights, keys, plan.visible)
         if self.is_candidate_source:

@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 import deepinfer.kernels as K
-from deepinfer.engine.model.variant import variant_of
 
 FP8 = torch.float8_e4m3fn
 E8M0 = torch.float8_e8m0fnu
@@ -27,8 +26,9 @@ class Linear(nn.Module):
     e4m3 ``[out, in]`` + ``scale`` e8m0 ``[ceil(out/bm), ceil(in/bn)]``) or packed FP4
     (``"fp4"``: ``weight`` int8 ``[out, in/2]`` + ``scale`` e8m0 ``[out, in/32]``).
 
-    ``act_quant_group``: simulate the reference's FP8 input quantisation per group of that many
-    elements (spec 4.3); set by :class:`LinearFactory` for the roles the checkpoint quantises.
+    ``act_quant_group``: round the input to FP8 per group of that many elements first, as the
+    official inference feeds its FP8 / FP4 GEMMs (spec 4.3); :class:`LinearFactory` sets it on
+    exactly the linears stored FP8 / FP4 (``numerics="model"``).
     """
 
     def __init__(
@@ -104,9 +104,10 @@ class LinearFactory:
         self.config, self.dtype, self.device = config, dtype, device
         q = config.quantization
         self.block = None if q is None else q.weight_block_size
+        # FP8 inputs exactly where the weights are FP8 / FP4: only a quantised checkpoint has any
         self.act_group = None
-        if config.quant_simulation:  # the reference's activation groups
-            self.act_group = q.weight_block_size[1] if q else variant_of(config).activation_group
+        if q is not None and config.numerics == "model":
+            self.act_group = q.weight_block_size[1]
 
     def quantised(self, in_f: int, out_f: int) -> Linear:
         """A linear stored FP8 in a quantised checkpoint (dense otherwise)."""

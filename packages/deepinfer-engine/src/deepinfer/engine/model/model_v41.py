@@ -4,13 +4,12 @@
 with the previous site's ``pre``; layer 0's attention collapses stream 0) -> collapse with the
 last FFN site's ``pre`` -> ``norm`` -> ``head`` (fp32 logits).
 
-Where the ``transformers`` main-branch ``deepseek_v41`` port differs from the spec, and what
-this code follows:
+What this code shares with the ``transformers`` main-branch ``deepseek_v41`` port:
 
-- Quantisation simulation: the port always fake-quantises the window KV (FP8, block 32), the
-  compressed latents (FP4, e4m3 scales, block 16) and the indexer q / k (FP4, block 32), even in
-  unquantised runs. We follow the spec (4.3, 7.1): only with ``quant_simulation`` (default on
-  for quantised checkpoints), so an unquantised checkpoint runs plain floating point.
+- Numerics (``numerics="model"``, :mod:`.variant`): the window KV is rounded to FP8 (block 32),
+  the compressed latents to FP4 (e4m3 scales, block 16) and the indexer q / k to FP4 (block 32),
+  also in unquantised runs; FP8 input rounding only on linears stored FP8 / FP4 (the port
+  loads none, so it never rounds inputs).
 - Everything else we checked agrees with the spec and with this code: deferred pre-mix with a
   one-hot first collapse and no ``hc_head``; no per-head q norm; ratio-1 compressor without
   ``wgate``, ratio-2 fp32 pooling without ``ape``; index keys from the pre-RoPE latent

@@ -2,10 +2,13 @@
 they are built: the shared modules hold the pieces picked here, never a family test in a
 forward.
 
-Numerics follow the official references (spec 2.3, 4.3, 7.1): V4 rounds the window KV and the
-compressed entries to FP8 on the nope dims (block 64) and its reference activations in groups
-of 128; V4.1 rounds the window KV to FP8 over the whole row (block 32), the compressed entries
-to FP4 with e4m3 scales (block 16), and its activations in groups of 32.
+Numerics (``ModelConfig.numerics == "model"``, spec 2.3, 2.6, 4.3, 7.1) round what the model
+stores and scores: V4 the window KV and the compressed entries to FP8 on the nope dims (block
+64) and its indexer queries and keys to FP4 after a Hadamard rotation (block 32); V4.1 the window
+KV to FP8 over the whole row (block 32), the compressed entries to FP4 with e4m3 scales (block
+16) and its indexer queries and keys to FP4 (block 32). A row that does not split into whole
+blocks stays unrounded, as in the public transformers port (only tiny test shapes do that).
+``numerics == "float"`` rounds nothing.
 """
 
 from __future__ import annotations
@@ -18,42 +21,61 @@ import deepinfer.kernels as K
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.hc import DeferredMix, ImmediateMix
 
+INDEX_BLOCK = 32  # FP4 block of the indexer queries and keys, both families
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
 
 class NoRounding:
-    """Plain floating point (quantisation simulation off)."""
+    """Plain floating point (``numerics="float"``)."""
 
-    def kv(self, kv: torch.Tensor) -> torch.Tensor:
-        return kv
-
-    def entries(self, entries: torch.Tensor) -> torch.Tensor:
-        return entries
+    kv = entries = index = staticmethod(_identity)
 
 
 class V4Rounding:
-    """FP8 (block 64) on the nope dims of window KV and compressed entries alike."""
+    """FP8 (block 64) on the nope dims of window KV and compressed entries alike; indexer
+    queries and keys Hadamard-rotated then FP4 (ue8m0 scales, block 32)."""
 
     def __init__(self, config: ModelConfig) -> None:
         self.nope_dim = config.nope_head_dim
+        self.rounds_kv = self.nope_dim % 64 == 0
+        self.rounds_index = config.index_head_dim % INDEX_BLOCK == 0
 
     def kv(self, kv: torch.Tensor) -> torch.Tensor:
+        if not self.rounds_kv:
+            return kv
         nope = self.nope_dim
         return torch.cat([K.fp8_sim(kv[..., :nope], 64), kv[..., nope:]], dim=-1)
 
     def entries(self, entries: torch.Tensor) -> torch.Tensor:
         return self.kv(entries)
 
+    def index(self, x: torch.Tensor) -> torch.Tensor:
+        """The rotation cancels in the q . k product, so it only matters before rounding."""
+        if not self.rounds_index:
+            return x
+        return K.fp4_sim(K.hadamard_rotate(x), INDEX_BLOCK)
+
 
 class V41Rounding:
-    """FP8 (block 32) on the whole window-KV row; FP4 (e4m3 scales, block 16) on entries."""
+    """FP8 (block 32) on the whole window-KV row; FP4 (e4m3 scales, block 16) on entries;
+    indexer queries and keys FP4 (ue8m0 scales, block 32), unrotated."""
 
     def __init__(self, config: ModelConfig) -> None:
-        pass
+        self.rounds_kv = config.head_dim % 32 == 0
+        self.rounds_entries = config.head_dim % 16 == 0
+        self.rounds_index = config.index_head_dim % INDEX_BLOCK == 0
 
     def kv(self, kv: torch.Tensor) -> torch.Tensor:
-        return K.fp8_sim(kv, 32)
+        return K.fp8_sim(kv, 32) if self.rounds_kv else kv
 
     def entries(self, entries: torch.Tensor) -> torch.Tensor:
-        return K.fp4_sim(entries, 16, scale_fmt="e4m3")
+        return K.fp4_sim(entries, 16, scale_fmt="e4m3") if self.rounds_entries else entries
+
+    def index(self, x: torch.Tensor) -> torch.Tensor:
+        return K.fp4_sim(x, INDEX_BLOCK) if self.rounds_index else x
 
 
 @dataclass(frozen=True)
@@ -64,11 +86,10 @@ class Variant:
     ratio pool overlapping windows (None: none do); compressor_ape: compressors add a learned
     position bias; query_head_norm: each query head is RMS-normalised (no weight);
     own_index_compressor: CSA indexers compress their own keys (else they derive them from the
-    kv source's latent and share them); activation_group: the reference's FP8 activation group
-    when the checkpoint names no block size; router_norm_eps / router_temperature /
+    kv source's latent and share them); router_norm_eps / router_temperature /
     router_image_bias: the gate's normalisation epsilon, whether it divides by ``gate_temp``,
     and whether it stores ``bias_vl``; mix: how the mHC streams thread through the blocks;
-    rounding: the reference KV rounding, used when simulating quantisation.
+    rounding: the cache and indexer rounding of ``numerics="model"``.
     """
 
     name: str
@@ -76,7 +97,6 @@ class Variant:
     compressor_ape: bool
     query_head_norm: bool
     own_index_compressor: bool
-    activation_group: int
     router_norm_eps: float
     router_temperature: bool
     router_image_bias: bool
@@ -84,8 +104,8 @@ class Variant:
     rounding: type[V4Rounding] | type[V41Rounding]
 
     def kv_rounding(self, config: ModelConfig) -> NoRounding | V4Rounding | V41Rounding:
-        """The KV and compressed-entry rounding of ``config`` (identity without simulation)."""
-        return self.rounding(config) if config.quant_simulation else NoRounding()
+        """The cache and indexer rounding of ``config`` (the identity for ``"float"``)."""
+        return self.rounding(config) if config.numerics == "model" else NoRounding()
 
 
 V4 = Variant(
@@ -94,7 +114,6 @@ V4 = Variant(
     compressor_ape=True,
     query_head_norm=True,
     own_index_compressor=True,
-    activation_group=128,
     router_norm_eps=0.0,
     router_temperature=False,
     router_image_bias=False,
@@ -107,7 +126,6 @@ V41 = Variant(
     compressor_ape=False,
     query_head_norm=False,
     own_index_compressor=False,
-    activation_group=32,
     router_norm_eps=1e-20,
     router_temperature=True,
     router_image_bias=True,

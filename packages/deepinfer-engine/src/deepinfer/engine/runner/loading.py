@@ -61,10 +61,7 @@ def load_executor(config: EngineConfig) -> LoadedModel:
     path = resolve_model_path(config.model, weights=config.load_format != "dummy")
     dtype = getattr(torch, config.dtype)
     torch.manual_seed(config.seed)
-    overrides = (
-        {} if config.quant_simulation is None else {"quant_simulation": config.quant_simulation}
-    )
-    model_config: ModelConfig = load_config(path, **overrides)
+    model_config: ModelConfig = load_config(path, numerics=config.numerics)
     spec = resolve_spec_config(
         config, model_config, has_draft_weights=_has_draft_weights(path, config.load_format)
     )
