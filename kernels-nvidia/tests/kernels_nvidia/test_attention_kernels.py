@@ -10,7 +10,13 @@ import torch
 
 from deepinfer import kernels
 from deepinfer.kernels.testing import cases_for, check_case
-from deepinfer.kernels.testing.cases.attention import make_index_lists, split_sources
+from deepinfer.kernels.testing.cases.attention import (
+    ENTRY64,
+    KV64,
+    make_index_lists,
+    packed_sources,
+    split_sources,
+)
 from deepinfer.kernels_nvidia import backend
 from deepinfer.kernels_nvidia.attention import SPLIT_ROWS_MAX, AttentionTiles, choose_tiles
 
@@ -28,6 +34,13 @@ def _inputs(seed, rows, heads, dim, window, entries, num_kv, dtype=torch.bfloat1
     idx = make_index_lists(g, rows=rows, window=window, entries=entries, num_kv=num_kv)
     sink = (torch.randn(heads, generator=g) * 2).to(DEVICE)
     return q, kv, idx.to(DEVICE), sink, dim**-0.5 * 2
+
+
+def _values(source) -> torch.Tensor:
+    """A source as float rows (packed ones unpacked by the reference, as bf16)."""
+    if isinstance(source, kernels.PackedRows):
+        return kernels.OPS["unpack_rows"].reference(source.data, source.fmt, torch.bfloat16)
+    return source
 
 
 def test_backend_registers_the_attention_kernel():
@@ -57,6 +70,11 @@ def test_launch_paths_match_reference(tiles):
     torch.testing.assert_close(got, reference(q, kv, idx, sink, scale), atol=1.6e-2, rtol=1.6e-2)
     sources = split_sources(kv)
     assert torch.equal(backend.ops[OP](q, sources, idx, sink, scale, tiles=tiles), got)
+    # cache rows in the model's formats decode in the kernel to exactly their values
+    packed = packed_sources(kv, (KV64, None, ENTRY64))
+    values = [_values(s) for s in packed]
+    got = backend.ops[OP](q, packed, idx, sink, scale, tiles=tiles)
+    assert torch.equal(got, backend.ops[OP](q, values, idx, sink, scale, tiles=tiles))
 
 
 def test_tile_policy():

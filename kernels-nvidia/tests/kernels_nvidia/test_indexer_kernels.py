@@ -148,3 +148,23 @@ def test_scores_launch_variants_match_reference(keys_as_m):
     )
     want = kernels.OPS["indexer_scores"].reference(q, w, keys, cand)
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dim", [32, 128])
+def test_packed_fp4_keys_score_bitwise_like_their_values(dim):
+    """Keys in the cache's FP4 rows (:class:`PackedRows`) decoded in the kernel give the scores
+    of the same values stored as a float tensor, bit for bit; and match the reference."""
+    fmt = kernels.RowFormat(dim, dim, "e2m1", 32, "ue8m0")
+    g = torch.Generator().manual_seed(8)
+    rows, heads = 5, 16
+    q = torch.randn(rows, heads, dim, generator=g).bfloat16().to(DEVICE)
+    w = torch.randn(rows, heads, generator=g).to(DEVICE)
+    raw = torch.randn(300, dim, generator=g) * torch.exp(torch.randn(300, 1, generator=g) * 3)
+    data = kernels.OPS["pack_rows"].reference(raw, fmt).to(DEVICE)
+    values = kernels.OPS["unpack_rows"].reference(data, fmt, torch.bfloat16)
+    cand = make_candidates(g, rows=rows, width=90, num_keys=300).to(DEVICE)
+    fn = backend.ops["indexer_scores"]
+    got = fn(q, w, kernels.PackedRows(data, fmt), cand)
+    assert torch.equal(got, fn(q, w, values, cand))
+    want = kernels.OPS["indexer_scores"].reference(q, w, kernels.PackedRows(data, fmt), cand)
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.kernels import envs
+from deepinfer.kernels import PackedRows, envs
 from deepinfer.kernels_nvidia.attention_prefill import launch_halves
 from deepinfer.kernels_nvidia.attention_rows import is_float32, load_rows, source_args
 from deepinfer.kernels_nvidia.registry import implements
@@ -82,7 +82,12 @@ def _sparse_mqa_kernel(
     stride_qt, stride_qh, stride_it, stride_ot, stride_oh,
     scale_log2,
     HB: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_SPLIT: tl.constexpr, IEEE: tl.constexpr, NUM_SRC: tl.constexpr,
+    IS_SPLIT: tl.constexpr, IEEE: tl.constexpr,
+    NUM_SRC: tl.constexpr, D: tl.constexpr,
+    Q0: tl.constexpr, BLK0: tl.constexpr, FP40: tl.constexpr, E4M3S0: tl.constexpr,
+    TSZ0: tl.constexpr, Q1: tl.constexpr, BLK1: tl.constexpr, FP41: tl.constexpr,
+    E4M3S1: tl.constexpr, TSZ1: tl.constexpr, Q2: tl.constexpr, BLK2: tl.constexpr,
+    FP42: tl.constexpr, E4M3S2: tl.constexpr, TSZ2: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1)
@@ -104,7 +109,8 @@ def _sparse_mqa_kernel(
         idx = tl.load(idx_ptr + row * stride_it + offs, mask=offs < end, other=-1)
         valid = idx >= 0
         kv = load_rows(kv0, kv1, kv2, stride0, stride1, stride2, end0, end1,
-                       idx, dcols, dmask, q, NUM_SRC)  # fmt: skip
+                       idx, dcols, dmask, q, NUM_SRC, D, Q0, BLK0, FP40, E4M3S0, TSZ0, Q1, BLK1, FP41, E4M3S1, TSZ1,
+                       Q2, BLK2, FP42, E4M3S2, TSZ2)  # fmt: skip
         if IEEE:
             s = tl.dot(q, tl.trans(kv), input_precision="ieee")
         else:
@@ -183,9 +189,10 @@ def _check_inputs(q, kv, indices, sink):
     t, h, d = q.shape
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"q: expected fp32/bf16/fp16, got {q.dtype}")
-    for i, s in enumerate((kv,) if isinstance(kv, torch.Tensor) else tuple(kv)):
-        name = "kv" if isinstance(kv, torch.Tensor) else f"kv[{i}]"
-        if not isinstance(s, torch.Tensor) or s.dim() != 2 or s.shape[1] != d:
+    single = isinstance(kv, (torch.Tensor, PackedRows))
+    for i, s in enumerate((kv,) if single else tuple(kv)):
+        name = "kv" if single else f"kv[{i}]"
+        if not isinstance(s, (torch.Tensor, PackedRows)) or s.dim() != 2 or s.shape[1] != d:
             raise ValueError(f"{name}: expected [M, {d}], got {getattr(s, 'shape', s)}")
     if indices.dim() != 2 or indices.shape[0] != t:
         raise ValueError(f"indices: expected [{t}, K], got shape {tuple(indices.shape)}")
@@ -205,7 +212,7 @@ def sparse_mqa_sink(q, kv, indices, sink, scale, *, tiles: AttentionTiles | None
     ``float8_e4m3fn`` (or any float dtype: the products run in fp32 when ``q`` or a source is
     fp32, as the reference's do, else in ``q``'s dtype)."""
     _check_inputs(q, kv, indices, sink)
-    kv_args, num_src, sources = source_args(kv)
+    kv_args, consts, sources = source_args(kv)
     out_dtype = q.dtype
     if is_float32(sources) or q.dtype not in (torch.bfloat16, torch.float16):
         q = q.float()
@@ -232,7 +239,7 @@ def sparse_mqa_sink(q, kv, indices, sink, scale, *, tiles: AttentionTiles | None
         part_acc = part_ml = out  # unused
     if not is_split and tiles.halves and q.dtype != torch.float32 and block_d == d and d >= 32:
         launch_halves(
-            q, kv_args, num_src, indices, sink, out, float(scale) * LOG2E, head_block=hb,
+            q, kv_args, consts, indices, sink, out, float(scale) * LOG2E, head_block=hb,
             block_n=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         )  # fmt: skip
         return out.to(out_dtype)
@@ -243,7 +250,7 @@ def sparse_mqa_sink(q, kv, indices, sink, scale, *, tiles: AttentionTiles | None
         q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
         float(scale) * LOG2E,
         HB=hb, BLOCK_D=block_d, BLOCK_N=tiles.block_n, IS_SPLIT=is_split,
-        IEEE=q.dtype == torch.float32, NUM_SRC=num_src,
+        IEEE=q.dtype == torch.float32, **consts,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if is_split:

@@ -25,7 +25,12 @@ def _sparse_mqa_halves_kernel(
     idx_ptr, sink_ptr, out_ptr,
     num_heads, num_idx, stride_qt, stride_qh, stride_it, stride_ot, stride_oh,
     scale_log2,
-    HB: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SRC: tl.constexpr,
+    HB: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SRC: tl.constexpr, D: tl.constexpr,
+    Q0: tl.constexpr, BLK0: tl.constexpr, FP40: tl.constexpr, E4M3S0: tl.constexpr,
+    TSZ0: tl.constexpr, Q1: tl.constexpr, BLK1: tl.constexpr, FP41: tl.constexpr,
+    E4M3S1: tl.constexpr, TSZ1: tl.constexpr, Q2: tl.constexpr, BLK2: tl.constexpr,
+    FP42: tl.constexpr, E4M3S2: tl.constexpr, TSZ2: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
@@ -45,9 +50,11 @@ def _sparse_mqa_halves_kernel(
     for n0 in range(0, num_idx, BLOCK_N):
         valid = idx >= 0
         kv_lo = load_rows(kv0, kv1, kv2, stride0, stride1, stride2, end0, end1,
-                          idx, d, every, q_lo, NUM_SRC)  # fmt: skip
+                          idx, d, every, q_lo, NUM_SRC, D, Q0, BLK0, FP40, E4M3S0, TSZ0, Q1, BLK1, FP41, E4M3S1, TSZ1,
+                       Q2, BLK2, FP42, E4M3S2, TSZ2)  # fmt: skip
         kv_hi = load_rows(kv0, kv1, kv2, stride0, stride1, stride2, end0, end1,
-                          idx, d + HALF, every, q_lo, NUM_SRC)  # fmt: skip
+                          idx, d + HALF, every, q_lo, NUM_SRC, D, Q0, BLK0, FP40, E4M3S0, TSZ0, Q1, BLK1, FP41, E4M3S1, TSZ1,
+                       Q2, BLK2, FP42, E4M3S2, TSZ2)  # fmt: skip
         nxt = n0 + BLOCK_N + offs
         idx = tl.load(idx_ptr + row * stride_it + nxt, mask=nxt < num_idx, other=-1)
         s = tl.dot(q_lo, tl.trans(kv_lo))
@@ -73,7 +80,7 @@ def _sparse_mqa_halves_kernel(
     tl.store(out_ptr + o_offs + HALF, (acc_hi * norm[:, None]).to(dtype), mask=head_mask[:, None])
 
 
-def launch_halves(q, kv_args, num_src, indices, sink, out, scale_log2, *, head_block, block_n,
+def launch_halves(q, kv_args, consts, indices, sink, out, scale_log2, *, head_block, block_n,
                   num_warps, num_stages):  # fmt: skip
     """Launch over ``[T, H, D]`` bf16/fp16 ``q`` (``D`` a power of two >= 32), unit-stride
     last dims, the KV sources as :func:`.attention_rows.source_args` gives them; ``out`` like
@@ -83,6 +90,6 @@ def launch_halves(q, kv_args, num_src, indices, sink, out, scale_log2, *, head_b
     _sparse_mqa_halves_kernel[grid](
         q, *kv_args, indices, sink, out, h, indices.shape[1],
         q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
-        scale_log2, HB=head_block, HALF=d // 2, BLOCK_N=block_n, NUM_SRC=num_src,
+        scale_log2, HB=head_block, HALF=d // 2, BLOCK_N=block_n, **consts,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

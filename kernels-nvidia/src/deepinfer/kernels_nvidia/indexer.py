@@ -6,7 +6,8 @@ the row's ``[Hi, d]`` queries once, then for each block gathers the candidate ke
 multiplies all ``Hi`` indexer heads against them in one matrix product (``[Hi, d] x [d,
 BLOCK_C]``), applies ReLU and the per-head weights and reduces over heads in registers: the
 ``[T, Hi, C]`` dot products never reach memory, and the queries are not re-read per block. Keys may be stored in the
-queries' dtype, fp32, or ``float8_e4m3fn`` (upcast in registers).
+queries' dtype, fp32, ``float8_e4m3fn`` (upcast in registers), or as the cache's packed FP4
+rows (:class:`~deepinfer.kernels.PackedRows`, decoded in registers by :mod:`.attention_rows`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.kernels import PackedRows
+from deepinfer.kernels_nvidia.attention_rows import format_consts, load_source
 from deepinfer.kernels_nvidia.registry import implements
 
 # Keys as the product's M side with 64-candidate blocks, 16 per program, 4 warps: faster than
@@ -30,7 +33,8 @@ def _indexer_scores_kernel(
     num_heads, head_dim, num_cand,
     stride_qt, stride_qh, stride_wt, stride_k, stride_ct, stride_ot,
     HB: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, BLOCKS: tl.constexpr,
-    IEEE: tl.constexpr, KEYS_AS_M: tl.constexpr,
+    IEEE: tl.constexpr, KEYS_AS_M: tl.constexpr, D: tl.constexpr, Q: tl.constexpr,
+    BLK: tl.constexpr, FP4: tl.constexpr, E4M3S: tl.constexpr, TSZ: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     heads = tl.arange(0, HB)
@@ -48,11 +52,8 @@ def _indexer_scores_kernel(
         offs = first + b * BLOCK_C + tl.arange(0, BLOCK_C)
         cand = tl.load(cand_ptr + row * stride_ct + offs, mask=offs < num_cand, other=-1)
         valid = cand >= 0
-        keys = tl.load(
-            keys_ptr + cand.to(tl.int64)[:, None] * stride_k + dcols[None, :],
-            mask=valid[:, None] & dmask[None, :],
-            other=0.0,
-        ).to(q.dtype)
+        keys = load_source(keys_ptr, stride_k, cand.to(tl.int64), dcols,
+                           valid[:, None] & dmask[None, :], q, D, Q, BLK, FP4, E4M3S, TSZ)  # fmt: skip
         if KEYS_AS_M:  # [BLOCK_C, HB]: the head sum runs along N, inside each warp
             if IEEE:
                 dots = tl.dot(keys, tl.trans(q), input_precision="ieee")
@@ -104,9 +105,13 @@ def indexer_scores(
     then runs inside each warp; the default for 16-bit queries, the fastest launch measured);
     it may change the last bits against the heads-as-M orientation, never with the batch."""
     _check(q, weights, keys, candidates)
-    if torch.float32 in (q.dtype, keys.dtype) or q.dtype not in (torch.bfloat16, torch.float16):
+    packed = isinstance(keys, PackedRows)
+    fp32_keys = not packed and keys.dtype == torch.float32
+    if fp32_keys or q.dtype not in (torch.bfloat16, torch.float16):
         q = q.float()  # compute in fp32 whenever either side is fp32 (as the reference does)
-    q, keys, candidates = _unit_last(q), _unit_last(keys), _unit_last(candidates)
+    consts = {"D": keys.shape[1], **format_consts(keys, "")}
+    keys = keys.data if packed else _unit_last(keys)
+    q, candidates = _unit_last(q), _unit_last(candidates)
     weights = _unit_last(weights)
     if keys_as_m is None:
         keys_as_m = q.dtype != torch.float32
@@ -124,6 +129,7 @@ def indexer_scores(
         out.stride(0),
         HB=max(16, triton.next_power_of_2(h)), BLOCK_D=max(16, triton.next_power_of_2(d)),
         BLOCK_C=block_c, BLOCKS=blocks, IEEE=q.dtype == torch.float32, KEYS_AS_M=keys_as_m,
+        **consts,
         num_warps=num_warps or SCORE_WARPS, num_stages=num_stages or 3,
     )  # fmt: skip
     return out

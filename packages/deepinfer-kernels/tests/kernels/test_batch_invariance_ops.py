@@ -42,6 +42,7 @@ ROW_ARGS: dict[str, RowArgs] = {
     "hc_pre": RowArgs(("x", "collapse_pre")),
     "indexer_scores": RowArgs(("q", "weights", "candidates"), "candidates", column_output=True),
     "linear": RowArgs(("x",)),
+    "pack_rows": RowArgs(("x",)),
     "rms_norm": RowArgs(("x",)),
     "rope_rotate_half": RowArgs(("x", "cos", "sin")),
     "route_hash": RowArgs(("logits", "ids")),
@@ -54,6 +55,7 @@ ROW_ARGS: dict[str, RowArgs] = {
     "top_k_top_p_min_p_sample": RowArgs(
         ("logits", "temperature", "top_k", "top_p", "min_p", "seeds", "positions")
     ),
+    "unpack_rows": RowArgs(("rows",)),
 }
 
 # Ops whose rows are not tokens of a batch, and why.

@@ -6,6 +6,7 @@ entry-point group) when it implements the op, else to the reference.
 """
 
 from deepinfer.kernels import envs
+from deepinfer.kernels.formats import PackedRows, RowFormat
 from deepinfer.kernels.ops import *  # noqa: F403
 from deepinfer.kernels.ops import __all__ as _op_names
 from deepinfer.kernels.registry import (
@@ -27,7 +28,9 @@ from deepinfer.kernels.version import API_VERSION, __version__
 __all__ = [
     "API_VERSION",
     "OPS",
+    "PackedRows",
     "REFERENCE",
+    "RowFormat",
     "AcceleratorUnavailableError",
     "Backend",
     "Selection",

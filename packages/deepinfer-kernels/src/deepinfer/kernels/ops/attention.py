@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from deepinfer.kernels.formats import PackedRows
 from deepinfer.kernels.reference import attention as ref
 from deepinfer.kernels.registry import op
 
@@ -15,7 +16,7 @@ __all__ = ["sparse_mqa_sink"]
 @op(reference=ref.sparse_mqa_sink)
 def sparse_mqa_sink(
     q: torch.Tensor,
-    kv: torch.Tensor | Sequence[torch.Tensor],
+    kv: torch.Tensor | PackedRows | Sequence[torch.Tensor | PackedRows],
     indices: torch.Tensor,
     sink: torch.Tensor,
     scale: float,
@@ -25,8 +26,10 @@ def sparse_mqa_sink(
     q:       ``[T, H, D]`` fp32 / bf16, one row per query token.
     kv:      ``[M, D]`` float: the key and value rows; or a tuple / list of up to three
              ``[M_i, D]`` sources (window rings, this step's tokens, compressed entries), each
-             a float dtype, read in place: row ``r`` of the sources is row ``r - M_0 - ..``
-             of the source it falls in (their virtual concatenation, never materialised).
+             a float tensor or :class:`~deepinfer.kernels.PackedRows` (cache rows in the
+             model's format, dequantised exactly on read), read in place: row ``r`` of the
+             sources is row ``r - M_0 - ..`` of the source it falls in (their virtual
+             concatenation, never materialised).
     indices: ``[T, K]`` int32 / int64 rows of ``kv`` query ``t`` attends to (``< sum M_i``);
              ``-1`` = skip. Order is irrelevant; duplicates count twice.
     sink:    ``[H]`` fp32 per-head sink logit: an extra logit with a zero value vector.

@@ -18,7 +18,8 @@ def indexer_scores(
 
     q:          ``[T, Hi, d]`` indexer queries (RoPE'd; any float dtype).
     weights:    ``[T, Hi]`` per-head weights, already scaled (``d^-1/2 Hi^-1/2``).
-    keys:       ``[M, d]`` the indexer key rows (a flattened paged arena).
+    keys:       ``[M, d]`` the indexer key rows (a flattened paged arena), a float tensor or
+                :class:`~deepinfer.kernels.PackedRows` (the cache's FP4 rows, dequantised).
     candidates: ``[T, C]`` int rows of ``keys`` each query may pick; ``-1`` = padding.
     Returns ``[T, C]`` fp32, ``-inf`` at padding.
     """

@@ -6,18 +6,26 @@ from collections.abc import Sequence
 
 import torch
 
+from deepinfer.kernels.formats import PackedRows
+from deepinfer.kernels.reference.cache_rows import rows_of
+
 MAX_SOURCES = 3  # window rings, this step's tokens, compressed entries
 
 
-def kv_sources(kv: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """``kv`` as a tuple of ``[M_i, D]`` sources, checked: one width, float dtypes."""
-    sources = (kv,) if isinstance(kv, torch.Tensor) else tuple(kv)
+def kv_sources(kv) -> tuple[torch.Tensor | PackedRows, ...]:
+    """``kv`` as a tuple of ``[M_i, D]`` sources (float tensors or :class:`PackedRows`),
+    checked: one width, float dtypes."""
+    sources = (kv,) if isinstance(kv, (torch.Tensor, PackedRows)) else tuple(kv)
     if not 1 <= len(sources) <= MAX_SOURCES:
         raise ValueError(
             f"kv: expected a tensor or 1..{MAX_SOURCES} [M_i, D] tensors, got {len(sources)}"
         )
     width = sources[0].shape[-1]
     for i, s in enumerate(sources):
+        if isinstance(s, PackedRows):
+            if s.fmt.dim != width:
+                raise ValueError(f"kv[{i}]: expected [M, {width}] rows, got {s.fmt}")
+            continue
         if not isinstance(s, torch.Tensor) or s.dim() != 2 or s.shape[1] != width:
             shape = tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__
             raise ValueError(f"kv[{i}]: expected a [M, {width}] tensor, got {shape}")
@@ -26,25 +34,25 @@ def kv_sources(kv: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor,
     return sources
 
 
-def gather_rows(kv: torch.Tensor | Sequence[torch.Tensor], indices: torch.Tensor) -> torch.Tensor:
+def gather_rows(kv, indices: torch.Tensor) -> torch.Tensor:
     """``[*indices.shape, D]`` fp32: row ``indices[...]`` of the sources' virtual concatenation
-    (``-1``: a zero row), read from each source in place."""
+    (``-1``: a zero row), read from each source in place (packed rows dequantised)."""
     sources = kv_sources(kv)
     idx = indices.long()
     if len(sources) == 1:
-        return sources[0][idx.clamp(min=0)].float()
+        return rows_of(sources[0], idx)
     out = torch.zeros(*idx.shape, sources[0].shape[1], dtype=torch.float32, device=idx.device)
     start = 0
     for s in sources:
         inside = (idx >= start) & (idx < start + s.shape[0])
-        out[inside] = s[idx[inside] - start].float()
+        out[inside] = rows_of(s, idx[inside] - start)
         start += s.shape[0]
     return out
 
 
 def sparse_mqa_sink(
     q: torch.Tensor,
-    kv: torch.Tensor | Sequence[torch.Tensor],
+    kv: torch.Tensor | PackedRows | Sequence[torch.Tensor | PackedRows],
     indices: torch.Tensor,
     sink: torch.Tensor,
     scale: float,

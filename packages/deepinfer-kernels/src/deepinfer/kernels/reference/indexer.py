@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer.kernels.reference.cache_rows import rows_of
+
 
 def indexer_scores(
     q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, candidates: torch.Tensor
 ) -> torch.Tensor:
     valid = candidates >= 0
-    k = keys[candidates.clamp(min=0).long()].float()  # [T, C, d]
+    k = rows_of(keys, candidates.long())  # [T, C, d] fp32 (packed keys dequantised)
     dots = torch.einsum("thd,tcd->thc", q.float(), k).relu()
     scores = torch.einsum("th,thc->tc", weights.float(), dots)
     return scores.masked_fill(~valid, float("-inf"))

@@ -8,6 +8,7 @@ import functools
 
 import torch
 
+from deepinfer.kernels.formats import PackedRows, RowFormat
 from deepinfer.kernels.testing import Case, register, tolerance
 
 FP8 = torch.float8_e4m3fn
@@ -43,6 +44,19 @@ def split_sources(kv: torch.Tensor, dtypes=(None, None, None)) -> tuple[torch.Te
     return tuple(p if d is None else p.to(d) for p, d in zip(parts, dtypes))
 
 
+def packed_sources(kv: torch.Tensor, formats) -> tuple:
+    """:func:`split_sources` with source ``i`` stored as :class:`PackedRows` in ``formats[i]``
+    (None: kept float)."""
+    from deepinfer.kernels.formats import PackedRows
+    from deepinfer.kernels.reference.cache_rows import pack_rows
+
+    parts = split_sources(kv.float())
+    return tuple(
+        p.to(kv.dtype) if f is None else PackedRows(pack_rows(p, f), f)
+        for p, f in zip(parts, formats)
+    )
+
+
 def _inputs(gen, device, *, rows, heads, dim, window, entries, num_kv, dtype, kv_dtype, sources):
     q = torch.randn(rows, heads, dim, generator=gen).to(dtype)
     kv = torch.randn(num_kv, dim, generator=gen)
@@ -50,11 +64,20 @@ def _inputs(gen, device, *, rows, heads, dim, window, entries, num_kv, dtype, kv
     idx = make_index_lists(gen, rows=rows, window=window, entries=entries, num_kv=num_kv)
     sink = torch.randn(heads, generator=gen) * 2.0
     scale = dim**-0.5 * 2.0  # peakier than 1/sqrt(d) so the softmax is far from uniform
+    if sources is not None and any(isinstance(s, RowFormat) for s in sources):
+        kv = tuple(_to(s, device) for s in packed_sources(kv, sources))
+        return (q.to(device), kv, idx.to(device), sink.to(device), scale), {}
     if sources is not None:
         kv = split_sources(kv, sources)
         return (q.to(device), tuple(s.to(device) for s in kv), idx.to(device),
                 sink.to(device), scale), {}  # fmt: skip
     return (q.to(device), kv.to(device), idx.to(device), sink.to(device), scale), {}
+
+
+def _to(source, device):
+    if isinstance(source, PackedRows):
+        return PackedRows(source.data.to(device), source.fmt)
+    return source.to(device)
 
 
 def _row_strided(t: torch.Tensor) -> torch.Tensor:
@@ -74,12 +97,18 @@ def _strided(args):
     return (wide[..., : q.shape[2]], kv, wide_idx[:, : idx.shape[1]], sink, scale)
 
 
+def _source_name(source) -> str:
+    if isinstance(source, RowFormat):
+        return f"-{source.code}x{source.block}{source.scale}"
+    return "-fp8" if source == FP8 else ""
+
+
 def _case(scale, rows, heads, dim, window, entries, num_kv, dtype, kv_dtype=None, sources=None):
     """``sources``: the dtypes of three KV sources (None: one tensor)."""
     atol, rtol = tolerance(dtype)
     kv_name = "" if kv_dtype is None else "-kvfp8"
     if sources is not None:
-        kv_name += "-3src" + "".join("-fp8" if d == FP8 else "" for d in sources)
+        kv_name += "-3src" + "".join(_source_name(d) for d in sources)
     return Case(
         op="sparse_mqa_sink",
         name=f"{rows}x{heads}x{dim}-w{window}+{entries}of{num_kv}"
@@ -103,6 +132,15 @@ def _case(scale, rows, heads, dim, window, entries, num_kv, dtype, kv_dtype=None
     )
 
 
+# cache formats at the small cases' width 64 (the real ones in cases.cache_rows)
+KV64 = RowFormat(64, 48, "e4m3", 16, "ue8m0")  # V4-like: FP8 head, bf16 tail
+KV64_F32 = RowFormat(64, 48, "e4m3", 16, "ue8m0", torch.float32)
+ENTRY64 = RowFormat(64, 64, "e2m1", 16, "e4m3")  # V4.1 latents
+FP8_ROWS64 = RowFormat(64, 64, "e4m3", 32, "ue8m0")  # V4.1 window
+V4_KV = RowFormat(512, 448, "e4m3", 64, "ue8m0")
+V41_KV = RowFormat(512, 512, "e4m3", 32, "ue8m0")
+V41_ENTRY = RowFormat(512, 512, "e2m1", 16, "e4m3")
+
 register(
     _case("small", 1, 16, 64, 8, 24, 100, torch.float32),
     _case("small", 5, 16, 64, 16, 40, 300, torch.bfloat16),
@@ -110,9 +148,15 @@ register(
     _case("small", 3, 16, 64, 8, 40, 120, torch.bfloat16, FP8),
     _case("small", 4, 16, 64, 16, 40, 300, torch.float32, sources=(None, None, None)),
     _case("small", 5, 16, 64, 16, 40, 300, torch.bfloat16, sources=(FP8, None, FP8)),
+    _case("small", 4, 16, 64, 16, 40, 300, torch.bfloat16, sources=(KV64, None, ENTRY64)),
+    _case("small", 3, 16, 64, 8, 24, 200, torch.float32, sources=(FP8_ROWS64, None, KV64_F32)),
     _case("real", 64, 64, 512, 128, 512, 131072 + 128, torch.bfloat16),
     _case("real", 64, 64, 512, 128, 512, 131072 + 128, torch.bfloat16, FP8),
     _case("real", 7, 64, 512, 128, 512, 4096, torch.float32),
     _case("real", 64, 64, 512, 128, 512, 131072 + 128, torch.bfloat16, sources=(FP8, None, FP8)),
+    _case(
+        "real", 64, 64, 512, 128, 512, 131072 + 128, torch.bfloat16, sources=(V4_KV, None, V4_KV)
+    ),
+    _case("real", 64, 64, 512, 128, 512, 65536, torch.bfloat16, sources=(V41_KV, None, V41_ENTRY)),
     _case("real", 1024, 64, 512, 128, 512, 65536, torch.bfloat16),
 )
