@@ -10,6 +10,7 @@ worker is then stopped and reaped, and the group refuses further calls.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
@@ -95,10 +96,8 @@ class SpawnedRanks:
     def close(self) -> None:
         """Ask the workers to stop, then stop and reap them (idempotent)."""
         for conn in self._conns:
-            try:
+            with contextlib.suppress(BrokenPipeError, OSError):  # already gone
                 conn.send(("stop", None))
-            except (BrokenPipeError, OSError):
-                pass
         deadline = time.monotonic() + TERMINATE_GRACE_S
         for proc in self._procs:
             if proc.pid is not None:
@@ -187,7 +186,9 @@ class SpawnedRanks:
         for rank in late:
             path = Path(self._stacks.name, f"{rank}.txt")
             frames = path.read_text().strip().splitlines()[1:4] if path.exists() else []
-            message += f"\nrank {rank} was at: " + ("\n".join(frames) or "(no stack: not responding)")
+            message += f"\nrank {rank} was at: " + (
+                "\n".join(frames) or "(no stack: not responding)"
+            )
         return WorkerError(late[0], message)
 
     def _fail(self, error: WorkerError) -> WorkerError:

@@ -60,8 +60,12 @@ class TorchrunRanks:
         self.world_size = world_size
 
     def execute(self, outputs: dict[int, SchedulerOutput]) -> dict[int, ModelRunnerOutput]:
-        self._send([("execute", outputs[r]) if r in outputs else ("skip", None)
-                    for r in range(self.world_size)])  # fmt: skip
+        self._send(
+            [
+                ("execute", outputs[r]) if r in outputs else ("skip", None)
+                for r in range(self.world_size)
+            ]
+        )
         mine = self.executor.execute(outputs[0]) if 0 in outputs else None
         gathered: list[Any] = [None] * self.world_size
         dist.gather_object(mine, gathered, dst=0, group=self.control)

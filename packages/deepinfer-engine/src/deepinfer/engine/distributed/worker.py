@@ -8,6 +8,7 @@ model side can form its expert-parallel communicator from it.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
@@ -94,7 +95,5 @@ def serve(executor: Any, conn) -> None:
 
 
 def _report(conn, trace: str) -> None:
-    try:
+    with contextlib.suppress(BrokenPipeError, OSError):  # the front end is gone: nobody to tell
         conn.send(("error", trace))
-    except (BrokenPipeError, OSError):
-        pass  # the front end is gone; nobody to tell
