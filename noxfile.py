@@ -89,7 +89,10 @@ def scripts(session: nox.Session) -> None:
     and engine internals, so they live beside the scripts, not in ``integration/``."""
     accelerator = machine_accelerator()
     _sync(session, "--all-packages", "--group", "bench")
-    _pytest(session, accelerator, "benchmarks/tests", "examples/tiny_model/tests")
+    _pytest(
+        session, accelerator, "benchmarks/tests", "examples/tiny_model/tests",
+        "examples/distributed/tests",
+    )  # fmt: skip
 
 
 @nox.session

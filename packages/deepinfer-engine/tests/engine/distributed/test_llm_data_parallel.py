@@ -1,0 +1,133 @@
+"""LLM(data_parallel_size=N) on CPU processes over gloo, on tiny real checkpoints.
+
+With ``DEEPINFER_BATCH_INVARIANT=1`` greedy and seeded outputs of mixed prompts equal the
+single-process run token for token and logprob for logprob (16 short prompts: the invariant CPU
+path runs row by row); without it, the tokens of 50 prompts are the same and their logprobs
+agree within 1e-4. A bad request fails alone, a killed or stopped worker fails the call naming its rank
+within the step timeout, and no worker outlives the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from deepinfer.engine.frontend.llm import LLM
+from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config, tiny_v41_config
+from deepinfer.parallel import WorkerError
+from deepinfer.sampling import SamplingParams, StructuredOutputs
+
+MAX_TOKENS = 3
+NUM_INVARIANT_PROMPTS = 16
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """(directory, block size) of a float V4.1 and a float V4 checkpoint."""
+    v41 = tmp_path_factory.mktemp("v41")
+    make_random_checkpoint(v41, tiny_v41_config(vision=False), quantized=False, seed=0)
+    v4 = tmp_path_factory.mktemp("v4")
+    make_random_checkpoint(v4, tiny_v4_config(), quantized=False, seed=0)
+    return {"v41": (v41, 16), "v4": (v4, 128)}
+
+
+def _prompts(num: int = 50, longest: int = 24) -> list[list[int]]:
+    rng = random.Random(0)
+    return [[rng.randrange(20, 250) for _ in range(rng.randrange(2, longest))] for _ in range(num)]
+
+
+def _params(num: int = 50) -> list[SamplingParams]:
+    """Greedy and seeded sampling, alternating, with the top-2 logprobs of each token."""
+    return [
+        SamplingParams(
+            temperature=0.0 if i % 2 == 0 else 0.9,
+            seq_seed=1000 + i,
+            max_tokens=MAX_TOKENS,
+            ignore_eos=True,
+            logprobs=2,
+        )
+        for i in range(num)
+    ]
+
+
+def _engine(checkpoint, **kwargs) -> LLM:
+    directory, block_size = checkpoint
+    return LLM(
+        str(directory),
+        dtype="float32",
+        block_size=block_size,
+        max_model_len=128,
+        speculative_tokens=0,
+        **kwargs,
+    )
+
+
+def _generate(llm: LLM, num: int = 50, longest: int = 24):
+    prompts, params = _prompts(num, longest), _params(num)
+    return llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("kind,ranks", [("v41", 2), ("v4", 4)])
+def test_batch_invariant_outputs_equal_the_single_process(checkpoints, monkeypatch, kind, ranks):
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+    expected = _generate(_engine(checkpoints[kind]), NUM_INVARIANT_PROMPTS, longest=10)
+    llm = _engine(checkpoints[kind], data_parallel_size=ranks, expert_parallel_size=ranks)
+    try:
+        outputs = _generate(llm, NUM_INVARIANT_PROMPTS, longest=10)
+    finally:
+        llm.close()
+    assert [o.request_id for o in outputs] == [o.request_id for o in expected]
+    for got, want in zip(outputs, expected, strict=True):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+        assert got.outputs[0].logprobs == want.outputs[0].logprobs
+
+
+def test_logprobs_agree_and_a_bad_request_fails_alone(checkpoints):
+    expected = _generate(_engine(checkpoints["v41"]))
+    llm = _engine(checkpoints["v41"], data_parallel_size=2, expert_parallel_size=2)
+    try:
+        outputs = _generate(llm)
+        bad = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputs(regex="(unclosed"))
+        good = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        mixed = llm.generate(["a", "b", "c", "d"], [good, bad, good, good], use_tqdm=False)
+    finally:
+        llm.close()
+    for got, want in zip(outputs, expected, strict=True):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+        for got_lp, want_lp in zip(got.outputs[0].logprobs, want.outputs[0].logprobs, strict=True):
+            assert got_lp.keys() == want_lp.keys()
+            assert all(abs(got_lp[t] - want_lp[t]) <= 1e-4 for t in got_lp)
+    assert mixed[1].outputs[0].finish_reason == "error" and mixed[1].outputs[0].error
+    assert [mixed[i].outputs[0].finish_reason for i in (0, 2, 3)] == ["length"] * 3
+
+
+@pytest.mark.parametrize("fault", ["killed", "stopped"])
+def test_a_dead_or_hung_worker_fails_the_call_naming_its_rank(checkpoints, fault):
+    llm = _engine(checkpoints["v41"], data_parallel_size=2, distributed_timeout_s=10)
+    pids = llm._core.ranks.pids
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    stream = llm.stream(prompt_token_ids=_prompts()[:8], sampling_params=params)
+    next(stream)  # generation is under way
+    os.kill(pids[1], signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="rank 1") as failure:
+        for _ in stream:
+            pass
+    assert failure.value.rank == 1
+    assert time.monotonic() - start < 30
+    assert ("SIGKILL" if fault == "killed" else "did not answer within 10 s") in str(failure.value)
+    assert not any(_alive(pid) for pid in pids)
+    with pytest.raises(WorkerError, match="workers stopped"):
+        llm.generate(prompt_token_ids=[[5, 6, 7]], use_tqdm=False)
