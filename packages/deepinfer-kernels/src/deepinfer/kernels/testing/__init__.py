@@ -30,6 +30,7 @@ import torch
 from deepinfer.kernels.registry import OPS
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+Comparison = Callable[[Any, Any, tuple[Any, ...], dict[str, Any], "Case", str], None]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class Case:
     make_inputs(generator, device) -> (args, kwargs): fresh random inputs.
     out_names: keyword outputs the op accepts (``out``, ``residual_out``); the kit poisons them.
     make_strided(args) -> args: the same values as non-contiguous views, or None.
+    compare(got, want, args, kwargs, case, how): replaces the elementwise comparison for ops
+    that select (``deepinfer.kernels.testing.selection``), where near-tied choices may differ.
     """
 
     op: str
@@ -50,6 +53,7 @@ class Case:
     atol: float = 1e-5
     rtol: float = 1e-5
     tags: frozenset[str] = field(default_factory=frozenset)
+    compare: Comparison | None = None
 
     def __str__(self) -> str:
         return f"{self.op}-{self.name}"
@@ -97,7 +101,10 @@ def _poisoned_like(t: torch.Tensor) -> torch.Tensor:
     return torch.full_like(t, -12345)
 
 
-def _compare(got: Any, want: Any, case: Case, how: str) -> None:
+def _compare(got: Any, want: Any, case: Case, how: str, inputs: Inputs) -> None:
+    if case.compare is not None:
+        case.compare(got, want, *inputs, case, how)
+        return
     got_t, want_t = _as_tuple(got), _as_tuple(want)
     assert len(got_t) == len(want_t), f"{case} ({how}): {len(got_t)} outputs, want {len(want_t)}"
     for i, (g, w) in enumerate(zip(got_t, want_t)):
@@ -127,21 +134,22 @@ def check_case(
     want = reference(*args, **kwargs)
     want_t = _as_tuple(want)
 
-    _compare(impl(*args, **kwargs), want, case, "allocating")
+    inputs = (args, kwargs)
+    _compare(impl(*args, **kwargs), want, case, "allocating", inputs)
 
     if case.out_names:
         outs = {n: _poisoned_like(w) for n, w in zip(case.out_names, want_t)}
         got = impl(*args, **kwargs, **outs)
         for n, w in zip(case.out_names, want_t):
-            _compare(outs[n], w, case, f"into poisoned {n}=")
-        _compare(got, want, case, "returned with out=")
+            _compare(outs[n], w, case, f"into poisoned {n}=", inputs)
+        _compare(got, want, case, "returned with out=", inputs)
 
     if case.make_strided is not None:
         strided = case.make_strided(args)
         assert any(isinstance(a, torch.Tensor) and not a.is_contiguous() for a in strided), (
             f"{case}: make_strided produced no non-contiguous input"
         )
-        _compare(impl(*strided, **kwargs), want, case, "non-contiguous inputs")
+        _compare(impl(*strided, **kwargs), want, case, "non-contiguous inputs", inputs)
 
 
 def patch_triton_interpreter() -> None:

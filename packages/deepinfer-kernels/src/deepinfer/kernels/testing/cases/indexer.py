@@ -9,6 +9,7 @@ import functools
 import torch
 
 from deepinfer.kernels.testing import Case, register, tolerance
+from deepinfer.kernels.testing.selection import compare_select_topk
 
 SCORES_TOL = 1e-4  # fp32 accumulation in another order
 
@@ -124,6 +125,7 @@ def _cases(scale, topk_shapes, cand_shapes, hadamard_shapes):
                 functools.partial(_topk_inputs, rows=rows, width=width, k=k),
                 atol=0,
                 rtol=0,
+                compare=compare_select_topk,
             )
         )
     for rows, width, blocks, bs in cand_shapes:

@@ -5,6 +5,9 @@ Random logits are not enough for that: near 1 a sigmoid's fp32 spacing merges lo
 apart, so among thousands of tokens some top-k scores tie (or differ by one rounding between
 implementations) and the order of the tied ids is arbitrary. Each token's logits are therefore a
 random permutation of evenly spaced values in [-4, 4], jittered by a quarter of the spacing.
+The bias (selection only) brings some ``score + bias`` pairs arbitrarily close again, so ids are
+compared modulo near-ties (:mod:`deepinfer.kernels.testing.selection`) and the weights of each
+row against the reference weights of the kernel's own ids.
 
 fp4_moe_experts: FP4 weights dequantise exactly and every product is exact in fp32, so kernels
 differ from the reference by summation order, by which side of an FP8 / bf16 rounding boundary
@@ -21,6 +24,7 @@ import torch
 
 from deepinfer.kernels.testing import Case, register
 from deepinfer.kernels.testing.cases.gemm import _device_generator
+from deepinfer.kernels.testing.selection import compare_route_topk
 
 ROUTING = dict(route_scale=1.5, renormalize=True)
 
@@ -83,7 +87,10 @@ def _routing_cases(scale, shapes):
                     scoring_func=func, norm_eps=eps, with_bias=with_bias,
                 )  # fmt: skip
                 name = f"{tag}-{func}-{'bias' if with_bias else 'nobias'}"
-                cases.append(Case("route_topk", name, scale, make, atol=1e-6, rtol=1e-5))
+                cases.append(
+                    Case("route_topk", name, scale, make, atol=1e-6, rtol=1e-5,
+                         compare=compare_route_topk)
+                )  # fmt: skip
             make = functools.partial(
                 _hash_inputs, tokens=tokens, experts=experts, top_k=top_k,
                 scoring_func=func, norm_eps=0.0,
