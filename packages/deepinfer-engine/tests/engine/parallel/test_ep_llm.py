@@ -25,7 +25,7 @@ def checkpoint(tmp_path_factory):
 
 def _outputs(checkpoint, **parallel):
     rng = random.Random(1)
-    prompts = [[rng.randrange(20, 500) for _ in range(rng.randrange(3, 20))] for _ in range(12)]
+    prompts = [[rng.randrange(20, 500) for _ in range(rng.randrange(3, 20))] for _ in range(8)]
     params = [
         SamplingParams(
             temperature=0.0 if i % 2 else 0.8, seq_seed=i, max_tokens=5, ignore_eos=True, logprobs=2
