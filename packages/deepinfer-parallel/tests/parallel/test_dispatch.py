@@ -140,3 +140,19 @@ def test_dispatch_and_combine_reject_bad_shapes():
         combine(received, torch.rand(4, TOP_K + 1), handle, comm)
     with pytest.raises(ValueError, match="expert_out: expected \\[R=12, D\\]"):
         combine(received[1:], torch.rand(4, TOP_K), handle, comm)
+
+
+def test_combine_sums_bf16_rows_into_the_requested_dtype():
+    """Rows travel in bf16; with ``out_dtype=float32`` the sum is the one of their fp32 values,
+    not rounded back to bf16."""
+    comm = SingleProcessComm()
+    gen = torch.Generator().manual_seed(7)
+    hidden = torch.randn(9, HIDDEN, generator=gen).bfloat16()
+    slots = torch.randint(0, SLOTS_PER_RANK, (9, TOP_K), generator=gen)
+    weights = torch.rand(9, TOP_K, generator=gen)
+    received, _, handle = dispatch(hidden, slots, SLOTS_PER_RANK, comm)
+    out = (received.float() * 3.3).bfloat16()
+    wide = combine(out, weights, handle, comm, out_dtype=torch.float32)
+    assert wide.dtype == torch.float32
+    assert torch.equal(wide, combine(out.float(), weights, handle, comm))
+    assert not torch.equal(wide, combine(out, weights, handle, comm).float())

@@ -126,7 +126,11 @@ def dispatch_pairs(
 
 
 def combine(
-    expert_out: torch.Tensor, topk_weights: torch.Tensor, handle: DispatchHandle, comm: Communicator
+    expert_out: torch.Tensor,
+    topk_weights: torch.Tensor,
+    handle: DispatchHandle,
+    comm: Communicator,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Return expert outputs to their tokens and sum them, weighted, in a fixed order.
 
@@ -134,10 +138,12 @@ def combine(
         expert_out: [R, D], row ``i`` the expert output for ``received[i]`` of the dispatch.
         topk_weights: [T, K], any float dtype, the router weight of each (token, k) pair.
         handle: from the matching :func:`dispatch`.
+        out_dtype: the result's dtype (None: ``expert_out.dtype``); the rows travel in
+            ``expert_out.dtype`` either way, so bf16 outputs summed into fp32 move half the bytes.
     Returns:
-        [T, D] ``expert_out.dtype``: ``sum_k topk_weights[t, k] * out[t, k]``, accumulated in
-        fp32 over k = 0..K-1, one multiply and one add per step (no fused multiply-add, whose
-        rounding could differ between vectorised and scalar paths), then cast.
+        [T, D] ``out_dtype``: ``sum_k topk_weights[t, k] * out[t, k]``, accumulated in fp32 over
+        k = 0..K-1, one multiply and one add per step (no fused multiply-add, whose rounding
+        could differ between vectorised and scalar paths), then cast.
     """
     num_tokens, top_k = handle.num_tokens, handle.top_k
     if expert_out.dim() != 2 or expert_out.shape[0] != sum(handle.recv_splits):
@@ -159,7 +165,7 @@ def combine(
     )
     for k in range(top_k):
         acc += per_pair[:, k].float() * weights[:, k, None]
-    return acc.to(expert_out.dtype)
+    return acc.to(out_dtype or expert_out.dtype)
 
 
 def group_by_slot(

@@ -108,8 +108,11 @@ def expert_parallel_routed(
     global_slot = route_to_slots(ids, slots.tables, keys)
     received, local_slot, handle = dispatch(x, global_slot, per_rank, comm)
     route_weight = dispatch_pairs(weights, handle, comm)
+    # expert outputs travel back in the activation dtype: each is already rounded to it (the
+    # loop's experts return it, the grouped op rounds each slot's output to bf16), so the fp32
+    # sum below is the single-process one
     if grouped and received.shape[0] == 0:
-        out = received.new_empty(received.shape, dtype=torch.float32)
+        out = received.new_empty(received.shape)
     elif grouped:
         w13, w13_scale, w2, w2_scale = moe.stacked_experts()
         out = K.fp4_moe_experts(
@@ -122,11 +125,11 @@ def expert_parallel_routed(
             w2_scale,
             swiglu_limit=moe.swiglu_limit,
             act_quant_group=moe.expert_list()[0].w1.act_quant_group,
-        )
+        ).to(received.dtype)
     else:
         out = _run_slots(moe.expert_list(), received, route_weight, local_slot, per_rank)
     # router weights were applied inside the experts: combine only sums, in k order
-    return combine(out, torch.ones_like(weights), handle, comm)
+    return combine(out, torch.ones_like(weights), handle, comm, out_dtype=torch.float32)
 
 
 def expert_parallel_idle(moe: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -141,11 +144,11 @@ def expert_parallel_idle(moe: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _run_slots(experts, received, route_weight, local_slot, per_rank) -> torch.Tensor:
-    out = received.new_zeros(received.shape, dtype=torch.float32)
+    out = received.new_zeros(received.shape)
     order, counts = group_by_slot(local_slot, per_rank)
     for slot, rows in enumerate(order.split(counts.tolist())):
         if rows.numel():
-            out[rows] = experts[slot](received[rows], route_weight[rows]).float()
+            out[rows] = experts[slot](received[rows], route_weight[rows])
     return out
 
 
