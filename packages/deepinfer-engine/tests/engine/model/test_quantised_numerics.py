@@ -159,3 +159,7 @@ def test_quant_simulation_is_refused_naming_its_replacement(checkpoint):
         load_config(checkpoint, quant_simulation=True)
     with pytest.raises(ConfigError, match="'numerics' = 'fp8'"):
         load_config(checkpoint, numerics="fp8")
+    from deepinfer.engine.frontend.llm import LLM
+
+    with pytest.raises(TypeError, match="'quant_simulation' was replaced by numerics"):
+        LLM(str(checkpoint), quant_simulation=False)  # refused before anything loads
