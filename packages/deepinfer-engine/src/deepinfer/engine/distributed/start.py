@@ -49,7 +49,8 @@ def start_ranks(config: EngineConfig) -> LoadedModel:
     ranks = SpawnedRanks(config, backend, num_threads)
     first = ranks.infos[0].loaded
     logger.info(
-        "data parallel: %d ranks (expert parallel %d) over %s",
+        "data parallel: %d ranks (expert parallel %d) over %s, stepping synchronously "
+        "(asynchronous scheduling does not span ranks yet)",
         config.data_parallel_size,
         config.expert_parallel_size,
         backend,
