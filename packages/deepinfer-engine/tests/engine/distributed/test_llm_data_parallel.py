@@ -58,6 +58,7 @@ def _engine(checkpoint, **kwargs) -> LLM:
     directory, block_size = checkpoint
     return LLM(
         str(directory),
+        accelerator="cpu",  # gloo ranks on any machine
         dtype="float32",
         block_size=block_size,
         max_model_len=128,
