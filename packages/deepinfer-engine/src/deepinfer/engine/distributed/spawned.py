@@ -88,7 +88,13 @@ class SpawnedRanks:
                 self._conns[rank].send(("execute", so))
             except (BrokenPipeError, OSError):
                 break  # that worker is gone: _gather names it
-        return self._gather(outputs, self.timeout_s)
+        try:
+            return self._gather(outputs, self.timeout_s)
+        except WorkerError:
+            raise
+        except BaseException:  # interrupted mid-step: replies would no longer match requests
+            self._fail(WorkerError(0, "a step was interrupted; the workers were stopped"))
+            raise
 
     def end_call(self) -> None:
         pass  # spawned workers serve until closed
