@@ -215,6 +215,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.ep < 1:
         parser.error(f"--ep {args.ep}: expected >= 1")
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: expected >= 1 (timed runs after a warm-up)")
     result = {"env": environment() if torch.cuda.is_available() else None, **run(args)}
     gib = 2**30
     print(
