@@ -255,7 +255,8 @@ def training_batch(
         ),
         state_slots=torch.arange(batch, dtype=torch.int32, device=device),
     )
-    cache = ModelCache(config, layout, dtype=cache_dtype, device=device)
+    # float rows whatever the numerics: training backpropagates through the cache
+    cache = ModelCache(config, layout, dtype=cache_dtype, device=device, packed=False)
     metadata = build_metadata(fb, config, layout, cache.ring_size)
     return TrainingBatch(fb, cache, metadata)
 

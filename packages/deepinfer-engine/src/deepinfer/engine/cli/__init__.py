@@ -12,6 +12,11 @@ def _info(args: argparse.Namespace) -> int:
 
     try:
         print(report(args.accelerator))
+        if args.model is not None:
+            from deepinfer.engine.cli.info import model_report
+
+            print()
+            print(model_report(args.model))
     except AcceleratorUnavailableError as e:
         print(f"deepinfer: error: {e}", file=sys.stderr)
         return 2
@@ -35,6 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "nvidia", "ascend", "cpu"],
         default=None,
         help="accelerator to report on (default: DEEPINFER_ACCELERATOR, else detect)",
+    )
+    info.add_argument(
+        "--model",
+        default=None,
+        metavar="DIR",
+        help="also report this checkpoint's KV cache: formats, bytes per token and sequence, "
+        "and the capacity the engine would size",
     )
     info.set_defaults(func=_info)
     from deepinfer.engine.cli.bench import add_bench_command

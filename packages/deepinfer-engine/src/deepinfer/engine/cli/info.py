@@ -1,10 +1,12 @@
 """What ``deepinfer info`` reports: versions, the accelerator chosen and why, devices, and which
-backend implements each op natively."""
+backend implements each op natively; with ``--model DIR`` also the model's KV cache: its
+formats, bytes per token and per sequence, and the capacity the engine would size."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import platform
+from pathlib import Path
 
 DISTRIBUTIONS = (
     "deepinfer-kernels",
@@ -76,4 +78,41 @@ def report(accelerator: str | None = None) -> str:
     ]
     lines += ["", "ops (implementation per backend):"]
     lines += ["  " + r for r in _table(["op", *accels], rows)]
+    return "\n".join(lines)
+
+
+def model_report(model: str) -> str:
+    """The KV cache of the checkpoint ``model`` (its config only; no weights are read): formats,
+    bytes, and the capacity the start-up sizing would give without its profile run."""
+    import torch
+
+    from deepinfer.engine.checkpoint import resolve_model_path
+    from deepinfer.engine.config import EngineConfig
+    from deepinfer.engine.model.config_parsing import load_config
+    from deepinfer.engine.runner.cache_report import cache_lines, estimate_capacity
+    from deepinfer.engine.runner.loading import CPU_CACHE_BUDGET
+
+    path = resolve_model_path(model, weights=False)
+    config = load_config(path)
+    defaults = EngineConfig.__dataclass_fields__
+    block_size = defaults["block_size"].default
+    lines = [f"model: {path} ({config.architecture}, {config.num_layers} layers)", "KV cache:"]
+    lines += [f"  {line}" for line in cache_lines(config, block_size=block_size)]
+    weights = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+    if torch.cuda.is_available():
+        memory, used = torch.cuda.get_device_properties(0).total_memory, weights
+        utilization = defaults["gpu_memory_utilization"].default
+        where = f"cuda:0 at gpu_memory_utilization {utilization}, weights {weights / 2**30:.1f} GiB"
+    else:
+        memory, used, utilization = CPU_CACHE_BUDGET, 0, 1.0
+        where = f"cpu, the engine's cache budget {CPU_CACHE_BUDGET / 2**30:.0f} GiB"
+    try:
+        capacity = estimate_capacity(
+            config, memory_bytes=memory, used_bytes=used, utilization=utilization,
+            max_num_seqs=defaults["max_num_seqs"].default, block_size=block_size,
+        )  # fmt: skip
+        found = capacity.describe()
+    except ValueError as e:
+        found = str(e)
+    lines.append(f"  capacity ({where}; activations not counted): {found}")
     return "\n".join(lines)

@@ -88,8 +88,8 @@ class Attention(nn.Module):
         kv = self.simulate_kv(K.apply_rope(self.kv_norm(self.wkv(x)), cos, sin))
         sources, indices = self.kv_sources(x, qr, kv, ctx)
         o = K.sparse_mqa_sink(q, sources, indices, self.attn_sink, self.head_dim**-0.5)
-        md, window = ctx.metadata, ctx.cache[f"{self.layer_id}.window"]
-        window.index_copy_(0, md.window_write_dst, kv[md.window_write_src].to(window.dtype))
+        md = ctx.metadata
+        ctx.cache.write(f"{self.layer_id}.window", md.window_write_dst, kv[md.window_write_src])
         o = K.apply_rope(o.to(x.dtype), cos, sin, inverse=True)
         grouped = o.reshape(o.shape[0], self.groups, -1)
         z = K.grouped_linear(grouped, self.wo_a.weight, self.wo_a.scale, block_size=self.wo_a.block)
@@ -98,10 +98,11 @@ class Attention(nn.Module):
     def kv_sources(self, x, qr, kv, ctx: StepContext) -> tuple[tuple[torch.Tensor, ...], Tensor]:
         """(the KV sources attention reads in place: window rings, this step's KV, compressed
         arena; index lists ``[T, W + K]`` into their virtual concatenation). The step's KV is
-        written to the rings after attention, so eager and graph-replay steps read alike."""
+        written to the rings after attention, so eager and graph-replay steps read alike.
+        Cache rows in the model's formats are read packed (the op dequantises them)."""
         md = ctx.metadata
-        window = ctx.cache[f"{self.layer_id}.window"][: md.window_base]
-        sources = (window, kv.to(window.dtype))
+        window = ctx.cache.rows(f"{self.layer_id}.window")[: md.window_base]
+        sources = (window, kv.to(ctx.cache.dtype))
         if not self.ratio:
             return sources, md.window_indices
         arena, rows, _ = self.compressed_entries(x, qr, ctx)
@@ -123,15 +124,19 @@ class Attention(nn.Module):
         source = c.kv_source_of(self.layer_id)
         if source == self.layer_id and not ctx.entries_written:
             self.write_entries(x, ctx)
-        return ctx.cache[f"{source}.kv"], self.selection.rows(x, qr, ctx, plan), plan
+        return ctx.cache.rows(f"{source}.kv"), self.selection.rows(x, qr, ctx, plan), plan
 
     def write_entries(self, x: torch.Tensor, ctx: StepContext) -> None:
         """Compress ``x`` into this kv source's entries completed this step and their index
         keys (a YoCo boundary calls it on every row before truncation drops some)."""
         plan = ctx.metadata.plans[(self.ratio, overlapped(self.config, self.layer_id))]
-        arena = ctx.cache[f"{self.layer_id}.kv"]
+        key = f"{self.layer_id}.kv"
         latent = self.compressor(x, ctx, plan, f"{self.layer_id}.comp")
         cos_e, sin_e = ctx.entry_angles(plan.emit_positions)
         self.selection.write_keys(latent, cos_e, sin_e, ctx, plan)
-        entries = self.rounding.entries(K.apply_rope(latent, cos_e, sin_e))
-        arena.index_copy_(0, plan.emit_rows, entries.to(arena.dtype))
+        entries = K.apply_rope(latent, cos_e, sin_e)
+        # a packed arena rounds as the model does, from the unrounded rows (FP4 with e4m3
+        # scales does not re-pack its own rounded values exactly)
+        if key not in ctx.cache.formats:
+            entries = self.rounding.entries(entries)
+        ctx.cache.write(key, plan.emit_rows, entries)

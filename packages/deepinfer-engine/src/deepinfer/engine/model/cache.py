@@ -12,7 +12,12 @@ windows (``2 * ratio`` rows for the overlapped ratio-4 compressor, ``ratio`` oth
 the position bias added). Addressed by a state-slot id per sequence. The Engram n-gram
 history has its own per-slot tensor in :attr:`ModelCache.extra`.
 
-Every tensor is flat ``[rows, width]`` so kernels index rows directly.
+Every tensor is flat ``[rows, width]`` so kernels index rows directly. When the model rounds
+its cache (its own numerics, not the pure-float debug path), the window KV, the compressed
+entries and the indexer keys are stored in the formats it rounds to (:func:`storage_formats`:
+``uint8 [rows, row_bytes]``, FP8 / FP4 codes with their scales): :meth:`ModelCache.write` packs,
+:meth:`ModelCache.rows` hands readers :class:`~deepinfer.kernels.PackedRows`, which they
+dequantise to exactly the values a float cache would hold.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
+import deepinfer.kernels as K
 from deepinfer.engine.model.config import ModelConfig
-from deepinfer.engine.model.variant import variant_of
+from deepinfer.engine.model.variant import NoRounding, variant_of
+from deepinfer.kernels import PackedRows, RowFormat
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,29 @@ def compressor_state_rows(config: ModelConfig, layer_id: int, max_draft: int = 0
     return (2 * ratio if overlapped(config, layer_id) else ratio) + max_draft
 
 
+def storage_formats(config: ModelConfig, dtype: torch.dtype) -> dict[str, RowFormat]:
+    """The row format of each cache kind (``window``, ``kv``, ``index_keys``) the model rounds
+    to (:mod:`.variant`; spec 2.3, 2.6, 7.1), tails in ``dtype``; none without rounding. A kind
+    whose width does not split into whole blocks (tiny test shapes) is not rounded, nor packed."""
+    if isinstance(variant_of(config).kv_rounding(config), NoRounding):
+        return {}
+    hd, nope, idx = config.head_dim, config.nope_head_dim, config.index_head_dim
+    if config.is_v41:
+        kinds = {
+            "window": (hd, "e4m3", 32, "ue8m0"),
+            "kv": (hd, "e2m1", 16, "e4m3"),
+        }
+    else:
+        kinds = {"window": (nope, "e4m3", 64, "ue8m0"), "kv": (nope, "e4m3", 64, "ue8m0")}
+    kinds["index_keys"] = (idx, "e2m1", 32, "ue8m0")
+    dims = {"window": hd, "kv": hd, "index_keys": idx}
+    return {
+        kind: RowFormat(dims[kind], quantised, code, block, scale, dtype)
+        for kind, (quantised, code, block, scale) in kinds.items()
+        if quantised and quantised % block == 0
+    }
+
+
 class ModelCache:
     """All cache tensors of one model, keyed ``"{layer}.{what}"``.
 
@@ -62,6 +92,8 @@ class ModelCache:
     (epb = block_size / ratio); ``index_keys`` ``[num_blocks * epb, index_head_dim]``;
     ``comp_kv`` / ``comp_score`` ``[num_slots * rows, coff * head_dim]`` fp32;
     ``index_comp_kv`` / ``index_comp_score`` likewise at the indexer width (V4 CSA).
+    ``window``, ``kv`` and ``index_keys`` are ``uint8 [rows, row_bytes]`` where
+    :attr:`formats` has a format for the key (``packed=False``: always ``dtype``).
     """
 
     def __init__(
@@ -71,9 +103,12 @@ class ModelCache:
         *,
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str = "cpu",
+        packed: bool = True,
     ) -> None:
         self.config, self.layout, self.dtype = config, layout, dtype
         self.ring_size = config.sliding_window + layout.max_draft
+        self.kind_formats = storage_formats(config, dtype) if packed else {}
+        self.formats: dict[str, RowFormat] = {}
         self.tensors: dict[str, torch.Tensor] = {}
         self.extra: dict[str, torch.Tensor] = {}
         for layer_id in range(config.num_layers):
@@ -88,9 +123,7 @@ class ModelCache:
         c, lay = self.config, self.layout
         hd, idx_d = c.head_dim, c.index_head_dim
         slots = lay.num_slots
-        self.tensors[f"{i}.window"] = torch.zeros(
-            slots * self.ring_size, hd, dtype=self.dtype, device=device
-        )
+        self._rows(f"{i}.window", slots * self.ring_size, hd, device)
         ratio = c.compress_ratios[i]
         if ratio == 0 or not c.owns_compressor(i):
             return
@@ -101,7 +134,7 @@ class ModelCache:
                 f"that every ratio in {sorted(set(c.compress_ratios) - {0})} divides)"
             )
         entries = lay.num_blocks * (lay.block_size // ratio)
-        self.tensors[f"{i}.kv"] = torch.zeros(entries, hd, dtype=self.dtype, device=device)
+        self._rows(f"{i}.kv", entries, hd, device)
         rows = slots * compressor_state_rows(c, i, lay.max_draft)
         coff = 2 if overlapped(c, i) else 1
         self._state(f"{i}.comp", rows, coff * hd, device)
@@ -109,11 +142,30 @@ class ModelCache:
         # kv source keeps the index keys its group shares (derived from its own latent)
         own_index_compressor = variant_of(c).own_index_compressor
         if c.owns_indexer(i) or not own_index_compressor:
-            self.tensors[f"{i}.index_keys"] = torch.zeros(
-                entries, idx_d, dtype=self.dtype, device=device
-            )
+            self._rows(f"{i}.index_keys", entries, idx_d, device)
             if own_index_compressor:
                 self._state(f"{i}.index_comp", rows, coff * idx_d, device)
+
+    def _rows(self, key: str, rows: int, width: int, device: torch.device) -> None:
+        """A cache tensor of ``rows`` rows of ``width`` values, packed if its kind has a
+        format."""
+        fmt = self.kind_formats.get(key.rsplit(".", 1)[1])
+        if fmt is None:
+            self.tensors[key] = torch.zeros(rows, width, dtype=self.dtype, device=device)
+            return
+        self.formats[key] = fmt
+        self.tensors[key] = torch.zeros(rows, fmt.row_bytes, dtype=torch.uint8, device=device)
+
+    def rows(self, key: str) -> torch.Tensor | PackedRows:
+        """Tensor ``key`` as its readers take it: float rows, or :class:`PackedRows`."""
+        fmt = self.formats.get(key)
+        return self.tensors[key] if fmt is None else PackedRows(self.tensors[key], fmt)
+
+    def write(self, key: str, dst: torch.Tensor, values: torch.Tensor) -> None:
+        """Store float rows ``values`` ``[n, width]`` at rows ``dst`` of tensor ``key`` (packed
+        in its format, else cast to its dtype)."""
+        t, fmt = self.tensors[key], self.formats.get(key)
+        t.index_copy_(0, dst, values.to(t.dtype) if fmt is None else K.pack_rows(values, fmt))
 
     def _state(self, name: str, rows: int, width: int, device: torch.device) -> None:
         self.tensors[f"{name}_kv"] = torch.zeros(rows, width, dtype=torch.float32, device=device)
@@ -154,10 +206,11 @@ def cache_footprint(
     block_size: int = 128,
     max_draft: int = 0,
     dtype: torch.dtype = torch.bfloat16,
+    packed: bool = True,
 ) -> CacheFootprint:
     """Measured on a one-block, one-slot cache built on the meta device (no memory)."""
     layout = CacheLayout(num_blocks=1, num_slots=1, block_size=block_size, max_draft=max_draft)
-    cache = ModelCache(config, layout, dtype=dtype, device="meta")
+    cache = ModelCache(config, layout, dtype=dtype, device="meta", packed=packed)
     per_block = per_slot = 0
     for key, t in cache.tensors.items():
         size = t.numel() * t.element_size()

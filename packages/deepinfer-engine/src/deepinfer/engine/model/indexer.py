@@ -44,14 +44,14 @@ class Indexer(nn.Module):
         self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, plan: CompressionPlan
     ) -> torch.Tensor:
         """Returns the chosen arena rows ``[T, index_topk]`` (``-1`` = none)."""
-        keys = ctx.cache[f"{self.layer_id}.index_keys"]
+        key = f"{self.layer_id}.index_keys"
         entries = self.compressor(x, ctx, plan, f"{self.layer_id}.index_comp")
         cos_e, sin_e = ctx.entry_angles(plan.emit_positions)
         entries = self.rounding.index(K.apply_rope(entries, cos_e, sin_e))
-        keys.index_copy_(0, plan.emit_rows, entries.to(keys.dtype))
+        ctx.cache.write(key, plan.emit_rows, entries)
         cos, sin = ctx.angles[True]
         q = K.apply_rope(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)), cos, sin)
         q = self.rounding.index(q)
         weights = self.weights_proj(x, out_dtype=torch.float32) * self.weight_scale
-        scores = K.indexer_scores(q, weights, keys, plan.visible)
+        scores = K.indexer_scores(q, weights, ctx.cache.rows(key), plan.visible)
         return K.select_topk(scores, plan.visible, self.topk)

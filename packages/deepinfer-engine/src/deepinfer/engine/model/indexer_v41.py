@@ -7,6 +7,8 @@ Checkpoint tensors (``layers.{i}.attn.indexer.``): ``wk`` ``[index_head_dim, hea
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -47,13 +49,14 @@ class IndexerV41(nn.Module):
         latent: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        keys: torch.Tensor,
+        store: Callable[[torch.Tensor, torch.Tensor], None],
         plan: CompressionPlan,
     ) -> None:
-        """Index keys of the entries completed this step, from the pre-RoPE latent."""
+        """Index keys of the entries completed this step, from the pre-RoPE latent, handed to
+        ``store(arena rows, key rows)`` (the cache packs them in its format)."""
         k = K.apply_rope(self.k_norm(self.wk(latent)), cos, sin)
         k = self.rounding.index(k)
-        keys.index_copy_(0, plan.emit_rows, k.to(keys.dtype))
+        store(plan.emit_rows, k)
 
     def forward(
         self,
@@ -61,7 +64,7 @@ class IndexerV41(nn.Module):
         qr: torch.Tensor,
         ctx: StepContext,
         plan: CompressionPlan,
-        keys: torch.Tensor,
+        keys: torch.Tensor | K.PackedRows,
     ) -> torch.Tensor:
         """Chosen arena rows ``[T, index_topk]`` (``-1`` = none) of this index source."""
         cos, sin = ctx.angles[True]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from deepinfer.engine.model.config import ModelConfig
@@ -48,11 +50,11 @@ class SharedTopK:
         self.scores = config.owns_indexer(layer_id)
 
     def write_keys(self, latent, cos, sin, ctx: StepContext, plan: CompressionPlan) -> None:
-        keys = ctx.cache[f"{self.layer_id}.index_keys"]
-        self.indexer.write_keys(latent, cos, sin, keys, plan)
+        store = functools.partial(ctx.cache.write, f"{self.layer_id}.index_keys")
+        self.indexer.write_keys(latent, cos, sin, store, plan)
 
     def rows(self, x, qr, ctx: StepContext, plan: CompressionPlan) -> torch.Tensor:
         if self.scores:
-            keys = ctx.cache[f"{self.kv_source}.index_keys"]
+            keys = ctx.cache.rows(f"{self.kv_source}.index_keys")
             ctx.selected[self.ratio] = self.indexer(x, qr, ctx, plan, keys)
         return ctx.selected[self.ratio]

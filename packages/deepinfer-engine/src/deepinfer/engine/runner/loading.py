@@ -36,7 +36,8 @@ from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.model.model import build_model
 from deepinfer.engine.model.moe import stack_grouped_experts
 from deepinfer.engine.model.yoco import prefill_truncation
-from deepinfer.engine.runner.capacity import plan_cache_capacity
+from deepinfer.engine.runner.cache_report import cache_lines
+from deepinfer.engine.runner.capacity import CacheCapacity, plan_cache_capacity
 from deepinfer.engine.runner.cost_profile import step_cost_curve
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
 from deepinfer.engine.runner.drafting import DSparkDraftSource
@@ -89,6 +90,10 @@ def load_executor(config: EngineConfig) -> LoadedModel:
     )
     layout = CacheLayout(num_blocks, num_slots, block_size=config.block_size, max_draft=max_draft)
     cache = ModelCache(model_config, layout, dtype=dtype, device=device)
+    capacity = CacheCapacity(num_blocks, num_slots, config.block_size)
+    logger.info("KV cache: %s; %s", capacity.describe(), "; ".join(
+        cache_lines(model_config, block_size=config.block_size, max_draft=max_draft, dtype=dtype)
+    ))  # fmt: skip
     graphs = None
     if use_graphs:
         graphs = DecodeGraphs(model, cache, max_batch_size=graph_batch, max_context=graph_context)
