@@ -135,6 +135,12 @@ REGISTRY: dict[str, EnvVar] = {
             "measure the speculation planner's step-cost curve again instead of reusing it",
         ),
         EnvVar(
+            "DEEPINFER_SYNC_GUARD",
+            _bool,
+            False,
+            "debug: a decode step replaying a CUDA graph that synchronises with the host raises",
+        ),
+        EnvVar(
             "DEEPINFER_REFERENCE_OPS",
             _bool,
             False,

@@ -3,16 +3,37 @@
 The runner queues a step's forward and sampling on the device, starts copying the sampled
 tokens to pinned host memory, and returns a :class:`PendingStep`; the host then schedules and
 prepares the next step while the device works. ``result()`` waits for the copy (the one
-device-to-host read of the step) and builds the ``ModelRunnerOutput``.
+device-to-host read of the step) and builds the ``ModelRunnerOutput``. :func:`sync_guard`
+(``DEEPINFER_SYNC_GUARD=1``) makes any other host synchronisation in such a step raise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import torch
 
 from deepinfer.engine.core.scheduler_output import ModelRunnerOutput
+
+
+@contextlib.contextmanager
+def sync_guard(device: torch.device, enabled: bool = True) -> Iterator[None]:
+    """With ``DEEPINFER_SYNC_GUARD=1`` on CUDA (and ``enabled``), any host synchronisation
+    inside raises (``torch.cuda.set_sync_debug_mode("error")``): the runner wraps the forward
+    and sampling launch of plain steps that replay a captured decode graph, which must only
+    queue device work."""
+    from deepinfer.kernels import envs
+
+    if not enabled or device.type != "cuda" or not envs.get("DEEPINFER_SYNC_GUARD"):
+        yield
+        return
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
 
 
 def read_back(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:

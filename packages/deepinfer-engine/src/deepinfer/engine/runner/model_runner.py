@@ -37,7 +37,7 @@ from deepinfer.engine.core.scheduler_output import (
 )
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import ForwardBatch
-from deepinfer.engine.runner.async_step import PendingStep, read_back
+from deepinfer.engine.runner.async_step import PendingStep, read_back, sync_guard
 from deepinfer.engine.runner.batch_plan import RunnerState, StepPlan, build_step_plan
 from deepinfer.engine.runner.cache_ops import copy_blocks, copy_slots, reset_slot
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
@@ -110,21 +110,32 @@ class ModelRunner:
             so = trim_verification(so, self.proposals, self.spec.cost_curve)
         plan = build_step_plan(self.state, so)
         rows, sample_at, prompt_at = plan.logits_layout()
+        if plan.sample_rows and not plan.prompt_logprob_rows and self._defers(plan):
+            with sync_guard(self.device, self._replays_graph(plan, rows)):
+                logits = self._forward(plan, rows)
+                groups, tokens = self.verifier.launch_plain(plan, so, logits[sample_at], out.errors)
+                if tokens is not None:
+                    finish = partial(self._finish_plain, plan, so, groups, verifying, out)
+                    self._pending = PendingStep(finish, *read_back(tokens))
+                    return self._pending
+            return DoneStep(out)
         logits = self._forward(plan, rows)
         if plan.prompt_logprob_rows:
             self._prompt_logprobs(plan, logits[prompt_at], out)
-        if plan.sample_rows and self._defers(plan):
-            groups, tokens = self.verifier.launch_plain(plan, so, logits[sample_at], out.errors)
-            if tokens is not None:
-                finish = partial(self._finish_plain, plan, so, groups, verifying, out)
-                self._pending = PendingStep(finish, *read_back(tokens))
-                return self._pending
-        elif plan.sample_rows:
+        if plan.sample_rows:
             emitted = self.verifier.sample_and_verify(plan, so, logits[sample_at], out.errors)
             self._record(emitted, so, verifying, out)
             if self.drafter is not None:
                 self._propose([e for e in emitted if e.request_id not in so.fork_seeds], out)
         return DoneStep(out)
+
+    def _replays_graph(self, plan: StepPlan, rows: list[int]) -> bool:
+        """Whether the step replays an already captured decode graph (no capture, no eager
+        input copies: ``DEEPINFER_SYNC_GUARD`` checks such steps)."""
+        if self.graphs is None or self.drafter is not None or plan.images:
+            return False
+        entry = self.graphs.graphs.get(self.graphs.key(plan, rows))
+        return entry is not None and entry.graph is not None
 
     def _defers(self, plan: StepPlan) -> bool:
         """Whether the step's tokens can be read back later: no drafts, no logprobs."""
