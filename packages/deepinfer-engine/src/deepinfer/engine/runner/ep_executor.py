@@ -22,6 +22,10 @@ from deepinfer.engine.runner.eplb import EplbController
 class ExpertParallelExecutor:
     """Wraps a rank's runner (``execute``; every other attribute is the runner's)."""
 
+    # steps run one at a time (the all-to-all sizes are read on the host anyway): hide the
+    # runner's asynchronous launch, so every step goes through execute
+    execute_async = None
+
     def __init__(self, runner: Any, model: nn.Module, eplb_interval: int = 0) -> None:
         self.runner, self.model = runner, model
         self.layers = expert_parallel_layers(model)
