@@ -76,8 +76,7 @@ class Scheduler:
         self._view = ExecutorView()
         self._pending_state_copies: list[tuple[int, int]] = []
         self._pending_updates: list[SequenceUpdate] = []
-        self.num_preemptions = 0
-        self.speculative = False  # the executor drafts: requests never run ahead (EngineCore)
+        self.num_preemptions, self.speculative = 0, False  # speculative: set by EngineCore
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
