@@ -1,0 +1,257 @@
+"""V4.1 logits against the transformers main-branch ``deepseek_v41`` port, imported from a
+directory outside this repository (``--port DIR``: ``DIR/deepseek_v41/`` holds the port's
+``configuration_`` and ``modeling_deepseek_v41.py``; its code is never part of this tree).
+
+Random fp32 models with every V4.1 layer kind (ratio 0 / 2 / 1 layers, KV and index sources, a
+re-indexing source, the candidate filter, Engram) run one prefill in both. With head sizes that
+split into the rounding blocks ("active") both round the window KV, the compressed entries and
+the indexer q / k; with sizes that do not ("inactive") neither does. Reported per case: argmax
+agreement, mean and max |delta log-probability| over positions and vocabulary, the rounding
+flips (elements whose rounded value differs between the two, with the input difference that
+put them on either side of a boundary) and, to show the differences come from those flips
+alone, the same metrics once our model takes the port's rounded values at every site.
+
+    python -m benchmarks.fidelity.v41_port_parity --port /tmp/v41port --out parity.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any
+
+import torch
+
+from benchmarks.common import environment, print_table, write_json
+from deepinfer.engine.checkpoint.transformers_names import from_transformers
+from deepinfer.engine.model.config_parsing import parse_config
+from deepinfer.engine.model.model import build_model
+from deepinfer.engine.testing.configs import tiny_v41_config
+from deepinfer.engine.testing.random_checkpoint import testing_tokenizer_for
+from deepinfer.engine.testing.simple_runner import SimpleRunner
+
+LAYOUT = dict(
+    num_hidden_layers=6,
+    compress_ratios=[0, 2, 2, 2, 1, 1, 0, 0, 0],
+    kv_source_layer_ids=[1, 4],
+    index_source_layer_ids=[1, 3, 4, 5],  # 3 re-indexes against 1's keys
+    candidate_source_layer_id=4,
+    candidate_topk_blocks=4,
+    candidate_block_size=8,
+    index_topk=16,
+    sliding_window=16,
+    engram_layer_ids=[1, 3],
+    dspark_target_layer_ids=[3, 4, 5],
+    hidden_size=128,
+    num_attention_heads=4,
+    q_lora_rank=128,
+    o_groups=2,
+    o_lora_rank=64,
+    index_n_heads=16,  # enough that no two entries tie at score 0 (ReLU) near the top k
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=64,
+    hc_mult=4,
+)
+HEADS = {
+    # the released model's head sizes: every rounding site splits into whole blocks
+    "active": dict(head_dim=512, qk_rope_head_dim=64, index_head_dim=128),
+    # no site splits (40 % 32, 40 % 16, 24 % 32): neither side rounds
+    "inactive": dict(head_dim=40, qk_rope_head_dim=8, index_head_dim=24),
+}
+SITES = ("kv", "index_k", "index_q", "entries")
+
+
+def _port(directory: str):
+    sys.path.insert(0, directory)
+    cfg = importlib.import_module("deepseek_v41.configuration_deepseek_v41")
+    modeling = importlib.import_module("deepseek_v41.modeling_deepseek_v41")
+    return cfg, modeling
+
+
+def _config(heads: str) -> dict[str, Any]:
+    return tiny_v41_config(vision=False, **LAYOUT, **HEADS[heads])
+
+
+def _randomise(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """Fan-in scaled weights, norms near one: activations of realistic size at any width."""
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            if not t.is_floating_point():
+                continue
+            noise = torch.randn(t.shape, generator=gen)
+            if t.dim() >= 2:
+                t.copy_(noise / t.shape[-1] ** 0.5)
+            elif "norm" in name or name.endswith("scale"):
+                t.copy_(1 + 0.1 * noise)
+            else:
+                t.copy_(0.1 * noise)
+
+
+class _PortSites:
+    """Records (and names) every call of the port's two rounding functions."""
+
+    def __init__(self, modeling) -> None:
+        self.modeling, self.layer, self.calls = modeling, -1, {}
+        self.fp8, self.fp4 = modeling._fake_quant_fp8_block, modeling._fake_quant_fp4_block
+        modeling._fake_quant_fp8_block = self._kv
+        modeling._fake_quant_fp4_block = self._fp4
+
+    def _record(self, site: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1]
+        self.calls[(self.layer, site)] = (x.reshape(-1, d).clone(), y.reshape(-1, d).clone())
+        return y
+
+    def _kv(self, x, block_size=32):
+        return self._record("kv", x, self.fp8(x, block_size))
+
+    def _fp4(self, x, block_size, e4m3_scales=False):
+        site = "entries" if e4m3_scales else ("index_k" if x.dim() == 3 else "index_q")
+        return self._record(site, x, self.fp4(x, block_size, e4m3_scales))
+
+    def hook(self, model) -> None:
+        for i, layer in enumerate(model.model.layers):
+            layer.register_forward_pre_hook(lambda _m, _a, i=i: setattr(self, "layer", i))
+
+
+class _OurSites:
+    """Stands in for one layer's rounding: records each site, or (``forced``) returns the port's
+    rounded value there instead of its own."""
+
+    def __init__(self, inner, layer: int, calls: dict, forced: dict | None) -> None:
+        self.inner, self.layer, self.calls, self.forced = inner, layer, calls, forced
+
+    def _site(self, site: str, x: torch.Tensor, fn) -> torch.Tensor:
+        d = x.shape[-1]
+        if self.forced is not None:
+            y = self.forced[(self.layer, site)][1].reshape(x.shape).to(x.dtype)
+        else:
+            y = fn(x)
+        self.calls[(self.layer, site)] = (x.reshape(-1, d).clone(), y.reshape(-1, d).clone())
+        return y
+
+    def kv(self, x):
+        return self._site("kv", x, self.inner.kv)
+
+    def entries(self, x):
+        return self._site("entries", x, self.inner.entries)
+
+    def index(self, x):
+        return self._site("index_k" if x.dim() == 2 else "index_q", x, self.inner.index)
+
+
+def _ours(config, state, forced: dict | None):
+    model = build_model(config, device="cpu", dtype=torch.float32).eval()
+    model.load_state_dict(state, strict=True)
+    calls: dict = {}
+    for i, layer in enumerate(model.layers):
+        attn = layer.attn
+        attn.rounding = _OurSites(attn.rounding, i, calls, forced)
+        indexer = getattr(attn, "indexer", None)
+        if indexer is not None and hasattr(indexer, "rounding"):
+            indexer.rounding = _OurSites(indexer.rounding, i, calls, forced)
+    return model, calls
+
+
+def _flips(port_calls: dict, our_calls: dict) -> list[dict[str, Any]]:
+    """Per site in forward order: elements rounded differently and the input gap behind them."""
+    rows = []
+    for key in sorted(port_calls, key=lambda k: (k[0], SITES.index(k[1]))):
+        if key not in our_calls:
+            rows.append({"layer": key[0], "site": key[1], "missing_in_ours": True})
+            continue
+        (xp, yp), (xo, yo) = port_calls[key], our_calls[key]
+        rounds = bool((yp != xp).any())  # an unrounded site passes its input's gap through
+        differ = (yp != yo) if rounds else torch.zeros_like(yp, dtype=torch.bool)
+        row = {"layer": key[0], "site": key[1], "elements": yp.numel(), "rounds": rounds,
+               "flips": int(differ.sum()), "max_in_gap": float((xp - xo).abs().max())}  # fmt: skip
+        if differ.any():
+            r, c = (int(v) for v in differ.nonzero()[0])
+            row["first"] = {"row": r, "col": c, "in_port": float(xp[r, c]),
+                            "in_ours": float(xo[r, c]), "out_port": float(yp[r, c]),
+                            "out_ours": float(yo[r, c])}  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def _compare(want: torch.Tensor, got: torch.Tensor) -> dict[str, Any]:
+    delta = (got.log_softmax(-1) - want.log_softmax(-1)).abs()
+    per_pos = delta.amax(-1)
+    worst = int(per_pos.argmax())
+    return {
+        "argmax_agree": float((got.argmax(-1) == want.argmax(-1)).float().mean()),
+        "mean_abs_dlogp": float(delta.mean()),
+        "max_abs_dlogp": float(delta.max()),
+        "worst_position": worst,
+        "positions_over_1e-3": int((per_pos > 1e-3).sum()),
+    }
+
+
+def run_case(cfg_mod, modeling, heads: str, seed: int, tokens: int) -> dict[str, Any]:
+    raw = _config(heads)
+    text = raw["text_config"]
+    port_text = {k: v for k, v in text.items() if k not in ("model_type", "engram_pad_token_id")}
+    if port_text["candidate_source_layer_id"] is None:  # the port's "off" is negative
+        port_text["candidate_source_layer_id"] = -1
+    port_cfg = cfg_mod.DeepseekV41TextConfig(engram_pad_id=text["engram_pad_token_id"], **port_text)
+    port_cfg._attn_implementation = "eager"
+    gen = torch.Generator().manual_seed(seed)
+    port = modeling.DeepseekV41ForCausalLM(port_cfg).float().eval()
+    _randomise(port, gen)
+    tokenizer = testing_tokenizer_for(text["vocab_size"])
+    from transformers import PreTrainedTokenizerFast
+
+    if text["engram_layer_ids"]:
+        port.model.bind_tokenizer(PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend))
+    sites = _PortSites(modeling)
+    sites.hook(port)
+    ids = torch.randint(0, text["vocab_size"], (tokens,), generator=gen)
+    try:
+        with torch.no_grad():
+            want = port(input_ids=ids[None], use_cache=True).logits[0]
+    finally:
+        modeling._fake_quant_fp8_block, modeling._fake_quant_fp4_block = sites.fp8, sites.fp4
+    # The port keeps a float Engram table's scale but never reads it; so do we (not loaded).
+    state = {k: v for k, v in from_transformers(port.state_dict()).items()
+             if not k.endswith("engram.embed.scale")}  # fmt: skip
+    config = parse_config(raw)
+    result: dict[str, Any] = {"heads": heads, "seed": seed, "tokens": tokens}
+    for mode, forced in (("as_is", None), ("port_rounding", sites.calls)):
+        model, calls = _ours(config, state, forced)
+        from deepinfer.engine.model.engram_hashing import compressed_token_map
+
+        model.bind_engram(compressed_token_map(tokenizer.backend))
+        with torch.no_grad():
+            got = SimpleRunner(model, max_seqs=1, max_len=tokens).step({0: ids.tolist()})[0]
+        result[mode] = _compare(want, got)
+        if forced is None:
+            result["sites"] = _flips(sites.calls, calls)
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", required=True, help="directory holding deepseek_v41/")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    cfg_mod, modeling = _port(args.port)
+    cases = [run_case(cfg_mod, modeling, h, s, args.tokens) for h in HEADS for s in args.seeds]
+    rows = [{"heads": c["heads"], "seed": c["seed"], **{f"{m}.{k}": v for m in ("as_is", "port_rounding")
+             for k, v in c[m].items() if k != "worst_position"}} for c in cases]  # fmt: skip
+    print_table(rows, list(rows[0]))
+    for c in cases:
+        flipped = [s for s in c["sites"] if s.get("flips")]
+        first = flipped[0] if flipped else None
+        print(f"{c['heads']} seed {c['seed']}: {len(flipped)} of {len(c['sites'])} sites flip; "
+              f"first flip: {first}")  # fmt: skip
+    payload = {"environment": environment(), "args": vars(args), "cases": cases}
+    write_json(args.out, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
