@@ -1,13 +1,17 @@
 """The whole engine (scheduler + model runner + real tiny checkpoints) is exact.
 
 With ``DEEPINFER_BATCH_INVARIANT=1`` greedy outputs of 50 prompts of mixed lengths are
-token-identical alone, all together, chunked, under preemption, and equal to the argmax of
-the model's plain full forward along each sequence; without the flag, logprobs agree within 1e-4.
+bitwise identical, every token and every returned logprob (sampled, top-k alternatives,
+prompt): alone, all together, chunked, under preemption, with speculation (checkpoints with
+DSpark stages), and equal to the argmax of the model's plain full forward along each
+sequence; for tiny V4 and V4.1 checkpoints, FP8 and float, and the embedded model. Without the
+flag, logprobs agree within 1e-4.
 """
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +25,8 @@ from deepinfer.sampling import SamplingParams
 MAX_TOKENS = 3
 # (architecture, quantised, block size): V4's ratio-128 layers need 128-token blocks.
 CHECKPOINTS = [("v4", False, 128), ("v4", True, 128), ("v41", False, 16), ("v41", True, 16)]
+EMBEDDED = Path(__file__).parents[5] / "examples" / "tiny_model" / "checkpoint"
+ALONE = 6  # prompts also run alone (each its own generate call)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -32,10 +38,14 @@ def _one_thread():
 
 
 @pytest.fixture(
-    scope="module", params=CHECKPOINTS, ids=lambda c: f"{c[0]}-{'fp8' if c[1] else 'float'}"
+    scope="module",
+    params=[*CHECKPOINTS, ("embedded", True, 16)],
+    ids=lambda c: c[0] if c[0] == "embedded" else f"{c[0]}-{'fp8' if c[1] else 'float'}",
 )
 def checkpoint(request, tmp_path_factory):
     kind, quantized, block_size = request.param
+    if kind == "embedded":
+        return EMBEDDED, block_size
     directory = tmp_path_factory.mktemp(f"{kind}-{quantized}")
     config = tiny_v41_config(vision=False) if kind == "v41" else tiny_v4_config()
     make_random_checkpoint(directory, config, quantized=quantized, seed=0)
@@ -54,12 +64,35 @@ def _prompts(block_size: int) -> list[list[int]]:
 
 def _engine(directory, block_size: int, **kwargs) -> LLM:
     kwargs.setdefault("max_model_len", 320)
+    kwargs.setdefault("speculative_tokens", 0)
     return LLM(str(directory), dtype="float32", block_size=block_size, **kwargs)
 
 
 def _greedy(llm: LLM, prompts, **params):
     sp = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, **params)
     return llm.generate(prompt_token_ids=prompts, sampling_params=sp, use_tqdm=False)
+
+
+def _records(outputs) -> list[tuple]:
+    """Everything a request returns that the mode promises bitwise: tokens, per-token
+    ``{token: logprob}`` (sampled and top-2), per-prompt-token ``{token: logprob}`` (and top-1)."""
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs, o.prompt_logprobs) for o in outputs]
+
+
+def _run(llm: LLM, prompts) -> list[tuple]:
+    return _records(_greedy(llm, prompts, logprobs=2, prompt_logprobs=1))
+
+
+def _first_difference(got: list[tuple], want: list[tuple]) -> str:
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        for name, a, b in zip(("tokens", "logprobs", "prompt logprobs"), g, w, strict=True):
+            if a != b:
+                return f"prompt {i}: {name} differ: {a} != {b}"
+    return "no difference"
+
+
+def _assert_same(got: list[tuple], want: list[tuple], how: str) -> None:
+    assert got == want, f"{how}: {_first_difference(got, want)}"
 
 
 def _plain_forward_argmax(directory, prompts, outputs) -> list[list[int]]:
@@ -76,26 +109,46 @@ def _plain_forward_argmax(directory, prompts, outputs) -> list[list[int]]:
     return choices
 
 
-def test_greedy_outputs_are_identical_however_they_are_batched(checkpoint, monkeypatch):
-    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
-    directory, block_size = checkpoint
+def _matrix(directory, block_size: int, **device) -> list[list[int]]:
+    """The mode's promise for 50 prompts: alone (the first few) / all together / chunked /
+    preempted / with speculation, every record bitwise equal. Returns the tokens."""
     prompts = _prompts(block_size)
-    llm = _engine(directory, block_size, max_num_seqs=64)
-    together = [o.outputs[0].token_ids for o in _greedy(llm, prompts)]
-    alone = [_greedy(llm, [p])[0].outputs[0].token_ids for p in prompts]
-    assert alone == together
+    llm = _engine(directory, block_size, max_num_seqs=64, **device)
+    together = _run(llm, prompts)
+    assert all(lp is not None and len(lp) == MAX_TOKENS for _, lp, _ in together)
+    alone = [_run(llm, [p])[0] for p in prompts[:ALONE]]
+    _assert_same(alone, together[:ALONE], "alone vs a batch of 50")
 
-    chunked = _engine(directory, block_size, max_num_seqs=64, max_num_batched_tokens=24)
-    assert [o.outputs[0].token_ids for o in _greedy(chunked, prompts)] == together
+    chunked = _engine(directory, block_size, max_num_seqs=64, max_num_batched_tokens=24, **device)
+    _assert_same(_run(chunked, prompts), together, "chunked (24-token budget)")
 
-    scarce = _engine(
-        directory, block_size, max_num_seqs=64, num_cache_blocks=12, max_model_len=12 * block_size
-    )
-    outputs = _greedy(scarce, prompts)
-    assert [o.outputs[0].token_ids for o in outputs] == together
+    scarce = _engine(directory, block_size, max_num_seqs=64, num_cache_blocks=12,
+                     max_model_len=12 * block_size, **device)  # fmt: skip
+    outputs = _greedy(scarce, prompts, logprobs=2, prompt_logprobs=1)
+    _assert_same(_records(outputs), together, "under preemption")
     assert sum(o.metrics.num_preemptions for o in outputs) > 0, "no preemption was forced"
 
-    assert _plain_forward_argmax(directory, prompts, together) == together
+    if block_size == 16:  # V4.1 checkpoints have DSpark stages
+        spec = _engine(directory, block_size, max_num_seqs=64, speculative_tokens=2, **device)
+        outputs = _greedy(spec, prompts, logprobs=2, prompt_logprobs=1)
+        _assert_same(_records(outputs), together, "with speculation")
+        assert sum(o.metrics.num_draft_tokens for o in outputs) > 0, "nothing was drafted"
+    return [t for t, _, _ in together]
+
+
+def test_outputs_are_bitwise_identical_however_they_are_batched(checkpoint, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+    directory, block_size = checkpoint
+    tokens = _matrix(directory, block_size, accelerator="cpu")
+    assert _plain_forward_argmax(directory, _prompts(block_size), tokens) == tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_outputs_are_bitwise_identical_however_they_are_batched_on_the_gpu(checkpoint, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+    directory, block_size = checkpoint
+    _matrix(directory, block_size, accelerator="nvidia", gpu_memory_utilization=0.3)
 
 
 def test_logprobs_agree_without_the_batch_invariant_flag(checkpoint, monkeypatch):
