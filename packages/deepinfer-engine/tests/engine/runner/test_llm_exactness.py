@@ -148,7 +148,8 @@ def test_outputs_are_bitwise_identical_however_they_are_batched(checkpoint, monk
 def test_outputs_are_bitwise_identical_however_they_are_batched_on_the_gpu(checkpoint, monkeypatch):
     monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
     directory, block_size = checkpoint
-    _matrix(directory, block_size, accelerator="nvidia", gpu_memory_utilization=0.3)
+    # four engines stay alive through the matrix: a tenth of the GPU each
+    _matrix(directory, block_size, accelerator="nvidia", gpu_memory_utilization=0.1)
 
 
 def test_logprobs_agree_without_the_batch_invariant_flag(checkpoint, monkeypatch):
