@@ -81,7 +81,10 @@ def random_v41_model(raw=RAW, seed=0, numerics="model"):
 
 @pytest.fixture(scope="module")
 def model():
-    return random_v41_model()
+    # Invariants of the cache bookkeeping, on the float path: the reference ops are not batch
+    # invariant, so under the model's rounding a one-ulp difference between chunk shapes can
+    # flip an FP8 / FP4 rounding (test_quantised_numerics and the spec transcription cover it)
+    return random_v41_model(numerics="float")
 
 
 @pytest.fixture(scope="module")
