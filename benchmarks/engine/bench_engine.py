@@ -20,6 +20,11 @@ the decode rows with the engine's decode CUDA graphs and again with every step e
 model and cache); ``--profile-batches`` adds ``profile_decode.py``'s breakdown of the decode
 steps (GPU busy time, launches, host time by part of the step) in each mode.
 
+``--async on,off`` runs the decode and job rows with asynchronous scheduling on and then off
+(same engine; default ``on``, the engine's default); ``--timeline-batches 64`` adds, per async
+setting, ``step_timeline.py``'s steady-decode rows: host ms per step, device busy and idle ms
+per step, the busy fraction of the wall time and the idle gaps, with no sync per step.
+
 ``--job N`` adds an offline job: N requests with prompt lengths drawn from 64..1,024 and output
 lengths from 16..``--job-max-tokens`` (seeded), all submitted at once, so the batch shrinks as
 requests finish and the positions' entry counts vary from step to step. It runs once per mode
@@ -32,6 +37,8 @@ wall seconds, generated tokens per second, graphs captured, steps replayed.
         --decode-batches 1,8,32,64 --reference-ops-batches 1,32 --out bench-out/engine-28.json
     python -m benchmarks.engine.bench_engine --modes eager --batch-invariant \
         --out bench-out/engine-invariant.json
+    python -m benchmarks.engine.bench_engine --layers 4 --decode-batches 64 --job 64 \
+        --async on,off --timeline-batches 64 --out bench-out/engine-async.json
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import copy_bandwidth_tbs, environment, print_table, write_json
+from benchmarks.engine import step_timeline
 from benchmarks.model.dummy_forward import v4_flash_config
 from deepinfer.engine.frontend.llm import LLM
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
@@ -214,6 +222,10 @@ def main() -> None:
                         help="repeat prefill and eager decode rows with DEEPINFER_BATCH_INVARIANT=1")  # fmt: skip
     parser.add_argument("--job", type=int, default=0, help="requests of the offline job (0: none)")
     parser.add_argument("--job-max-tokens", type=int, default=256)
+    parser.add_argument("--async", dest="async_modes", default="on",
+                        help="asynchronous scheduling for decode and job rows: on, off, on,off")  # fmt: skip
+    parser.add_argument("--timeline-batches", default="",
+                        help="steady-decode timeline rows (step_timeline.py) of these batches")  # fmt: skip
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if not 1 <= args.layers <= len(RATIOS):
@@ -235,13 +247,22 @@ def main() -> None:
     _run(llm, [[1] * 64], 2)  # warm-up (Triton compiles)
     rows += _prefill_rows(llm, gen, vocab, args, "kernels")
     modes = [m for m in args.modes.split(",") if m]
-    for mode in modes:
-        with _mode(llm, mode):
-            for b in _batches(args.decode_batches):
-                rows.append(_decode_row(llm, model, gen, vocab, b, args.decode_tokens, copy_tbs,
-                                        f"kernels, {mode}"))  # fmt: skip
-    if args.job:
-        rows += _job_rows(llm, vocab, args.job, args.job_max_tokens, modes)
+    asyncs = [a for a in args.async_modes.split(",") if a]
+    timelines = []
+    for a in asyncs:
+        step_timeline.set_async(llm, a == "on")
+        for mode in modes:
+            with _mode(llm, mode):
+                for b in _batches(args.decode_batches):
+                    rows.append(_decode_row(llm, model, gen, vocab, b, args.decode_tokens,
+                                            copy_tbs, f"kernels, {mode}, async {a}"))  # fmt: skip
+        if args.job:
+            job = _job_rows(llm, vocab, args.job, args.job_max_tokens, modes)
+            rows += [dict(r, ops=f"{r['ops']}, async {a}") for r in job]
+        for b in _batches(args.timeline_batches):
+            prompts = torch.randint(3, vocab, (b, 128), generator=gen).tolist()
+            timelines.append(step_timeline.measure(llm, prompts, args.decode_tokens))
+    step_timeline.set_async(llm, True)
     profiles = _profiles(llm, vocab, _batches(args.profile_batches), modes)
     os.environ["DEEPINFER_REFERENCE_OPS"] = "1"
     with _mode(llm, "eager"):
@@ -266,8 +287,11 @@ def main() -> None:
         [r for r in rows if r["phase"] == "job"],
         ["phase", "ops", "batch", "tokens", "seconds", "tok/s", "graphs", "replays"],
     )
+    if timelines:
+        print_table(timelines, step_timeline.COLUMNS)
     payload = {"env": environment(), "layers": args.layers, "load_s": load_s,
-               "copy_tbs": copy_tbs, "rows": rows, "profiles": profiles}  # fmt: skip
+               "copy_tbs": copy_tbs, "rows": rows, "profiles": profiles,
+               "timelines": timelines}  # fmt: skip
     write_json(args.out, payload)
 
 

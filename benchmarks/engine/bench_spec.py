@@ -8,10 +8,13 @@ user = ``(decode_tokens - 1) / (t_full - t_first)``. Also reported: the mean acc
 (tokens emitted per verify step, bonus included, averaged over requests), drafts verified and
 accepted, and the step-cost curve the varlen planner measured at start-up (tokens -> ms).
 Prompts: Python snippets (the tiny model's domain) or ``--prompts-file`` (one per line),
-cycled to the batch size.
+cycled to the batch size. ``--async on,off`` repeats every row with asynchronous scheduling on
+and off (same engine); ``--timeline`` adds, per row, ``step_timeline.py``'s steady-decode
+numbers (host ms per step, device busy and idle ms per step, busy fraction, idle gaps).
 
     python -m benchmarks.engine.bench_spec --out bench-out/spec.json          # GPU
     python -m benchmarks.engine.bench_spec --smoke --out bench-out/spec.json # CPU, seconds
+    python -m benchmarks.engine.bench_spec --async on,off --timeline --out bench-out/spec.json
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import environment, print_table, write_json
+from benchmarks.engine import step_timeline
 from deepinfer.engine.frontend.llm import LLM
 from deepinfer.sampling import SamplingParams
 
@@ -97,26 +101,39 @@ def _mode_rows(args, mode: str) -> tuple[list[dict], dict | None]:
         curve = {"num_tokens": list(spec.cost_curve.num_tokens), "ms": list(spec.cost_curve.cost)}
     _timed(llm, _prompts(llm, args, 1), 4)  # warm-up (Triton compiles, caches)
     rows = []
-    for batch in args.batches:
-        prompts = _prompts(llm, args, batch)
-        first, _ = _timed(llm, prompts, 1)
-        full, outputs = _timed(llm, prompts, args.decode_tokens)
-        decode_s = max(full - first, 1e-9)
-        lengths = [o.metrics.mean_accepted_length for o in outputs]
-        lengths = [x for x in lengths if x is not None]
-        rows.append({
-            "mode": mode, "batch": batch, "k": spec.num_draft_tokens if spec else 0,
-            "tok/s/user": (args.decode_tokens - 1) / decode_s,
-            "tok/s": batch * (args.decode_tokens - 1) / decode_s,
-            "accept_len": statistics.mean(lengths) if lengths else 1.0,
-            "drafts": sum(o.metrics.num_draft_tokens for o in outputs),
-            "accepted": sum(o.metrics.num_accepted_tokens for o in outputs),
-        })  # fmt: skip
+    for setting in args.async_modes:
+        step_timeline.set_async(llm, setting == "on")
+        for batch in args.batches:
+            rows.append(_row(llm, args, mode, spec, batch, setting))
     del llm, runner
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return rows, curve
+
+
+def _row(llm: LLM, args, mode: str, spec, batch: int, setting: str) -> dict:
+    prompts = _prompts(llm, args, batch)
+    first, _ = _timed(llm, prompts, 1)
+    full, outputs = _timed(llm, prompts, args.decode_tokens)
+    decode_s = max(full - first, 1e-9)
+    lengths = [o.metrics.mean_accepted_length for o in outputs]
+    lengths = [x for x in lengths if x is not None]
+    row = {
+        "mode": mode, "async": setting, "batch": batch, "k": spec.num_draft_tokens if spec else 0,
+        "tok/s/user": (args.decode_tokens - 1) / decode_s,
+        "tok/s": batch * (args.decode_tokens - 1) / decode_s,
+        "accept_len": statistics.mean(lengths) if lengths else 1.0,
+        "drafts": sum(o.metrics.num_draft_tokens for o in outputs),
+        "accepted": sum(o.metrics.num_accepted_tokens for o in outputs),
+    }  # fmt: skip
+    if args.timeline:
+        timeline = step_timeline.measure(llm, prompts, args.decode_tokens)
+        row.update({k: timeline[k] for k in TIMELINE})
+    return row
+
+
+TIMELINE = ["host_ms", "gpu_busy_ms", "idle_ms", "busy_frac", "max_gap_ms"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -133,6 +150,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--dtype", default=None)
+    parser.add_argument("--async", dest="async_modes", default="on",
+                        help="asynchronous scheduling: on, off or on,off (each row per setting)")  # fmt: skip
+    parser.add_argument("--timeline", action="store_true",
+                        help="add host / device busy / idle ms per step (step_timeline.py)")  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: checks it runs")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -142,6 +163,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.model = args.model or default_model()
     args.batches = [int(b) for b in str(args.batches).split(",")]
     args.modes = [m for m in args.modes.split(",") if m]
+    args.async_modes = [a for a in args.async_modes.split(",") if a]
+    if any(a not in ("on", "off") for a in args.async_modes):
+        parser.error(f"--async {','.join(args.async_modes)}: expected on, off or on,off")
     unknown = [m for m in args.modes if m not in MODES]
     if unknown:
         parser.error(f"--modes: unknown {unknown}; expected some of {', '.join(MODES)}")
@@ -160,7 +184,8 @@ def main(argv=None) -> dict:
             curves[mode] = curve
     print(f"DSpark speculative decoding on {args.model} ({args.accelerator}, {args.dtype}), "
           f"{args.decode_tokens} tokens per request")  # fmt: skip
-    columns = ["mode", "batch", "k", "tok/s/user", "tok/s", "accept_len", "drafts", "accepted"]
+    columns = ["mode", "async", "batch", "k", "tok/s/user", "tok/s", "accept_len", "drafts",
+               "accepted"] + (TIMELINE if args.timeline else [])  # fmt: skip
     print_table(rows, columns)
     for mode, curve in curves.items():
         points = ", ".join(f"{n}:{ms:.2f}" for n, ms in zip(curve["num_tokens"], curve["ms"]))
