@@ -5,7 +5,7 @@ bitwise identical, every token and every returned logprob (sampled, top-k altern
 prompt): alone, all together, chunked, under preemption, with speculation (checkpoints with
 DSpark stages), and equal to the argmax of the model's plain full forward along each
 sequence; for tiny V4 and V4.1 checkpoints, FP8 and float, and the embedded model. Without the
-flag, logprobs agree within 1e-4.
+flag, the tiny checkpoints' logprobs agree within 1e-4.
 """
 
 from __future__ import annotations
@@ -152,7 +152,12 @@ def test_outputs_are_bitwise_identical_however_they_are_batched_on_the_gpu(check
     _matrix(directory, block_size, accelerator="nvidia", gpu_memory_utilization=0.1)
 
 
-def test_logprobs_agree_without_the_batch_invariant_flag(checkpoint, monkeypatch):
+def test_logprobs_agree_without_the_batch_invariant_flag(checkpoint, monkeypatch, request):
+    if "embedded" in request.node.name:
+        # FP8 weights and the model's cache rounding: without the flag a last-bit difference
+        # between batch shapes can flip a rounding and move a logprob far past 1e-4 (issue 30
+        # measured 1.1e-2); only the flag's bitwise mode promises equality for this model
+        pytest.skip("the embedded model is compared bitwise under the flag only")
     monkeypatch.delenv("DEEPINFER_BATCH_INVARIANT", raising=False)
     directory, block_size = checkpoint
     prompts = _prompts(block_size)[:20]
