@@ -62,6 +62,15 @@ class DraftWindows:
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.tensors[key]
 
+    def rows(self, key: str) -> torch.Tensor:
+        """The rows attention reads: float, as training needs (:meth:`ModelCache.rows`)."""
+        return self.tensors[key]
+
+    def write(self, key: str, dst: torch.Tensor, values: torch.Tensor) -> None:
+        """Store ``values`` at rows ``dst`` (:meth:`ModelCache.write` without packing)."""
+        tensor = self.tensors[key]
+        tensor.index_copy_(0, dst, values.to(tensor.dtype))
+
 
 @dataclass(frozen=True)
 class DraftOutputs:
