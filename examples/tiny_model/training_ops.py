@@ -63,10 +63,13 @@ def joined(kv) -> torch.Tensor:
 TWINS = {"sparse_mqa_sink": sparse_mqa_sink}
 
 
-def grouped_moe_forward(moe, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+def grouped_moe_forward(
+    moe, x: torch.Tensor, input_ids: torch.Tensor, positions=None, image_mask=None
+) -> torch.Tensor:
     """``MoE.forward`` with one host sync: x ``[T, D]`` -> ``[T, D]`` (routed experts summed
-    in fp32, plus the shared expert), the reference's values."""
-    weights, ids = moe.gate(x, input_ids)  # [T, k] fp32, [T, k] int64
+    in fp32, plus the shared expert), the reference's values. ``positions`` only matter under
+    expert parallelism, which training does not use."""
+    weights, ids = moe.gate(x, input_ids, image_mask)  # [T, k] fp32, [T, k] int64
     num_experts = len(moe.experts)
     flat_ids = ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)
