@@ -96,8 +96,12 @@ def test_batch_invariant_outputs_equal_the_single_process(checkpoints, monkeypat
 
 
 def test_logprobs_agree_and_a_bad_request_fails_alone(checkpoints):
-    expected = _generate(_engine(checkpoints["v41"]))
-    llm = _engine(checkpoints["v41"], data_parallel_size=2, expert_parallel_size=2)
+    # float numerics: with the model's roundings a last-bit difference in reduction order can
+    # flip a rounding and move a logprob past 1e-4; the batch-invariant tests cover them bitwise
+    expected = _generate(_engine(checkpoints["v41"], numerics="float"))
+    llm = _engine(
+        checkpoints["v41"], data_parallel_size=2, expert_parallel_size=2, numerics="float"
+    )
     try:
         outputs = _generate(llm)
         bad = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputs(regex="(unclosed"))
