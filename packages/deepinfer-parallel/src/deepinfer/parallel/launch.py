@@ -206,7 +206,7 @@ def spawn(
             proc.start()
         payloads = _collect(procs, results, time.monotonic() + timeout_s, setup)
     finally:
-        _stop(procs)
+        stop_processes(procs)
         results.close()
         results.cancel_join_thread()
         stack_dir.cleanup()
@@ -284,7 +284,7 @@ def _blame(procs, payloads: dict, errors: dict) -> WorkerError:
     return WorkerError(rank, message)
 
 
-def _stop(procs) -> None:
+def stop_processes(procs) -> None:
     """Terminate, then kill, every worker still alive, and reap them all."""
     for proc in procs:
         if proc.is_alive():

@@ -26,6 +26,7 @@ from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from deepinfer.engine.distributed.worker import RankInfo, WorkerSetup, spawned_worker_main
 from deepinfer.parallel import WorkerError, find_free_port
+from deepinfer.parallel.launch import stop_processes
 
 LOAD_TIMEOUT_FACTOR = 30  # loading a large checkpoint takes far longer than a step
 FAILURE_GRACE_S = 0.5  # after a failure, listen this long so the root cause is the one named
@@ -205,17 +206,7 @@ class SpawnedRanks:
 
 def _stop(procs, conns, stacks) -> None:
     """Terminate, then kill, every worker still alive; reap them all; free the pipes."""
-    for proc in procs:
-        if proc.pid is not None and proc.is_alive():
-            proc.terminate()
-    deadline = time.monotonic() + TERMINATE_GRACE_S
-    for proc in procs:
-        if proc.pid is None:
-            continue  # never started
-        proc.join(max(0.0, deadline - time.monotonic()))
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+    stop_processes(procs)
     for conn in conns:
         conn.close()
     stacks.cleanup()
