@@ -35,7 +35,7 @@ import triton.language as tl
 
 from deepinfer.kernels import PackedRows, envs
 from deepinfer.kernels_nvidia.attention_prefill import launch_halves
-from deepinfer.kernels_nvidia.attention_rows import is_float32, load_rows, source_args
+from deepinfer.kernels_nvidia.attention_rows import is_float32, load_rows, source_args, stages_for
 from deepinfer.kernels_nvidia.registry import implements
 
 LOG2E = 1.4426950408889634
@@ -87,7 +87,7 @@ def _sparse_mqa_kernel(
     Q0: tl.constexpr, BLK0: tl.constexpr, FP40: tl.constexpr, E4M3S0: tl.constexpr,
     TSZ0: tl.constexpr, Q1: tl.constexpr, BLK1: tl.constexpr, FP41: tl.constexpr,
     E4M3S1: tl.constexpr, TSZ1: tl.constexpr, Q2: tl.constexpr, BLK2: tl.constexpr,
-    FP42: tl.constexpr, E4M3S2: tl.constexpr, TSZ2: tl.constexpr,
+    FP42: tl.constexpr, E4M3S2: tl.constexpr, TSZ2: tl.constexpr, UNIFORM: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1)
@@ -110,7 +110,7 @@ def _sparse_mqa_kernel(
         valid = idx >= 0
         kv = load_rows(kv0, kv1, kv2, stride0, stride1, stride2, end0, end1,
                        idx, dcols, dmask, q, NUM_SRC, D, Q0, BLK0, FP40, E4M3S0, TSZ0, Q1, BLK1, FP41, E4M3S1, TSZ1,
-                       Q2, BLK2, FP42, E4M3S2, TSZ2)  # fmt: skip
+                       Q2, BLK2, FP42, E4M3S2, TSZ2, UNIFORM)  # fmt: skip
         if IEEE:
             s = tl.dot(q, tl.trans(kv), input_precision="ieee")
         else:
@@ -240,7 +240,8 @@ def sparse_mqa_sink(q, kv, indices, sink, scale, *, tiles: AttentionTiles | None
     if not is_split and tiles.halves and q.dtype != torch.float32 and block_d == d and d >= 32:
         launch_halves(
             q, kv_args, consts, indices, sink, out, float(scale) * LOG2E, head_block=hb,
-            block_n=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+            block_n=tiles.block_n, num_warps=tiles.num_warps,
+            num_stages=stages_for(consts, tiles.num_stages),
         )  # fmt: skip
         return out.to(out_dtype)
     grid = (t, triton.cdiv(h, hb), num_splits)
@@ -251,7 +252,7 @@ def sparse_mqa_sink(q, kv, indices, sink, scale, *, tiles: AttentionTiles | None
         float(scale) * LOG2E,
         HB=hb, BLOCK_D=block_d, BLOCK_N=tiles.block_n, IS_SPLIT=is_split,
         IEEE=q.dtype == torch.float32, **consts,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        num_warps=tiles.num_warps, num_stages=stages_for(consts, tiles.num_stages),
     )  # fmt: skip
     if is_split:
         _merge_splits_kernel[(t, h)](

@@ -30,7 +30,7 @@ def _sparse_mqa_halves_kernel(
     Q0: tl.constexpr, BLK0: tl.constexpr, FP40: tl.constexpr, E4M3S0: tl.constexpr,
     TSZ0: tl.constexpr, Q1: tl.constexpr, BLK1: tl.constexpr, FP41: tl.constexpr,
     E4M3S1: tl.constexpr, TSZ1: tl.constexpr, Q2: tl.constexpr, BLK2: tl.constexpr,
-    FP42: tl.constexpr, E4M3S2: tl.constexpr, TSZ2: tl.constexpr,
+    FP42: tl.constexpr, E4M3S2: tl.constexpr, TSZ2: tl.constexpr, UNIFORM: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
@@ -51,10 +51,10 @@ def _sparse_mqa_halves_kernel(
         valid = idx >= 0
         kv_lo = load_rows(kv0, kv1, kv2, stride0, stride1, stride2, end0, end1,
                           idx, d, every, q_lo, NUM_SRC, D, Q0, BLK0, FP40, E4M3S0, TSZ0, Q1, BLK1, FP41, E4M3S1, TSZ1,
-                       Q2, BLK2, FP42, E4M3S2, TSZ2)  # fmt: skip
+                       Q2, BLK2, FP42, E4M3S2, TSZ2, UNIFORM)  # fmt: skip
         kv_hi = load_rows(kv0, kv1, kv2, stride0, stride1, stride2, end0, end1,
                           idx, d + HALF, every, q_lo, NUM_SRC, D, Q0, BLK0, FP40, E4M3S0, TSZ0, Q1, BLK1, FP41, E4M3S1, TSZ1,
-                       Q2, BLK2, FP42, E4M3S2, TSZ2)  # fmt: skip
+                       Q2, BLK2, FP42, E4M3S2, TSZ2, UNIFORM)  # fmt: skip
         nxt = n0 + BLOCK_N + offs
         idx = tl.load(idx_ptr + row * stride_it + nxt, mask=nxt < num_idx, other=-1)
         s = tl.dot(q_lo, tl.trans(kv_lo))

@@ -49,13 +49,12 @@ def _e2m1_to_f32(n):
 
 @triton.jit
 def load_packed(
-    base, stride, r, cols, mask, like,
+    rowp, cols, mask, like,
     D: tl.constexpr, Q: tl.constexpr, BLK: tl.constexpr, FP4: tl.constexpr,
     E4M3S: tl.constexpr, TSZ: tl.constexpr,
 ):  # fmt: skip
-    """Rows ``r`` ``[N]`` (int64) at columns ``cols`` of packed bytes at ``base`` (row stride
-    ``stride`` bytes), ``mask`` ``[N, C]``; the layout of :mod:`deepinfer.kernels.formats`."""
-    rowp = base + r[:, None] * stride
+    """The rows of packed bytes starting at ``rowp`` ``[N, 1]`` (uint8 pointers) at columns
+    ``cols``, ``mask`` ``[N, C]``; the layout of :mod:`deepinfer.kernels.formats`."""
     code_off = (D - Q) * TSZ
     if FP4:
         scale_off = code_off + Q // 2
@@ -95,10 +94,24 @@ def load_source(
     D: tl.constexpr, Q: tl.constexpr, BLK: tl.constexpr, FP4: tl.constexpr,
     E4M3S: tl.constexpr, TSZ: tl.constexpr,
 ):  # fmt: skip
+    """Rows ``r`` ``[N]`` (int64) of one source (row stride ``stride`` elements)."""
+    return load_at(ptr + r[:, None] * stride, cols, mask, like, D, Q, BLK, FP4, E4M3S, TSZ)
+
+
+@triton.jit
+def load_at(
+    rowp, cols, mask, like,
+    D: tl.constexpr, Q: tl.constexpr, BLK: tl.constexpr, FP4: tl.constexpr,
+    E4M3S: tl.constexpr, TSZ: tl.constexpr,
+):  # fmt: skip
+    """The rows starting at ``rowp`` ``[N, 1]``, a float source's or packed bytes. (An
+    if / else, not an early return: the code after a compile-time return is still traced, and
+    packed decoding does not type-check through a float8 pointer.)"""
     if Q == 0:
-        rows = tl.load(ptr + r[:, None] * stride + cols[None, :], mask=mask, other=0.0)
-        return rows.to(like.dtype)
-    return load_packed(ptr, stride, r, cols, mask, like, D, Q, BLK, FP4, E4M3S, TSZ)
+        rows = tl.load(rowp + cols[None, :], mask=mask, other=0.0).to(like.dtype)
+    else:
+        rows = load_packed(rowp, cols, mask, like, D, Q, BLK, FP4, E4M3S, TSZ)
+    return rows
 
 
 @triton.jit
@@ -108,12 +121,40 @@ def load_rows(
     Q0: tl.constexpr, BLK0: tl.constexpr, FP40: tl.constexpr, E4M3S0: tl.constexpr,
     TSZ0: tl.constexpr, Q1: tl.constexpr, BLK1: tl.constexpr, FP41: tl.constexpr,
     E4M3S1: tl.constexpr, TSZ1: tl.constexpr, Q2: tl.constexpr, BLK2: tl.constexpr,
-    FP42: tl.constexpr, E4M3S2: tl.constexpr, TSZ2: tl.constexpr,
+    FP42: tl.constexpr, E4M3S2: tl.constexpr, TSZ2: tl.constexpr, UNIFORM: tl.constexpr,
 ):  # fmt: skip
     """Rows ``idx`` ``[N]`` (``-1``: zeros) at columns ``cols`` of the sources, as ``like``'s
-    dtype: source 0 holds rows ``[0, end0)``, source 1 ``[end0, end1)``, source 2 the rest."""
+    dtype: source 0 holds rows ``[0, end0)``, source 1 ``[end0, end1)``, source 2 the rest.
+    ``UNIFORM``: every source has one dtype and format, so the rows load through per-row
+    pointers in one load (separate loads each take their own pipelining buffers)."""
     r = idx.to(tl.int64)
     valid = idx >= 0
+    if UNIFORM:
+        rowp = kv0 + r * stride0
+        if NUM_SRC > 1:
+            rowp = tl.where(r >= end0, kv1 + (r - end0) * stride1, rowp)
+        if NUM_SRC > 2:
+            rowp = tl.where(r >= end1, kv2 + (r - end1) * stride2, rowp)
+        rows = load_at(rowp[:, None], cols, valid[:, None] & col_mask[None, :], like,
+                       D, Q0, BLK0, FP40, E4M3S0, TSZ0)  # fmt: skip
+    else:
+        rows = load_mixed(kv0, kv1, kv2, stride0, stride1, stride2, end0, end1, r, valid,
+                          cols, col_mask, like, NUM_SRC, D, Q0, BLK0, FP40, E4M3S0, TSZ0, Q1,
+                          BLK1, FP41, E4M3S1, TSZ1, Q2, BLK2, FP42, E4M3S2, TSZ2)  # fmt: skip
+    return rows
+
+
+@triton.jit
+def load_mixed(
+    kv0, kv1, kv2, stride0, stride1, stride2, end0, end1,
+    r, valid, cols, col_mask, like, NUM_SRC: tl.constexpr, D: tl.constexpr,
+    Q0: tl.constexpr, BLK0: tl.constexpr, FP40: tl.constexpr, E4M3S0: tl.constexpr,
+    TSZ0: tl.constexpr, Q1: tl.constexpr, BLK1: tl.constexpr, FP41: tl.constexpr,
+    E4M3S1: tl.constexpr, TSZ1: tl.constexpr, Q2: tl.constexpr, BLK2: tl.constexpr,
+    FP42: tl.constexpr, E4M3S2: tl.constexpr, TSZ2: tl.constexpr,
+):  # fmt: skip
+    """Sources of different dtypes or formats: one masked load per source (lanes of other
+    sources issue no memory traffic), merged with selects."""
     in0 = valid & (r < end0) if NUM_SRC > 1 else valid
     rows = load_source(kv0, stride0, r, cols, in0[:, None] & col_mask[None, :], like,
                         D, Q0, BLK0, FP40, E4M3S0, TSZ0)  # fmt: skip
@@ -159,10 +200,27 @@ def source_args(kv) -> tuple[tuple, dict[str, int], tuple]:
     padded = data + (data[0],) * (3 - len(data))
     ends = [sum(s.shape[0] for s in sources[: i + 1]) for i in range(2)]
     strides = [s.stride(0) if i < len(data) else 0 for i, s in enumerate(padded)]
-    consts = {"NUM_SRC": len(sources), "D": sources[0].shape[1]}
+    consts = {"NUM_SRC": len(sources), "D": sources[0].shape[1], "UNIFORM": int(uniform(sources))}
     for i in range(3):
         consts |= format_consts(sources[i] if i < len(sources) else data[0], i)
     return (*padded, *strides, *ends), consts, sources
+
+
+def uniform(sources) -> bool:
+    """Whether every source has one dtype and format (read through one load)."""
+
+    def kind(s):
+        return s.fmt if isinstance(s, PackedRows) else s.dtype
+
+    return all(kind(s) == kind(sources[0]) for s in sources[1:])
+
+
+def stages_for(consts: dict[str, int], num_stages: int) -> int:
+    """Software-pipelining stages for a launch: ``num_stages`` when every row comes from one
+    float load; one when sources of different formats each take their own loads, or packed
+    rows take several byte loads (each load's pipelining buffers would overflow the H200's
+    227 KB of shared memory at the model's shapes)."""
+    return num_stages if consts["UNIFORM"] and consts["Q0"] == 0 else 1
 
 
 def is_float32(sources) -> bool:
