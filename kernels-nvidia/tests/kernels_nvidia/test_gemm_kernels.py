@@ -309,3 +309,38 @@ def test_f32_bf16_linear_at_the_head_shape():
     coarse = (x.bfloat16().float() @ w.float().t() - want).abs().max().item()
     assert err * 100 < coarse, (err, coarse)
     assert torch.equal(gemm.linear(x[:1], w, out_dtype=torch.float32), got[:1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matmul_invariant_rows_do_not_depend_on_the_batch(dtype):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(37, 200, generator=gen).to(DEVICE, dtype)
+    w = torch.randn(70, 200, generator=gen).to(DEVICE, dtype)
+    together = gemm_dense.matmul_invariant(x, w)
+    for i in (0, 17, 36):
+        assert torch.equal(gemm_dense.matmul_invariant(x[i : i + 1], w), together[i : i + 1])
+    assert torch.equal(gemm_dense.matmul_invariant(x[5:9], w), together[5:9])
+    want = (x.double() @ w.double().t()).to(dtype)
+    tol = {torch.float32: 1e-4, torch.bfloat16: 5e-2}[dtype]
+    torch.testing.assert_close(together, want, rtol=tol, atol=tol)
+
+
+def test_matmul_invariant_names_bad_operands():
+    x = torch.randn(2, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="expected one of"):
+        gemm_dense.matmul_invariant(x, torch.randn(4, 8, device=DEVICE).bfloat16())
+    with pytest.raises(ValueError, match=r"expected \[M, K\]"):
+        gemm_dense.matmul_invariant(x, torch.randn(4, 9, device=DEVICE))
+
+
+@pytest.mark.gpu
+@gpu
+def test_dense_linear_is_batch_invariant_under_the_flag(monkeypatch):
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(50, 256, generator=gen).to(DEVICE)
+    w = torch.randn(96, 256, generator=gen).to(DEVICE)
+    together = gemm.linear(x, w)
+    alone = torch.cat([gemm.linear(x[i : i + 1], w) for i in range(50)])
+    assert torch.equal(alone, together)
+    torch.testing.assert_close(together, OPS["linear"].reference(x, w), rtol=1e-4, atol=1e-4)

@@ -93,3 +93,60 @@ def linear_f32_bf16(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4, num_stages=4,
     )  # fmt: skip
     return out
+
+
+INVARIANT_BLOCK_M = 16  # activation rows per program (fixed: batch invariance)
+INVARIANT_BLOCK_N = 64
+INVARIANT_BLOCK_K = 32
+
+
+@triton.jit
+def _dense_kernel(
+    x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_o,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """One ``[BLOCK_M, BLOCK_N]`` tile of ``x w^T``, fp32 accumulation over K in fixed blocks."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    kk = tl.arange(0, BLOCK_K)
+    row_mask, col_mask = rows < M, cols < N
+    x_rows = tl.where(row_mask, rows, 0).to(tl.int64)
+    w_rows = tl.where(col_mask, cols, 0).to(tl.int64)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kmask = (k0 + kk) < K
+        x = tl.load(x_ptr + x_rows[:, None] * stride_x + (k0 + kk)[None, :],
+                    mask=kmask[None, :], other=0.0)  # fmt: skip
+        w = tl.load(w_ptr + w_rows[:, None] * stride_w + (k0 + kk)[None, :],
+                    mask=kmask[None, :], other=0.0)  # fmt: skip
+        if IEEE:
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+    out = out_ptr + x_rows[:, None] * stride_o + cols[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+
+
+def matmul_invariant(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x [M, K] @ w [N, K]^T`` in their shared float dtype (fp32 products exact, on the CUDA
+    cores; 16-bit ones on the tensor cores), accumulated in fp32 over fixed tiles: a row's
+    result never depends on the other rows (``torch.matmul`` picks its kernel, and with it the
+    summation order, by the number of rows)."""
+    if x.dtype != w.dtype or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"x {x.dtype}, w {w.dtype}: expected one of fp32 / bf16 / fp16")
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"x {tuple(x.shape)}, w {tuple(w.shape)}: expected [M, K] and [N, K]")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    w = w if w.stride(1) == 1 else w.contiguous()
+    m, k = x.shape
+    n = w.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    grid = (triton.cdiv(m, INVARIANT_BLOCK_M), triton.cdiv(n, INVARIANT_BLOCK_N))
+    _dense_kernel[grid](
+        x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+        BLOCK_M=INVARIANT_BLOCK_M, BLOCK_N=INVARIANT_BLOCK_N, BLOCK_K=INVARIANT_BLOCK_K,
+        IEEE=x.dtype == torch.float32, num_warps=4, num_stages=2,
+    )  # fmt: skip
+    return out

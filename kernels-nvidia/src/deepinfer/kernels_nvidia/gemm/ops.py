@@ -27,7 +27,7 @@ import torch
 from deepinfer.kernels import OPS, envs
 from deepinfer.kernels_nvidia.gemm import cublas as gemm_cublas
 from deepinfer.kernels_nvidia.gemm.bf16 import fp8_gemm_via_bf16
-from deepinfer.kernels_nvidia.gemm.dense import linear_f32_bf16
+from deepinfer.kernels_nvidia.gemm.dense import linear_f32_bf16, matmul_invariant
 from deepinfer.kernels_nvidia.gemm.stream import MAX_M as STREAM_MAX_M
 from deepinfer.kernels_nvidia.gemm.stream import StreamTiles, fp8_gemm_stream
 from deepinfer.kernels_nvidia.gemm.tiles import (
@@ -189,7 +189,8 @@ def linear(
     """FP8 block weights with FP8 activation quantisation run the Triton GEMM; fp32 activations
     times bf16 weights with an fp32 result (the LM head, the MoE router) run
     :func:`.dense.linear_f32_bf16`; every other weight format (dense, FP4, FP8 without
-    activation quantisation) runs the reference."""
+    activation quantisation) runs the reference, its product through the fixed-tile
+    :func:`.dense.matmul_invariant` under ``DEEPINFER_BATCH_INVARIANT=1``."""
     if _is_f32_bf16(x, weight, scale, act_quant_group, out_dtype):
         x2 = x.reshape(-1, x.shape[-1])
         x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
@@ -203,6 +204,8 @@ def linear(
         and act_quant_group in (16, 32, 64, 128, 256)
     )
     if not is_fp8_path:
+        if envs.batch_invariant() and x.device.type == "cuda":
+            return _linear_invariant(x, weight, scale, block_size, act_quant_group, out_dtype)
         return OPS["linear"].reference(
             x, weight, scale, block_size=block_size, act_quant_group=act_quant_group,
             out_dtype=out_dtype,
@@ -216,6 +219,24 @@ def linear(
     xq, xs = quantize_rows(x2, act_quant_group, m_major=plan.kind == "cublas")
     y = fp8_gemm_nt_plan(xq, xs, weight, scale, tuple(block_size), out_dtype=out_dtype, plan=plan)
     return y.view(*x.shape[:-1], n)
+
+
+def _linear_invariant(x, weight, scale, block_size, act_quant_group, out_dtype):
+    """The reference ``linear`` of the other weight formats (dense, FP4, FP8 without activation
+    quantisation), its products through :func:`.dense.matmul_invariant`."""
+    from deepinfer.kernels.reference import quant
+    from deepinfer.kernels.reference.linear import dequant_weight
+
+    w = dequant_weight(weight, scale, block_size)
+    if scale is None and act_quant_group is None:
+        compute = torch.promote_types(x.dtype, w.dtype)
+        xc, wc = x.to(compute), w.to(compute)
+    else:
+        xc, wc = x.float(), w.float()
+        if act_quant_group is not None:
+            xc = quant.fp8_sim(xc, act_quant_group)
+    y = matmul_invariant(xc.reshape(-1, xc.shape[-1]), wc)
+    return y.view(*x.shape[:-1], wc.shape[0]).to(out_dtype or x.dtype)
 
 
 def _is_f32_bf16(x, weight, scale, act_quant_group, out_dtype) -> bool:

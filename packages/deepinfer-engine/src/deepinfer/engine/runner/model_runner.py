@@ -113,7 +113,9 @@ class ModelRunner:
         if plan.sample_rows and not plan.prompt_logprob_rows and self._defers(plan):
             with sync_guard(self.device, self._replays_graph(plan, rows)):
                 logits = self._forward(plan, rows)
-                groups, tokens = self.verifier.launch_plain(plan, so, logits[sample_at], out.errors)
+                # (indexing with a list copies it from pageable host memory: a host sync)
+                sampled = logits if sample_at == list(range(len(rows))) else logits[sample_at]
+                groups, tokens = self.verifier.launch_plain(plan, so, sampled, out.errors)
                 if tokens is not None:
                     finish = partial(self._finish_plain, plan, so, groups, verifying, out)
                     self._pending = PendingStep(finish, *read_back(tokens))
