@@ -100,7 +100,9 @@ INVARIANT_BLOCK_N = 64
 INVARIANT_BLOCK_K = 32
 
 
-@triton.jit
+# one compile per dtype: the engine calls it with many row counts and widths (the drafter's
+# heads included), and specialising on each integer's divisibility recompiled per shape class
+@triton.jit(do_not_specialize=["M", "N", "K", "stride_x", "stride_w", "stride_o"])
 def _dense_kernel(
     x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_o,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
