@@ -238,8 +238,8 @@ class EngineConfig:
         "``off | mask | compact``; None: ``DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE`` (default "
         "off). ``compact`` runs the consumer layers (the first ratio-1 layer on) only on each "
         "prompt's last ``yoco_prefill_keep_tokens`` rows, whose windows then start there; "
-        "``mask`` runs every row with those windows (to validate compact). Prompt logprobs "
-        "are refused while it is on.",
+        "``mask`` runs every row with those windows (to validate compact). A request asking "
+        "for prompt logprobs fails alone while it is on.",
         checks.optional_truncation_mode,
         cli_type=str,
     )

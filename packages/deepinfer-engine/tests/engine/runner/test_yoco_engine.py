@@ -2,8 +2,8 @@
 window 128, consumer layers 5-7, DSpark taps 5-7), batch invariant: ``compact`` equals ``mask``
 bit for bit (tokens and every sampled token's logprob, greedy and seeded sampling) for a prompt
 longer than the keep, whole or chunked, with and without speculation; a keep of the whole
-prompt equals ``off``; bad settings fail at start-up in one line and prompt-logprob requests
-fail validation."""
+prompt equals ``off``; bad settings fail at start-up in one line and a prompt-logprob request
+fails alone."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from deepinfer.engine import LLM, InvalidRequestError, SamplingParams
+from deepinfer.engine import LLM, SamplingParams
 from deepinfer.engine.tokenizer import load_tokenizer
 
 CHECKPOINT = Path(__file__).resolve().parents[5] / "examples" / "tiny_model" / "checkpoint"
@@ -88,9 +88,17 @@ def test_bad_settings_fail_at_start_up_in_one_line():
         LLM(str(CHECKPOINT), yoco_prefill_truncation_mode="on", **COMMON)
 
 
-def test_prompt_logprobs_are_refused_under_truncation():
+def test_a_prompt_logprobs_request_fails_alone_under_truncation():
     llm = LLM(str(CHECKPOINT), speculative_tokens=0, yoco_prefill_truncation_mode="mask", **COMMON)
-    wanted = SamplingParams(max_tokens=1, prompt_logprobs=1)
-    with pytest.raises(InvalidRequestError, match="request 1: prompt_logprobs=1 .*'mask'"):
-        llm.generate([SHORT, SHORT], [SamplingParams(max_tokens=1), wanted], use_tqdm=False)
-    assert len(llm.generate([SHORT], SamplingParams(max_tokens=1), use_tqdm=False)) == 1
+    plain = SamplingParams(temperature=0, max_tokens=2)
+    wanted = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=1)
+    outs = llm.generate([SHORT, SHORT, SHORT], [plain, wanted, plain], use_tqdm=False)
+    failed = outs[1].outputs[0]
+    assert failed.finish_reason == "error" and failed.token_ids == []
+    assert "request 1: prompt_logprobs=1 cannot be computed" in failed.error
+    assert "yoco_prefill_truncation_mode='mask'" in failed.error
+    assert not any(outs[1].prompt_logprobs or [])  # nothing computed
+    for out in (outs[0], outs[2]):
+        assert out.outputs[0].finish_reason == "length" and out.outputs[0].error is None
+        assert len(out.outputs[0].token_ids) == 2
+    assert outs[0].outputs[0].token_ids == outs[2].outputs[0].token_ids

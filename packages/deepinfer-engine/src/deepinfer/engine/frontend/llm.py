@@ -33,7 +33,11 @@ from deepinfer.engine.frontend.multimodal import ImageRequests, split_prompt_dic
 from deepinfer.engine.frontend.output_processor import OutputProcessor
 from deepinfer.engine.frontend.outputs import RequestOutput
 from deepinfer.engine.frontend.progress import ThroughputBar
-from deepinfer.engine.frontend.validation import InvalidRequestError, validate_batch
+from deepinfer.engine.frontend.validation import (
+    InvalidRequestError,
+    engine_refusal,
+    validate_batch,
+)
 from deepinfer.engine.logs import set_log_level
 from deepinfer.sampling import SamplingParams
 
@@ -239,7 +243,8 @@ class LLM:
         )
         texts, token_ids = normalize_prompts(prompts, prompt_token_ids, self._tokenizer)
         params = normalize_params(sampling_params, len(token_ids))
-        # a request whose images do not fit fails alone (rejected[i] says why)
+        # a request whose images do not fit, or that the engine's settings cannot serve, fails
+        # alone (rejected[i] says why)
         token_ids, image_inputs, rejected = self._images.prepare_all(token_ids, images)
         validate_batch(
             token_ids,
@@ -248,8 +253,11 @@ class LLM:
             max_model_len=self.scheduler_config.max_model_len,
             max_num_seqs=self.scheduler_config.max_num_seqs,
             has_tokenizer=self._tokenizer is not None,
-            yoco_truncation=self.config.yoco_prefill_truncation_mode,
         )
+        yoco = self.config.yoco_prefill_truncation_mode
+        for index, p in enumerate(params):
+            if rejected[index] is None:
+                rejected[index] = engine_refusal(index, p, yoco_truncation=yoco)
         request_ids = []
         eos = min(self._eos_token_ids) if self._eos_token_ids else None
         for index, (text, ids, p) in enumerate(zip(texts, token_ids, params)):

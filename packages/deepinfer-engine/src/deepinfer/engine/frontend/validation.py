@@ -41,7 +41,6 @@ def validate_sampling_params(
     vocab_size: int,
     max_num_seqs: int,
     has_tokenizer: bool,
-    yoco_truncation: str = "off",
 ) -> None:
     """Engine-dependent checks (``SamplingParams`` validates its own fields on construction)."""
     n = num_samples(params)
@@ -58,13 +57,6 @@ def validate_sampling_params(
                 f"request {index}: stop_token_ids contains {token_id!r}, expected integers "
                 f"in [0, {vocab_size})"
             )
-    prompt_logprobs = getattr(params, "prompt_logprobs", None)
-    if prompt_logprobs is not None and yoco_truncation != "off":
-        raise InvalidRequestError(
-            f"request {index}: prompt_logprobs={prompt_logprobs} cannot be computed with "
-            f"yoco_prefill_truncation_mode={yoco_truncation!r} (the consumer layers skip early "
-            "prompt rows); expected prompt_logprobs=None, or the mode 'off'"
-        )
     if getattr(params, "stop", None) and not has_tokenizer:
         raise InvalidRequestError(
             f"request {index}: stop strings need a tokenizer to detokenise the output, but "
@@ -80,7 +72,6 @@ def validate_batch(
     max_model_len: int,
     max_num_seqs: int,
     has_tokenizer: bool,
-    yoco_truncation: str = "off",
 ) -> None:
     """Validate every request of a batch (raises at the first bad one)."""
     if len(prompt_token_ids) != len(params):
@@ -97,5 +88,17 @@ def validate_batch(
             vocab_size=vocab_size,
             max_num_seqs=max_num_seqs,
             has_tokenizer=has_tokenizer,
-            yoco_truncation=yoco_truncation,
         )
+
+
+def engine_refusal(index: int, params: Any, *, yoco_truncation: str = "off") -> str | None:
+    """Why this engine's setting cannot serve request ``index`` (it then fails alone, the other
+    requests of the call run), or None. The request itself is valid; another engine could run it."""
+    prompt_logprobs = getattr(params, "prompt_logprobs", None)
+    if prompt_logprobs is not None and yoco_truncation != "off":
+        return (
+            f"request {index}: prompt_logprobs={prompt_logprobs} cannot be computed with "
+            f"yoco_prefill_truncation_mode={yoco_truncation!r} (the consumer layers skip early "
+            "prompt rows); expected prompt_logprobs=None, or the mode 'off'"
+        )
+    return None
