@@ -85,8 +85,12 @@ class Attention(nn.Module):
         qr = self.q_norm(self.wq_a(x))
         q = self.q_head_norm(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)))
         q = K.apply_rope(q, cos, sin)
-        kv = self.simulate_kv(K.apply_rope(self.kv_norm(self.wkv(x)), cos, sin))
+        # the keys come from every row of the step (under context parallelism, gathered)
+        k_cos, k_sin = ctx.angles_of_keys(self.ratio > 0)
+        kv = self.kv_norm(self.wkv(ctx.keys_of(x)))
+        kv = self.simulate_kv(K.apply_rope(kv, k_cos, k_sin))
         sources, indices = self.kv_sources(x, qr, kv, ctx)
+        ctx.release_keys()
         o = K.sparse_mqa_sink(q, sources, indices, self.attn_sink, self.head_dim**-0.5)
         md = ctx.metadata
         ctx.cache.write(f"{self.layer_id}.window", md.window_write_dst, kv[md.window_write_src])
@@ -131,7 +135,7 @@ class Attention(nn.Module):
         keys (a YoCo boundary calls it on every row before truncation drops some)."""
         plan = ctx.metadata.plans[(self.ratio, overlapped(self.config, self.layer_id))]
         key = f"{self.layer_id}.kv"
-        latent = self.compressor(x, ctx, plan, f"{self.layer_id}.comp")
+        latent = self.compressor(ctx.keys_of(x), ctx, plan, f"{self.layer_id}.comp")
         cos_e, sin_e = ctx.entry_angles(plan.emit_positions)
         self.selection.write_keys(latent, cos_e, sin_e, ctx, plan)
         entries = K.apply_rope(latent, cos_e, sin_e)

@@ -53,7 +53,7 @@ class Compressor(nn.Module):
         kv = self.wkv(x, out_dtype=torch.float32)
         score = self.wgate(x, out_dtype=torch.float32)
         if self.ape is not None:
-            score = score + self.ape[ctx.positions % self.ratio]
+            score = score + self.ape[ctx.positions_of_keys() % self.ratio]
         state_kv, state_score = ctx.cache[f"{state}_kv"], ctx.cache[f"{state}_score"]
         src = plan.emit_src.clamp(min=0)
         missing = (plan.emit_src < 0).unsqueeze(-1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -38,11 +39,37 @@ class StepContext:
     taps: dict[int, torch.Tensor] = field(default_factory=dict)
     tap_layers: tuple[int, ...] = ()
     entries_written: bool = False
+    # context parallelism (:mod:`.context_prefill`): this rank's rows are some of the step's;
+    # gather_keys maps their attention inputs to the whole step's, in step order, and
+    # key_positions / key_angles are the whole step's (None: the rows are the whole step)
+    gather_keys: Callable[[torch.Tensor], torch.Tensor] | None = None
+    key_positions: torch.Tensor | None = None
+    key_angles: dict[bool, tuple[torch.Tensor, torch.Tensor]] | None = None
+    _gathered: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def record_tap(self, layer_id: int, streams: torch.Tensor) -> None:
         """Keep the DSpark tap of ``layer_id``: the mean over the streams, fp32 ``[T, D]``."""
         if layer_id in self.tap_layers:
             self.taps[layer_id] = streams.float().mean(1)
+
+    def keys_of(self, x: torch.Tensor) -> torch.Tensor:
+        """The rows a layer's KV, compressed entries and compressor state come from: ``x``, or
+        under context parallelism the whole step's rows (gathered once per attention input)."""
+        if self.gather_keys is None:
+            return x
+        if self._gathered is None or self._gathered[0] is not x:
+            self._gathered = (x, self.gather_keys(x))
+        return self._gathered[1]
+
+    def release_keys(self) -> None:
+        """Drop the gathered rows of the last attention input (their layer is done)."""
+        self._gathered = None
+
+    def positions_of_keys(self) -> torch.Tensor:
+        return self.positions if self.key_positions is None else self.key_positions
+
+    def angles_of_keys(self, compressed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self.angles if self.key_angles is None else self.key_angles)[compressed]
 
     def entry_angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) of the compressed table at compressed-entry positions."""

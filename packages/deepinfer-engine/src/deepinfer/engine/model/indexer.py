@@ -45,7 +45,7 @@ class Indexer(nn.Module):
     ) -> torch.Tensor:
         """Returns the chosen arena rows ``[T, index_topk]`` (``-1`` = none)."""
         key = f"{self.layer_id}.index_keys"
-        entries = self.compressor(x, ctx, plan, f"{self.layer_id}.index_comp")
+        entries = self.compressor(ctx.keys_of(x), ctx, plan, f"{self.layer_id}.index_comp")
         cos_e, sin_e = ctx.entry_angles(plan.emit_positions)
         entries = self.rounding.index(K.apply_rope(entries, cos_e, sin_e))
         ctx.cache.write(key, plan.emit_rows, entries)

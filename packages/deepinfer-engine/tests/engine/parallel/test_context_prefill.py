@@ -1,0 +1,132 @@
+"""Context-parallel prefill over gloo: the prompt's logprobs with CP = 2 and 4 equal one
+process's plain forward (within 1e-5 in fp32, bitwise with batch-invariant kernels), and every
+rank, decoding greedily from the cache its prefill left, continues exactly as one process does.
+
+The prompts are a few hundred tokens (CI time); ``DEEPINFER_CP_TOKENS=4000`` runs the
+acceptance's 4,000-token prompt through the same tests."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from deepinfer.engine.checkpoint.model_loader import load_model
+from deepinfer.engine.model.context_prefill import (
+    RowGather,
+    RowSplit,
+    context_parallel_prefill,
+    prompt_logprobs,
+)
+from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config, tiny_v41_config
+from deepinfer.engine.testing.simple_runner import SimpleRunner
+from deepinfer.parallel import TorchDistributedComm, spawn
+
+PROMPT_TOKENS = int(os.environ.get("DEEPINFER_CP_TOKENS", "300"))
+# the batch-invariant reference runs row by row: a shorter prompt (still several HCA entries)
+INVARIANT_TOKENS = int(os.environ.get("DEEPINFER_CP_TOKENS", "96"))
+NEW_TOKENS = 4
+TIMEOUT_S = 120 if PROMPT_TOKENS <= 1000 else 900
+
+
+def _prompt(n: int) -> list[int]:
+    return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+
+
+def _greedy(runner: SimpleRunner, last: torch.Tensor, n: int) -> tuple[list[int], torch.Tensor]:
+    """Greedy tokens and their logprob rows, starting from the prompt's last logits."""
+    tokens, rows = [], []
+    row = torch.log_softmax(last.float(), dim=-1)
+    for i in range(n):
+        tokens.append(int(row.argmax()))
+        rows.append(row)
+        if i + 1 < n:
+            row = torch.log_softmax(runner.step({0: [tokens[-1]]})[0][-1].float(), dim=-1)
+    return tokens, torch.stack(rows)
+
+
+def _run(model, prompt, split=None, comm=None):
+    runner = SimpleRunner(model, max_seqs=1, max_len=len(prompt) + NEW_TOKENS, block_size=128)
+    if split is None:
+        logits = runner.step({0: prompt})[0]
+    else:
+        batch = runner.batch({0: prompt})
+        own = context_parallel_prefill(model, runner.cache, batch, split, comm)
+        logits = RowGather(comm, split, "cpu")(own)
+        runner.lengths[0] = len(prompt)
+    tokens, rows = _greedy(runner, logits[-1], NEW_TOKENS)
+    return {"logprobs": prompt_logprobs(logits, prompt), "tokens": tokens, "rows": rows}
+
+
+def _worker(rank, world_size, directory, numerics, batch_invariant, prompt_tokens):
+    os.environ["DEEPINFER_BATCH_INVARIANT"] = "1" if batch_invariant else "0"
+    torch.set_num_threads(1)
+    model = load_model(directory, dtype=torch.float32, numerics=numerics, progress=False).eval()
+    prompt = _prompt(prompt_tokens)
+    split = RowSplit.balanced(len(prompt), world_size, model.config)
+    result = {"cp": _run(model, prompt, split, TorchDistributedComm())}
+    if rank == 0:
+        result["single"] = _run(model, prompt)
+    return result
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cp")
+    v4 = tiny_v4_config(hca_ratio=16)
+    v41 = tiny_v41_config(vision=False)
+    return {
+        # fp32 weights: a wrong reduction order or a wrong key row shows in the logprobs
+        "v4": make_random_checkpoint(
+            root / "v4", v4, quantized=False, seed=1, float_dtype=torch.float32
+        ),
+        "v41": make_random_checkpoint(
+            root / "v41", v41, quantized=False, seed=2, float_dtype=torch.float32
+        ),
+        "v41-fp8": make_random_checkpoint(root / "v41q", v41, quantized=True, seed=3),
+    }
+
+
+def _check(results, exact: bool) -> None:
+    single = results[0]["single"]
+    for rank, got in enumerate(results):
+        cp = got["cp"]
+        assert cp["tokens"] == single["tokens"], rank
+        for key in ("logprobs", "rows"):
+            if exact:
+                assert torch.equal(cp[key], single[key]), (rank, key)
+            else:
+                diff = (cp[key] - single[key]).abs().max().item()
+                assert diff <= 1e-5, (rank, key, diff)
+
+
+@pytest.mark.parametrize(
+    ("arch", "world_size", "numerics"),
+    [("v4", 2, "float"), ("v41", 4, "float")],
+)
+def test_cp_prefill_matches_one_process_within_1e5(checkpoints, arch, world_size, numerics):
+    results = spawn(
+        _worker,
+        world_size,
+        str(checkpoints[arch]),
+        numerics,
+        False,
+        PROMPT_TOKENS,
+        timeout_s=TIMEOUT_S,
+    )
+    _check(results, exact=False)
+
+
+@pytest.mark.parametrize(("arch", "world_size"), [("v4", 4), ("v41-fp8", 2)])
+def test_cp_prefill_is_bitwise_one_process_when_batch_invariant(checkpoints, arch, world_size):
+    results = spawn(
+        _worker,
+        world_size,
+        str(checkpoints[arch]),
+        "model",
+        True,
+        INVARIANT_TOKENS,
+        timeout_s=TIMEOUT_S,
+    )
+    _check(results, exact=True)
