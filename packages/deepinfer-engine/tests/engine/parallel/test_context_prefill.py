@@ -13,12 +13,15 @@ import pytest
 import torch
 
 from deepinfer.engine.checkpoint.model_loader import load_model
+from deepinfer.engine.model.cache import CacheLayout
+from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.model.context_prefill import (
     RowGather,
     RowSplit,
     context_parallel_prefill,
     prompt_logprobs,
 )
+from deepinfer.engine.model.metadata import ForwardBatch, build_metadata
 from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config, tiny_v41_config
 from deepinfer.engine.testing.simple_runner import SimpleRunner
 from deepinfer.parallel import TorchDistributedComm, spawn
@@ -130,3 +133,40 @@ def test_cp_prefill_is_bitwise_one_process_when_batch_invariant(checkpoints, arc
         timeout_s=TIMEOUT_S,
     )
     _check(results, exact=True)
+
+
+@pytest.mark.parametrize("raw", [tiny_v4_config(hca_ratio=16), tiny_v41_config(vision=False)])
+def test_query_rows_metadata_is_the_whole_steps_lists_at_those_rows(raw):
+    config = parse_config(raw)
+    layout = CacheLayout(num_blocks=8, num_slots=3, block_size=64)
+    # two sequences: one continuing after 70 cached tokens, one starting
+    runs, slots = [(70, 90), (0, 130)], [2, 0]
+    positions = torch.cat([torch.arange(s, s + n) for s, n in runs])
+    cu = torch.tensor([0] + [n for _, n in runs]).cumsum(0)
+    tables = torch.tensor([[7, 5, 3, -1], [0, 1, 2, 4]], dtype=torch.int32)
+    lens = torch.tensor([s + n for s, n in runs])
+    batch = ForwardBatch(positions.clone(), positions, cu, lens, tables, torch.tensor(slots))
+    ring = config.sliding_window
+    whole = build_metadata(batch, config, layout, ring)
+    rows = torch.randperm(len(positions), generator=torch.Generator().manual_seed(0))[:77]
+    rows = rows.sort().values
+    part = build_metadata(batch, config, layout, ring, query_rows=rows)
+    assert part.num_tokens == len(rows)
+    assert torch.equal(part.window_indices, whole.window_indices[rows])
+    for name in ("window_write_src", "window_write_dst"):
+        assert torch.equal(getattr(part, name), getattr(whole, name))
+    assert part.plans.keys() == whole.plans.keys()
+    for kind, plan in whole.plans.items():
+        got = part.plans[kind]
+        width = got.visible.shape[1]
+        assert torch.equal(got.visible, plan.visible[rows, :width])
+        assert (plan.visible[rows, width:] == -1).all()
+        assert torch.equal(got.visible_count, plan.visible_count[rows])
+        for name in (
+            "emit_src",
+            "emit_positions",
+            "emit_rows",
+            "state_write_src",
+            "state_write_dst",
+        ):
+            assert torch.equal(getattr(got, name), getattr(plan, name)), (kind, name)

@@ -17,7 +17,6 @@ rows would move far fewer.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ from torch import nn
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.context import StepContext
-from deepinfer.engine.model.metadata import AttentionMetadata, ForwardBatch
+from deepinfer.engine.model.metadata import ForwardBatch, build_metadata
 from deepinfer.parallel import Communicator
 from deepinfer.parallel.context import AttentionShape, balanced_split
 
@@ -106,22 +105,13 @@ class RowGather:
 
 
 def rank_context(full: StepContext, rows: torch.Tensor, gather: RowGather) -> StepContext:
-    """This rank's context: the query-side lists and per-row tensors of ``full`` taken at
-    ``rows``; the key-side lists (window and arena writes, compressor emits and state) stay the
+    """This rank's context from ``full``, the context of the whole step built with this rank's
+    query-side lists (``build_metadata(..., query_rows=rows)``): its per-row tensors taken at
+    ``rows``; the key side (window and arena writes, compressor emits and state) stays the
     whole step's, computed from the gathered attention inputs."""
-    md = full.metadata
-    plans = {
-        kind: dataclasses.replace(
-            plan, visible=plan.visible[rows], visible_count=plan.visible_count[rows]
-        )
-        for kind, plan in md.plans.items()
-    }
-    own: AttentionMetadata = dataclasses.replace(
-        md, num_tokens=len(rows), window_indices=md.window_indices[rows], plans=plans
-    )
     angles = {k: (cos[rows], sin[rows]) for k, (cos, sin) in full.angles.items()}
     ctx = StepContext(
-        own, full.cache, full.input_ids[rows], full.positions[rows], full.rope, angles
+        full.metadata, full.cache, full.input_ids[rows], full.positions[rows], full.rope, angles
     )
     ctx.tap_layers = full.tap_layers
     for name in ("engram_rows", "token_mask", "image_mask"):
@@ -152,7 +142,10 @@ def context_parallel_prefill(
         raise ValueError("context_parallel_prefill: image inputs are not supported (text only)")
     device = batch.input_ids.device
     rows = split.rows[comm.rank].long().to(device)
-    ctx = rank_context(model.step_context(batch, cache), rows, RowGather(comm, split, device))
+    layout = cache.layout
+    md = build_metadata(batch, model.config, layout, cache.ring_size, query_rows=rows)
+    full = model.step_context(batch, cache, md)
+    ctx = rank_context(full, rows, RowGather(comm, split, device))
     h = model.embed(ctx.input_ids)
     streams = h.unsqueeze(1).repeat(1, model.config.hc_mult, 1)
     streams, pre = model.mix.run(model.layers, streams, ctx)

@@ -111,17 +111,25 @@ def build_metadata(
     config: ModelConfig,
     layout: CacheLayout,
     ring_size: int,
+    query_rows: torch.Tensor | None = None,
 ) -> AttentionMetadata:
     """Index lists of one step. Attention reads its KV sources in place (the op indexes the
     rings, the step's rows and the arena without copying them), so the lists have one form
-    whatever the batch; the decode graphs' fixed-shape lists only pad them."""
+    whatever the batch; the decode graphs' fixed-shape lists only pad them.
+
+    ``query_rows``: the step rows whose queries this process computes (context parallelism:
+    the query-side lists, window and visible entries, are built for those rows only; the
+    writes stay the whole step's); None: every row."""
     seqs, seq_of_token, positions = _sequences(batch)
     device = batch.input_ids.device
     window = config.sliding_window
     base = layout.num_slots * ring_size
     tokens = seqs.take(seq_of_token)
-    q = window_positions(positions, window)
-    window_rows = _state_or_step(q, tokens, base, ring_size)
+    queries = None if query_rows is None else query_rows.cpu().long()
+    q_positions = positions if queries is None else positions[queries]
+    q_tokens = tokens if queries is None else tokens.take(queries)
+    q = window_positions(q_positions, window)
+    window_rows = _state_or_step(q, q_tokens, base, ring_size)
     keep = positions >= (batch.seq_lens.cpu().long()[seq_of_token] - ring_size)
     w_src = keep.nonzero()[:, 0]
     w_dst = tokens.slot[w_src] * ring_size + positions[w_src] % ring_size
@@ -133,11 +141,11 @@ def build_metadata(
         if config.compress_ratios[i] > 0
     }
     plans = {
-        kind: _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout)
+        kind: _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout, queries)
         for kind, state_rows in sorted(kinds.items())
     }
     return AttentionMetadata(
-        num_tokens=int(batch.input_ids.shape[0]),
+        num_tokens=int(batch.input_ids.shape[0] if queries is None else len(queries)),
         window_base=base,
         window_indices=window_rows.to(device),
         window_write_src=w_src.to(device),
@@ -175,7 +183,9 @@ def _arena_rows(rows: _Rows, entries: torch.Tensor, ratio: int, block_size: int)
     return torch.where(entries >= 0, ids * per_block + entries % per_block, -1)
 
 
-def _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout) -> CompressionPlan:
+def _plan(
+    seqs, seq_of_token, positions, batch, kind, state_rows, layout, queries
+) -> CompressionPlan:
     ratio, overlap = kind
     base = layout.num_slots * state_rows
     width = 2 * ratio if overlap else ratio
@@ -193,13 +203,14 @@ def _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout) -> Com
     src = _state_or_step(first[:, None] + torch.arange(width), owner, base, state_rows)
     tokens = seqs.take(seq_of_token)
     keep = (positions >= ends[seq_of_token] - state_rows).nonzero()[:, 0]
-    counts = (positions + 1) // ratio
+    q_seq = seq_of_token if queries is None else seq_of_token[queries]
+    counts = ((positions if queries is None else positions[queries]) + 1) // ratio
     width_c = int(counts.max()) if len(counts) else 0
     # arena rows of entries 0..C-1 once per sequence, then each token keeps its visible prefix
     entries = torch.arange(width_c)
     per_seq_entries = entries[None, :].masked_fill(entries[None, :] >= (ends // ratio)[:, None], -1)
     seq_rows = _arena_rows(seqs, per_seq_entries, ratio, layout.block_size)
-    visible = torch.where(entries < counts[:, None], seq_rows[seq_of_token], -1)
+    visible = torch.where(entries < counts[:, None], seq_rows[q_seq], -1)
     return CompressionPlan(
         ratio=ratio,
         state_rows=state_rows,
