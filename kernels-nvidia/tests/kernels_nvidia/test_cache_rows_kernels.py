@@ -99,6 +99,33 @@ def test_several_rows_per_program_match_the_reference(monkeypatch):
     assert torch.equal(pack(x, fmt), reference(x, fmt))
 
 
+@pytest.mark.parametrize("name", ["v4kv", "v41entry"])
+def test_write_rows_scatters_what_index_copy_of_the_reference_stores(name):
+    """The fused pack and scatter: the destination rows get the reference's bytes, the rest of
+    the cache keeps its (random) bytes."""
+    fmt = FORMATS[name]
+    gen = torch.Generator().manual_seed(19)
+    cache = torch.randint(0, 256, (24, fmt.row_bytes), dtype=torch.uint8, generator=gen)
+    dst = torch.randperm(24, generator=gen)[:9]
+    x = torch.cat([edge_rows(fmt, gen)[:5], random_rows(gen, 4, fmt.dim)])
+    want = cache.clone().index_copy_(0, dst, reference(x, fmt)).to(DEVICE)
+    cache, dst, x = cache.to(DEVICE), dst.to(DEVICE, torch.int32), x.to(DEVICE)
+    got = cache_rows.write_rows(cache, dst, x, fmt)
+    assert got is cache and torch.equal(cache, want)
+
+
+def test_write_rows_names_bad_arguments():
+    fmt = FORMATS["index"]
+    cache = torch.zeros(8, fmt.row_bytes, dtype=torch.uint8, device=DEVICE)
+    x, dst = torch.randn(2, fmt.dim, device=DEVICE), torch.tensor([1, 3], device=DEVICE)
+    with pytest.raises(ValueError, match=r"cache: expected uint8 \[N, 80\]"):
+        cache_rows.write_rows(cache[:, :64], dst, x, fmt)
+    with pytest.raises(ValueError, match=r"values: expected \[n, 128\]"):
+        cache_rows.write_rows(cache, dst, x[:, :64], fmt)
+    with pytest.raises(ValueError, match=r"dst: expected int32/int64 \[2\]"):
+        cache_rows.write_rows(cache, dst.float(), x, fmt)
+
+
 def test_formats_the_kernel_leaves_to_the_reference():
     x = random_rows(torch.Generator().manual_seed(13), 3, 96).to(DEVICE)
     for fmt in (

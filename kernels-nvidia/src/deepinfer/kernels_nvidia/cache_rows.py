@@ -210,3 +210,29 @@ def pack_rows(x: torch.Tensor, fmt: RowFormat) -> torch.Tensor:
     out = torch.empty(x2.shape[0], fmt.row_bytes, dtype=torch.uint8, device=x.device)
     _launch(x2, out, fmt, None)
     return out.view(*x.shape[:-1], fmt.row_bytes)
+
+
+def write_rows(
+    cache: torch.Tensor, dst: torch.Tensor, values: torch.Tensor, fmt: RowFormat
+) -> torch.Tensor:
+    """Pack ``values`` ``[n, fmt.dim]`` and store row ``i`` at row ``dst[i]`` of ``cache``
+    ``uint8 [N, fmt.row_bytes]`` (distinct rows in ``[0, N)``), in one launch; returns
+    ``cache``. What ``cache.index_copy_(0, dst, pack_rows(values, fmt))`` stores."""
+    if cache.dtype != torch.uint8 or cache.dim() != 2 or cache.shape[1] != fmt.row_bytes:
+        raise ValueError(
+            f"cache: expected uint8 [N, {fmt.row_bytes}] rows for {fmt}, got {cache.dtype} "
+            f"{tuple(cache.shape)}"
+        )
+    if values.dim() != 2 or values.shape[1] != fmt.dim:
+        raise ValueError(f"values: expected [n, {fmt.dim}] rows, got {tuple(values.shape)}")
+    if dst.shape != (values.shape[0],) or dst.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"dst: expected int32/int64 [{values.shape[0]}] row numbers, got {dst.dtype} "
+            f"{tuple(dst.shape)}"
+        )
+    if not _supported(values, fmt) or not cache.is_contiguous():
+        cache.index_copy_(0, dst.long(), pack_rows(values, fmt))
+        return cache
+    x2 = values if values.stride(-1) == 1 else values.contiguous()
+    _launch(x2, cache, fmt, dst.contiguous())
+    return cache
