@@ -1,4 +1,4 @@
-"""pack_rows Triton kernel: the bytes of the reference, bit for bit, for every row format the
+"""pack_rows / write_rows Triton kernel: the bytes of the reference, bit for bit, for every row format the
 models use, on random rows and on planted extremes (grid maxima and beyond, rounding ties,
 signed zeros, subnormals, all-zero rows, fp32's largest values). fp32 inputs run on the
 interpreter; bf16 inputs and model sizes on the GPU."""
@@ -19,6 +19,7 @@ HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"  # cpu: the Triton interpreter (see conftest)
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
 reference = OPS["pack_rows"].reference
+OPS_HERE = ["pack_rows", "write_rows"]
 
 # e2m1 midpoints and e4m3 midpoints (normal and subnormal) at scale 1, and their negatives
 E2M1_TIES = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 5.9, 0.2500001]
@@ -110,7 +111,7 @@ def test_write_rows_scatters_what_index_copy_of_the_reference_stores(name):
     x = torch.cat([edge_rows(fmt, gen)[:5], random_rows(gen, 4, fmt.dim)])
     want = cache.clone().index_copy_(0, dst, reference(x, fmt)).to(DEVICE)
     cache, dst, x = cache.to(DEVICE), dst.to(DEVICE, torch.int32), x.to(DEVICE)
-    got = cache_rows.write_rows(cache, dst, x, fmt)
+    got = backend.ops["write_rows"](cache, dst, x, fmt)
     assert got is cache and torch.equal(cache, want)
 
 
@@ -119,11 +120,11 @@ def test_write_rows_names_bad_arguments():
     cache = torch.zeros(8, fmt.row_bytes, dtype=torch.uint8, device=DEVICE)
     x, dst = torch.randn(2, fmt.dim, device=DEVICE), torch.tensor([1, 3], device=DEVICE)
     with pytest.raises(ValueError, match=r"cache: expected uint8 \[N, 80\]"):
-        cache_rows.write_rows(cache[:, :64], dst, x, fmt)
+        backend.ops["write_rows"](cache[:, :64], dst, x, fmt)
     with pytest.raises(ValueError, match=r"values: expected \[n, 128\]"):
-        cache_rows.write_rows(cache, dst, x[:, :64], fmt)
+        backend.ops["write_rows"](cache, dst, x[:, :64], fmt)
     with pytest.raises(ValueError, match=r"dst: expected int32/int64 \[2\]"):
-        cache_rows.write_rows(cache, dst.float(), x, fmt)
+        backend.ops["write_rows"](cache, dst.float(), x, fmt)
 
 
 def test_formats_the_kernel_leaves_to_the_reference():
@@ -145,7 +146,7 @@ def test_rows_of_the_wrong_width_are_named():
 
 @pytest.mark.parametrize(
     "case",
-    [c for c in cases_for(["pack_rows"], "small") if HAS_CUDA or c.name.endswith("float32")],
+    [c for c in cases_for(OPS_HERE, "small") if HAS_CUDA or c.name.endswith("float32")],
     ids=str,
 )
 def test_conformance_small(case):
@@ -154,7 +155,7 @@ def test_conformance_small(case):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("case", cases_for(["pack_rows"], "real"), ids=str)
+@pytest.mark.parametrize("case", cases_for(OPS_HERE, "real"), ids=str)
 def test_conformance_real(case):
     check_case(backend.ops[case.op], case, DEVICE)
 

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.kernels import OPS, RowFormat
+from deepinfer.kernels.reference.cache_rows import check_write_args
 from deepinfer.kernels.reference.quant import (
     FP4_E4M3_AMAX_FLOOR,
     FP4_UE8M0_AMAX_FLOOR,
@@ -212,27 +213,14 @@ def pack_rows(x: torch.Tensor, fmt: RowFormat) -> torch.Tensor:
     return out.view(*x.shape[:-1], fmt.row_bytes)
 
 
+@implements("write_rows")
 def write_rows(
     cache: torch.Tensor, dst: torch.Tensor, values: torch.Tensor, fmt: RowFormat
 ) -> torch.Tensor:
-    """Pack ``values`` ``[n, fmt.dim]`` and store row ``i`` at row ``dst[i]`` of ``cache``
-    ``uint8 [N, fmt.row_bytes]`` (distinct rows in ``[0, N)``), in one launch; returns
-    ``cache``. What ``cache.index_copy_(0, dst, pack_rows(values, fmt))`` stores."""
-    if cache.dtype != torch.uint8 or cache.dim() != 2 or cache.shape[1] != fmt.row_bytes:
-        raise ValueError(
-            f"cache: expected uint8 [N, {fmt.row_bytes}] rows for {fmt}, got {cache.dtype} "
-            f"{tuple(cache.shape)}"
-        )
-    if values.dim() != 2 or values.shape[1] != fmt.dim:
-        raise ValueError(f"values: expected [n, {fmt.dim}] rows, got {tuple(values.shape)}")
-    if dst.shape != (values.shape[0],) or dst.dtype not in (torch.int32, torch.int64):
-        raise ValueError(
-            f"dst: expected int32/int64 [{values.shape[0]}] row numbers, got {dst.dtype} "
-            f"{tuple(dst.shape)}"
-        )
+    """Pack and scatter in one launch (what ``index_copy_`` of :func:`pack_rows` stores)."""
+    check_write_args(cache, dst, values, fmt)
     if not _supported(values, fmt) or not cache.is_contiguous():
-        cache.index_copy_(0, dst.long(), pack_rows(values, fmt))
-        return cache
+        return OPS["write_rows"].reference(cache, dst, values, fmt)
     x2 = values if values.stride(-1) == 1 else values.contiguous()
     _launch(x2, cache, fmt, dst.contiguous())
     return cache

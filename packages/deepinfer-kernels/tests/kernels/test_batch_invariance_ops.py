@@ -66,6 +66,7 @@ NOT_PER_TOKEN = {
     "fp8_block_quant": "weights, at load time (a scale spans 128 rows by the format)",
     "patch_unfold": "one image's patches (rows are pixels of that image)",
     "vision_attention": "attention among one image's patches",
+    "write_rows": "stores pack_rows's bytes (checked per row above) at given rows of a cache",
 }
 
 # On the CPU, ops the flag runs row by row (ROW_WISE) stop at 64 rows: each row is its own

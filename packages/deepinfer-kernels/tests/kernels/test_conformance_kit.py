@@ -55,6 +55,18 @@ def test_kit_catches_a_small_numeric_error_in_fp32():
         check_case(off_by_eps, case, "cpu", seed=0)
 
 
+def test_kit_catches_a_write_that_stores_nothing():
+    """An op that writes into an argument is compared on what the implementation wrote, not
+    on what the reference wrote into the same tensor."""
+
+    def writes_nothing(cache, dst, values, fmt):
+        return cache
+
+    case = cases_for(["write_rows"], "small")[0]
+    with pytest.raises(AssertionError, match="allocating"):
+        check_case(writes_nothing, case, "cpu")
+
+
 def test_inputs_are_fresh_random_and_never_zero():
     case = SMALL[0]
     g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)

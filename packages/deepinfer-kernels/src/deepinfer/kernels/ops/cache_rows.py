@@ -8,7 +8,7 @@ from deepinfer.kernels.formats import RowFormat
 from deepinfer.kernels.reference import cache_rows as ref
 from deepinfer.kernels.registry import op
 
-__all__ = ["pack_rows", "unpack_rows"]
+__all__ = ["pack_rows", "unpack_rows", "write_rows"]
 
 
 @op(reference=ref.pack_rows)
@@ -29,3 +29,13 @@ def unpack_rows(
 ) -> torch.Tensor:
     """``uint8 [..., fmt.row_bytes]`` rows in ``fmt`` -> ``[..., fmt.dim]`` of ``out_dtype``:
     ``code * scale`` in fp32 (exact), then cast; the tail cast from ``fmt.tail_dtype``."""
+
+
+@op(reference=ref.write_rows)
+def write_rows(
+    cache: torch.Tensor, dst: torch.Tensor, values: torch.Tensor, fmt: RowFormat
+) -> torch.Tensor:
+    """Store float rows ``values`` ``[n, fmt.dim]`` packed in ``fmt`` at rows ``dst``
+    (``int32``/``int64 [n]``, distinct, in ``[0, N)``) of ``cache`` ``uint8 [N, fmt.row_bytes]``,
+    in place; returns ``cache``. The bytes are :func:`pack_rows`'s; the other rows are
+    untouched. A backend may pack and scatter in one pass (the cache write of every step)."""

@@ -49,6 +49,31 @@ def pack_rows(x: torch.Tensor, fmt: RowFormat) -> torch.Tensor:
     return out
 
 
+def check_write_args(
+    cache: torch.Tensor, dst: torch.Tensor, values: torch.Tensor, fmt: RowFormat
+) -> None:
+    """Raise ``ValueError`` naming the argument of :func:`write_rows` that breaks its contract."""
+    if cache.dtype != torch.uint8 or cache.dim() != 2 or cache.shape[1] != fmt.row_bytes:
+        raise ValueError(
+            f"cache: expected uint8 [N, {fmt.row_bytes}] rows for {fmt}, got {cache.dtype} "
+            f"{tuple(cache.shape)}"
+        )
+    if values.dim() != 2 or values.shape[1] != fmt.dim:
+        raise ValueError(f"values: expected [n, {fmt.dim}] rows, got {tuple(values.shape)}")
+    if dst.shape != (values.shape[0],) or dst.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"dst: expected int32/int64 [{values.shape[0]}] row numbers, got {dst.dtype} "
+            f"{tuple(dst.shape)}"
+        )
+
+
+def write_rows(
+    cache: torch.Tensor, dst: torch.Tensor, values: torch.Tensor, fmt: RowFormat
+) -> torch.Tensor:
+    check_write_args(cache, dst, values, fmt)
+    return cache.index_copy_(0, dst.long(), pack_rows(values, fmt))
+
+
 def unpack_rows(
     rows: torch.Tensor, fmt: RowFormat, out_dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:

@@ -42,6 +42,8 @@ class Case:
     make_strided(args) -> args: the same values as non-contiguous views, or None.
     compare(got, want, args, kwargs, case, how): replaces the elementwise comparison for ops
     that select (``deepinfer.kernels.testing.selection``), where near-tied choices may differ.
+    writes: positions of the arguments the op writes into (a cache); the reference runs on
+    copies of them, so what is compared is what the implementation wrote.
     """
 
     op: str
@@ -54,6 +56,7 @@ class Case:
     rtol: float = 1e-5
     tags: frozenset[str] = field(default_factory=frozenset)
     compare: Comparison | None = None
+    writes: tuple[int, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.op}-{self.name}"
@@ -131,7 +134,8 @@ def check_case(
     gen.manual_seed(seed if seed is not None else torch.seed() % (2**63))
     args, kwargs = case.make_inputs(gen, device)
     reference = OPS[case.op].reference
-    want = reference(*args, **kwargs)
+    ref_args = tuple(a.clone() if i in case.writes else a for i, a in enumerate(args))
+    want = reference(*ref_args, **kwargs)
     want_t = _as_tuple(want)
 
     inputs = (args, kwargs)

@@ -1,9 +1,11 @@
-"""Cases for pack_rows / unpack_rows: the cache formats of V4 (FP8 nope + wide RoPE tail) and
-V4.1 (FP8 rows, FP4 latents with e4m3 scales), the indexer keys (FP4, ue8m0), on rows whose
-magnitudes span 1e-6..1e3 (tiny rows exercise the scale floors). Exact: atol = rtol = 0."""
+"""Cases for pack_rows / unpack_rows / write_rows: the cache formats of V4 (FP8 nope + wide
+RoPE tail) and V4.1 (FP8 rows, FP4 latents with e4m3 scales), the indexer keys (FP4, ue8m0), on
+rows whose magnitudes span 1e-6..1e3 (tiny rows exercise the scale floors). Exact: atol = rtol
+= 0."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -33,6 +35,20 @@ def _unpack_inputs(gen, device, *, fmt, rows, dtype):
     return (packed.to(device), fmt, dtype), {}
 
 
+def _write_inputs(gen, device, *, fmt, rows, dtype):
+    """A cache of random bytes with room for twice the rows, written at distinct random rows."""
+    cache = torch.randint(0, 256, (2 * rows + 3, fmt.row_bytes), dtype=torch.uint8, generator=gen)
+    dst = torch.randperm(cache.shape[0], generator=gen)[:rows]
+    values = random_rows(gen, rows, fmt.dim, dtype)
+    return (cache.to(device), dst.to(device), values.to(device), fmt), {}
+
+
+def _strided_values(args):
+    cache, dst, values, fmt = args
+    wide = torch.cat([values, values], dim=1)
+    return cache, dst, wide[:, : fmt.dim], fmt
+
+
 def _cases(scale: str, rows: int) -> list[Case]:
     cases = []
     for name, fmt in FORMATS.items():
@@ -41,6 +57,9 @@ def _cases(scale: str, rows: int) -> list[Case]:
             for op, maker in (("pack_rows", _pack_inputs), ("unpack_rows", _unpack_inputs)):
                 inputs = functools.partial(maker, fmt=fmt, rows=rows, dtype=dtype)
                 cases.append(Case(op=op, name=tag, scale=scale, make_inputs=inputs, atol=0, rtol=0))
+            inputs = functools.partial(_write_inputs, fmt=fmt, rows=rows, dtype=dtype)
+            write = Case(op="write_rows", name=tag, scale=scale, make_inputs=inputs, atol=0, rtol=0)
+            cases.append(dataclasses.replace(write, make_strided=_strided_values, writes=(0,)))
     return cases
 
 
