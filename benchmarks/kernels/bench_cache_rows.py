@@ -81,9 +81,9 @@ def main() -> None:
         for rows in map(int, args.rows.split(",")):
             results.append(bench_format(model, kind, fmt, rows, ceiling))
             write_json(args.out, {"env": environment(), "copy_TB/s": ceiling, "rows": results})
-    cols = ["model", "kind", "rows", "row_bytes", "pack_us", "write_us", "write_graph_us",
-            "write_TB/s", "write_%ceiling", "torch_write_us", "torch_write_graph_us",
-            "speedup_vs_torch_write"]  # fmt: skip
+    cols = ["model", "kind", "rows", "row_bytes", "pack_us", "pack_TB/s", "write_us",
+            "write_graph_us", "write_TB/s", "write_%ceiling", "torch_write_us",
+            "torch_write_graph_us", "speedup_vs_torch_write"]  # fmt: skip
     print_table(results, cols)
 
 

@@ -1,6 +1,6 @@
-"""pack_rows / write_rows Triton kernel: the bytes of the reference, bit for bit, for every row format the
-models use, on random rows and on planted extremes (grid maxima and beyond, rounding ties,
-signed zeros, subnormals, all-zero rows, fp32's largest values). fp32 inputs run on the
+"""pack_rows / write_rows Triton kernel: the bytes of the reference, bit for bit, for every row
+format the models use, on random rows and on planted extremes (grid maxima and beyond, rounding
+ties, signed zeros, subnormals, all-zero rows, fp32's largest values). fp32 inputs run on the
 interpreter; bf16 inputs and model sizes on the GPU."""
 
 from __future__ import annotations

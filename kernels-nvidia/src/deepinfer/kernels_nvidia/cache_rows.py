@@ -167,7 +167,7 @@ def _pack_rows_kernel(
 
 def _supported(x: torch.Tensor, fmt: RowFormat) -> bool:
     """The formats the kernel packs (every one the models use); the rest runs the reference."""
-    pow2 = fmt.block & (fmt.block - 1) == 0 and fmt.block >= (4 if fmt.code == "e2m1" else 1)
+    pow2 = fmt.block & (fmt.block - 1) == 0 and fmt.block >= 4
     e4m3_scaled_fp8 = fmt.code == "e4m3" and fmt.scale == "e4m3"
     return x.dtype in _FLOATS and fmt.tail_dtype in _FLOATS and pow2 and not e4m3_scaled_fp8
 
