@@ -119,17 +119,22 @@ def rank_attention_flops(num_tokens: int, cp: int, shape: AttentionShape) -> lis
     return [attention_flops(p, shape) for p in balanced_split(num_tokens, cp, shape)]
 
 
-def check_context_parallel(cp: int, world_size: int, compress_ratios: Sequence[int]) -> None:
+def check_context_parallel(
+    cp: int, world_size: int, compress_ratios: Sequence[int] | None = None
+) -> None:
     """Refuse a CP layout that cannot run, with one line naming the field: ``cp`` must divide the
-    ranks, and the model must have compressed attention (the keys the ranks exchange)."""
+    ranks, and the model must have compressed attention (the keys the ranks exchange;
+    ``compress_ratios`` None: the model is not known yet, only the ranks are checked)."""
+    if isinstance(cp, bool) or not isinstance(cp, int):
+        raise ValueError(f"context_parallel_size: expected an int >= 1, got {cp!r}")
     if cp < 1:
         raise ValueError(f"context_parallel_size={cp}: expected at least 1")
     if world_size % cp:
         raise ValueError(
             f"context_parallel_size={cp}: expected a divisor of the {world_size} ranks "
-            f"(world size = data parallel x context parallel)"
+            "(data_parallel_size; each group of that many ranks prefills a long prompt together)"
         )
-    if cp > 1 and not any(compress_ratios):
+    if cp > 1 and compress_ratios is not None and not any(compress_ratios):
         raise ValueError(
             f"context_parallel_size={cp}: this model has no compressed-attention layer "
             "(every compress ratio is 0), so there is nothing to split a prompt's prefill over"

@@ -46,6 +46,7 @@ from deepinfer.engine.runner.grammar import GrammarManager
 from deepinfer.engine.runner.model_runner import ModelRunner
 from deepinfer.engine.runner.speculation import SpecConfig, resolve_spec_config
 from deepinfer.parallel import ExpertParallelContext, TorchDistributedComm
+from deepinfer.parallel.context import check_context_parallel
 
 logger = logging.getLogger("deepinfer.engine")
 
@@ -63,6 +64,7 @@ def load_executor(config: EngineConfig) -> LoadedModel:
     dtype = getattr(torch, config.dtype)
     torch.manual_seed(config.seed)
     model_config: ModelConfig = load_config(path, numerics=config.numerics)
+    check_context_parallel_model(config, model_config)
     spec = resolve_spec_config(
         config, model_config, has_draft_weights=_has_draft_weights(path, config.load_format)
     )
@@ -134,6 +136,19 @@ def load_executor(config: EngineConfig) -> LoadedModel:
         compression_ratios=ratios,
         vision=checked_image_settings(model, path),
     )
+
+
+def check_context_parallel_model(config: EngineConfig, model_config: ModelConfig) -> None:
+    """Refuse context parallelism before any weight loads: on a model without compressed
+    attention (one line naming the field), and above 1 at all until the scheduler hands long
+    prompts to a CP group (the model-level prefill exists, the engine does not call it)."""
+    cp = config.context_parallel_size
+    check_context_parallel(cp, config.data_parallel_size, model_config.compress_ratios)
+    if cp > 1:
+        raise NotImplementedError(
+            f"context_parallel_size={cp}: the engine does not schedule context-parallel "
+            "prefills yet (deepinfer.engine.model.context_prefill runs one); use 1"
+        )
 
 
 def _has_draft_weights(path: Path, load_format: str) -> bool:

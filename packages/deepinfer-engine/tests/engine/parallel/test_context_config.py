@@ -1,0 +1,39 @@
+"""Context-parallel layouts the engine refuses at start-up, each with one line naming the field:
+a CP size that does not divide the ranks (when the config is built), a model without compressed
+attention and, until the scheduler runs CP prefills, any size above 1 (when the model's config
+is read, before any weight loads)."""
+
+from __future__ import annotations
+
+import pytest
+
+from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.model.config_parsing import parse_config
+from deepinfer.engine.runner.loading import check_context_parallel_model
+from deepinfer.engine.testing import tiny_v4_config, tiny_v41_config
+
+
+@pytest.mark.parametrize(("cp", "dp"), [(2, 1), (2, 3), (4, 2), (0, 2)])
+def test_cp_not_dividing_the_ranks_is_refused_when_the_config_is_built(cp, dp):
+    with pytest.raises(ValueError, match=rf"^context_parallel_size(={cp})?: expected"):
+        EngineConfig(model="x", context_parallel_size=cp, data_parallel_size=dp)
+
+
+def test_cp_min_tokens_must_be_positive():
+    with pytest.raises(ValueError, match="cp_min_tokens"):
+        EngineConfig(model="x", cp_min_tokens=0)
+
+
+def test_a_model_without_compressed_attention_is_refused():
+    config = EngineConfig(model="x", context_parallel_size=2, data_parallel_size=2)
+    window_only = parse_config(tiny_v4_config(compress_ratios=[0, 0, 0, 0, 0]))
+    with pytest.raises(ValueError, match="context_parallel_size=2: this model has no compressed"):
+        check_context_parallel_model(config, window_only)
+
+
+@pytest.mark.parametrize("raw", [tiny_v4_config(), tiny_v41_config(vision=False)])
+def test_a_valid_layout_is_refused_until_the_scheduler_runs_it(raw):
+    check_context_parallel_model(EngineConfig(model="x"), parse_config(raw))  # CP = 1 runs
+    config = EngineConfig(model="x", context_parallel_size=2, data_parallel_size=4)
+    with pytest.raises(NotImplementedError, match="context_parallel_size=2: the engine does not"):
+        check_context_parallel_model(config, parse_config(raw))
