@@ -1,10 +1,13 @@
 """End-to-end engine throughput through ``LLM.generate`` on a dummy-weight V4-Flash-shaped model.
 
 The model is the published V4-Flash shape (hidden 4096, 64 heads of 512, 256 FP4 experts top-6,
-FP8 128x128 blocks) with ``--layers`` backbone layers (the real model has 43 and does not fit one
-H200 with its 160 GB of weights); results are labelled with the layer count. Weights are random
-(``load_format="dummy"``). Prefill: ``--prefill-prompts`` prompts of ``--prompt-len`` tokens with
-``max_tokens=1``. Decode: batches of prompts of 128 tokens generating ``--decode-tokens`` tokens;
+FP8 128x128 blocks; ``--model v41-flash-dummy``: V4.1-Flash's, as the sweep builds it) with
+``--layers`` backbone layers (the real model has 43 and does not fit one H200 with its 160 GB of
+weights); results are labelled with the layer count. Weights are random
+(``load_format="dummy"``). The engine keeps its default token budget per step unless
+``--max-num-batched-tokens`` is given. Prefill: ``--prefill-prompts`` prompts of ``--prompt-len``
+tokens with ``max_tokens=1``, timed by :func:`benchmarks.timing.time_call` exactly as the sweep
+(``run_sweep.sh``) times its prefill points: one untimed call, median of ``--repeats``. Decode: batches of prompts of 128 tokens generating ``--decode-tokens`` tokens;
 decode throughput = batch x (decode tokens - 1) / (time - time of the same batch with
 ``max_tokens=1``).
 
@@ -45,35 +48,32 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 from benchmarks.common import copy_bandwidth_tbs, environment, print_table, write_json
 from benchmarks.engine import step_timeline
-from benchmarks.model.dummy_forward import v4_flash_config
+from benchmarks.sweep.models import resolve_model
+from benchmarks.timing import INCLUDED, time_call
 from deepinfer.engine.frontend.llm import LLM
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
 from deepinfer.sampling import SamplingParams
 
-RATIOS = [0, 0] + [4, 128] * 21  # V4-Flash: two sliding-window layers, then CSA/HCA pairs
 
-
-def _run(llm: LLM, prompts: list[list[int]], max_tokens: int) -> float:
-    """Seconds to generate ``max_tokens`` for every prompt (the second of two identical runs, so
-    Triton's compilations for this batch shape are not timed); fails unless every request
-    produced all its tokens."""
+def _run(llm: LLM, prompts: list[list[int]], max_tokens: int, repeats: int = 1) -> float:
+    """Median seconds to generate ``max_tokens`` for every prompt, timed by
+    :func:`benchmarks.timing.time_call` as the sweep times its prefill points (one untimed
+    call first, so Triton's compilations for this batch shape are not timed); fails unless
+    every request produced all its tokens."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    for _ in range(2):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        outputs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
-        torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
+    outputs = []
+
+    def call() -> None:
+        outputs[:] = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+
+    seconds = time_call(call, warmup=1, repeats=repeats).median_s
     short = [o for o in outputs if len(o.outputs[0].token_ids) != max_tokens]
     if short:
         first = short[0].outputs[0]
@@ -192,7 +192,7 @@ def _prefill_rows(llm: LLM, gen, vocab: int, args, ops: str) -> list[dict]:
     rows = []
     for n in _batches(args.prefill_prompts):
         prompts = torch.randint(3, vocab, (n, args.prompt_len), generator=gen).tolist()
-        seconds = _run(llm, prompts, 1)
+        seconds = _run(llm, prompts, 1, args.repeats)
         rows.append({"phase": "prefill", "ops": ops, "batch": n,
                      "tokens": n * args.prompt_len, "seconds": seconds,
                      "tok/s": n * args.prompt_len / seconds})  # fmt: skip
@@ -205,8 +205,13 @@ def _batches(text: str) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="v4-flash-dummy",
+                        choices=("v4-flash-dummy", "v41-flash-dummy"))  # fmt: skip
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--prompt-len", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per prefill row")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="the engine's token budget per step (default: the engine's)")  # fmt: skip
     parser.add_argument("--prefill-prompts", default="1,4,8")
     parser.add_argument("--decode-batches", default="1,8,32")
     parser.add_argument("--decode-tokens", type=int, default=17)
@@ -228,21 +233,22 @@ def main() -> None:
                         help="steady-decode timeline rows (step_timeline.py) of these batches")  # fmt: skip
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    if not 1 <= args.layers <= len(RATIOS):
-        parser.error(f"--layers {args.layers}: expected 1..{len(RATIOS)}")
-    directory = Path(tempfile.mkdtemp())
-    config = v4_flash_config(RATIOS[: args.layers])
-    (directory / "config.json").write_text(json.dumps(config))
+    try:
+        source = resolve_model(args.model, args.layers)
+    except ValueError as e:
+        parser.error(str(e))
     start = time.perf_counter()
     llm = LLM(
-        str(directory), load_format="dummy", max_num_seqs=64, max_model_len=4096,
-        max_num_batched_tokens=8192, gpu_memory_utilization=args.gpu_memory_utilization,
+        source.path, load_format="dummy", max_num_seqs=64,
+        max_model_len=max(4096, args.prompt_len + 1),
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
     )  # fmt: skip
     load_s = time.perf_counter() - start
     model = llm._core.executor.model
     copy_tbs = copy_bandwidth_tbs()
     gen = torch.Generator().manual_seed(0)
-    vocab = config["vocab_size"]
+    vocab = source.config.get("text_config", source.config)["vocab_size"]
     rows = []
     _run(llm, [[1] * 64], 2)  # warm-up (Triton compiles)
     rows += _prefill_rows(llm, gen, vocab, args, "kernels")
@@ -278,7 +284,8 @@ def main() -> None:
                 rows.append(_decode_row(llm, model, gen, vocab, b, args.decode_tokens, copy_tbs,
                                         "kernels, batch-invariant, eager"))  # fmt: skip
         os.environ.pop("DEEPINFER_BATCH_INVARIANT")
-    print(f"V4-Flash-shaped dummy model, {args.layers} of 43 layers, load {load_s:.1f} s, "
+    budget = llm.scheduler_config.max_num_batched_tokens
+    print(f"{source.label}, load {load_s:.1f} s, {budget} batched tokens per step, "
           f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")  # fmt: skip
     print(f"copy rate {copy_tbs:.2f} TB/s; floor_ms = least bytes per step / copy rate")
     columns = ["phase", "ops", "batch", "tokens", "seconds", "tok/s", "tok/s/user", "step_ms"]
@@ -289,7 +296,8 @@ def main() -> None:
     )
     if timelines:
         print_table(timelines, step_timeline.COLUMNS)
-    payload = {"env": environment(), "layers": args.layers, "load_s": load_s,
+    payload = {"env": environment(), "model": source.label, "layers": args.layers,
+               "max_num_batched_tokens": budget, "timed": INCLUDED, "load_s": load_s,
                "copy_tbs": copy_tbs, "rows": rows, "profiles": profiles,
                "timelines": timelines}  # fmt: skip
     write_json(args.out, payload)

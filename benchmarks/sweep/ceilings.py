@@ -61,8 +61,8 @@ def copy_bandwidth(device: str) -> float:
 
 
 def measure_device(device: str) -> tuple[Device, dict[str, float]]:
-    """The ceilings and what was measured: on CUDA the FP8 GEMM rate when this torch/GPU has
-    one (the linear layers are FP8), else the bf16 rate; on CPU the bf16 rate."""
+    """The ceilings and what was measured: for the linear layers, on CUDA the FP8 GEMM rate when
+    this torch/GPU has one (they are FP8), else the bf16 rate; for attention the bf16 rate."""
     measured = {"copy_Bps": copy_bandwidth(device)}
     measured["bf16_gemm_flops"] = matmul_flops(device, 8192 if device == "cuda" else 512)
     if device == "cuda":
@@ -71,4 +71,5 @@ def measure_device(device: str) -> tuple[Device, dict[str, float]]:
         except (RuntimeError, AttributeError) as e:  # no FP8 tensor cores or no _scaled_mm
             print(f"FP8 GEMM rate not measured ({e}); the roofline uses the bf16 rate")
     flops = max(measured["bf16_gemm_flops"], measured.get("fp8_gemm_flops", 0.0))
-    return Device(bandwidth=measured["copy_Bps"], flops=flops), measured
+    ceiling = Device(measured["copy_Bps"], flops, attention_flops=measured["bf16_gemm_flops"])
+    return ceiling, measured

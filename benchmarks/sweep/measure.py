@@ -1,8 +1,9 @@
 """Prefill and decode sweeps through our engine or a transformers model's own ``generate`` loop
 (the baseline), measured the same way for both.
 
-- Prefill: wall clock around a ``max_tokens=1`` call, device synchronised on each side, after a
-  warm-up, median of ``repeats`` runs.
+- Prefill: a ``max_tokens=1`` call timed by :func:`benchmarks.timing.time_call`, as
+  ``bench_engine`` times its rows: one untimed call with the same prompts first (so no point
+  pays for compiling kernels for its shape), then the median of ``repeats`` calls.
 - Decode: the time between consecutive tokens of one sequence, counted only over the steps in
   which every sequence of the batch was decoding (after the last prompt's first token, up to the
   first sequence's last token), median over those steps and the repeats. So neither prefill nor
@@ -17,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from benchmarks.timing import time_call
 
 # generate(prompts [B][L] token ids, max_tokens) -> per sequence, the perf_counter time at
 # which each of its generated tokens arrived (max_tokens times each).
@@ -45,22 +48,6 @@ class SweepSettings:
     seed: int = 0
 
 
-def synchronize() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _seconds(generate: Generate, prompts: list[list[int]], max_tokens: int, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        synchronize()
-        start = time.perf_counter()
-        generate(prompts, max_tokens)
-        synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def _prompts(settings: SweepSettings, num: int, length: int, gen: torch.Generator) -> list[list]:
     """Random token ids in [3, vocab): clear of the bos/eos/pad ids."""
     return torch.randint(3, settings.vocab_size, (num, length), generator=gen).tolist()
@@ -79,7 +66,7 @@ def _over_budget(points: list[dict], settings: SweepSettings, phase: str) -> boo
 def prefill_sweep(generate: Generate, settings: SweepSettings) -> list[dict]:
     """One point per batch size in tokens: ``tokens // prompt_len`` prompts, ``max_tokens=1``."""
     gen = torch.Generator().manual_seed(settings.seed)
-    generate(_prompts(settings, 1, settings.prompt_len, gen), 2)  # warm-up (JIT, allocator)
+    generate(_prompts(settings, 1, settings.prompt_len, gen), 2)  # warm-up: load-time work
     points = []
     for tokens in settings.prefill_tokens:
         if _over_budget(points, settings, "prefill"):
@@ -87,10 +74,13 @@ def prefill_sweep(generate: Generate, settings: SweepSettings) -> list[dict]:
         started = time.perf_counter()
         num_prompts = max(1, tokens // settings.prompt_len)
         prompts = _prompts(settings, num_prompts, settings.prompt_len, gen)
-        seconds = _seconds(generate, prompts, 1, settings.repeats)
+        timing = time_call(lambda p=prompts: generate(p, 1), warmup=1, repeats=settings.repeats)
+        seconds, device = timing.median_s, timing.record()["device_s"]
         batch_tokens = num_prompts * settings.prompt_len
         points.append({"tokens": batch_tokens, "prompts": num_prompts, "step_ms": seconds * 1e3,
                        "tok/s/gpu": batch_tokens / seconds,
+                       "samples_ms": [s * 1e3 for s in timing.samples_s],
+                       "device_ms": None if device is None else device * 1e3,
                        "point_s": time.perf_counter() - started})  # fmt: skip
     return points
 

@@ -9,6 +9,11 @@ The arithmetic of ``shared/specs/performance.md`` section 4, for the layer count
   attended) + the indexer scan;
 - step time = max(bytes / copy bandwidth, FLOPs / tensor-core rate).
 
+Prefill counts its FLOPs per layer (:meth:`ModelShape.prefill_layer_flops`): the GEMMs of the
+layer's projections, shared and routed experts and router at the FP8 rate, and the attention
+core and indexer products, averaged over the prompt's positions, at the bf16 rate; the LM head
+runs for one row per prompt.
+
 Plain Python: no torch, so it is unit-testable anywhere.
 """
 
@@ -162,13 +167,62 @@ class ModelShape:
     def flops_per_token(self, context: int) -> float:
         return 2 * self.active_params + self.attention_flops_per_token(context)
 
+    def prefill_layer_flops(self, ratio: int, prompt_len: int) -> dict[str, float]:
+        """FLOPs per prompt token of one layer of compression ``ratio`` (0: sliding window
+        only), averaged over the positions of a ``prompt_len``-token prompt: ``gemm`` (every
+        linear the token passes), ``attention`` (2 products per head per entry attended:
+        window, then top-k compressed entries or all ``1/128`` ones) and ``indexer`` (its
+        scan of every compressed entry, C4 layers)."""
+        experts = self.num_shared_experts + self.experts_per_token
+        gemm = 2 * (self.attention_params(ratio) + experts * self.expert_params
+                    + self.hidden_size * self.num_experts)  # fmt: skip
+        entries = _mean_min_position(prompt_len, self.sliding_window)
+        indexer = 0.0
+        if ratio == 4:
+            entries += _mean_min_compressed(prompt_len, 4, self.index_topk)
+            indexer = 2 * self.index_heads * self.index_head_dim * _mean_compressed(prompt_len, 4)
+        elif ratio:
+            entries += _mean_compressed(prompt_len, ratio)
+        attention = 2 * 2 * self.num_heads * self.head_dim * entries
+        return {"gemm": gemm, "attention": attention, "indexer": indexer}
+
+
+def _mean_min_position(length: int, cap: int) -> float:
+    """Mean over positions ``n = 1..length`` (tokens visible) of ``min(n, cap)``."""
+    if length <= cap:
+        return (length + 1) / 2
+    return (cap * (cap + 1) / 2 + (length - cap) * cap) / length
+
+
+def _sum_compressed(length: int, ratio: int) -> int:
+    """``sum(n // ratio for n in 1..length)``: compressed entries visible, summed."""
+    q, rem = divmod(length, ratio)
+    return ratio * q * (q - 1) // 2 + q * (rem + 1)
+
+
+def _mean_compressed(length: int, ratio: int) -> float:
+    return _sum_compressed(length, ratio) / length
+
+
+def _mean_min_compressed(length: int, ratio: int, cap: int) -> float:
+    """Mean over ``n = 1..length`` of ``min(cap, n // ratio)`` (top-k of the visible)."""
+    below = min(length, cap * ratio - 1)  # positions that see fewer than cap entries
+    return (_sum_compressed(below, ratio) + cap * (length - below)) / length
+
 
 @dataclass(frozen=True)
 class Device:
-    """Measured ceilings: copy bandwidth (bytes/s) and tensor-core (matmul) rate (FLOP/s)."""
+    """Measured ceilings: copy bandwidth (bytes/s), tensor-core (matmul) rate of the linear
+    layers (FLOP/s) and, when known apart, the bf16 rate of the attention products."""
 
     bandwidth: float
     flops: float
+    attention_flops: float | None = None
+
+
+# The H200's rates measured on the lent machine (shared/specs/toolchain.md: copy, bf16 and FP8
+# GEMMs at 8192^3): the ceilings of a breakdown made on another machine.
+H200 = Device(bandwidth=4.25e12, flops=1449e12, attention_flops=786e12)
 
 
 def decode_point(shape: ModelShape, device: Device, batch: int, context: int) -> dict[str, float]:
@@ -184,8 +238,19 @@ def decode_point(shape: ModelShape, device: Device, batch: int, context: int) ->
 def prefill_point(
     shape: ModelShape, device: Device, num_tokens: int, prompt_len: int
 ) -> dict[str, float]:
-    """Ceiling for one step prefilling ``num_tokens`` tokens of prompts of ``prompt_len``."""
-    num_bytes = shape.weight_bytes_per_step(num_tokens)
-    flops = num_tokens * shape.flops_per_token(max(1, prompt_len // 2))
-    step = max(num_bytes / device.bandwidth, flops / device.flops)
-    return {"tokens": num_tokens, "step_s": step, "tok/s/gpu": num_tokens / step}
+    """Ceiling for one step prefilling ``num_tokens`` tokens of prompts of ``prompt_len``: the
+    FLOPs counted per layer (GEMMs at ``device.flops``, attention and indexer products at
+    ``device.attention_flops``), or the weight bytes if they take longer."""
+    num_prompts = max(1, num_tokens // max(prompt_len, 1))
+    gemm = attention = 0.0
+    for ratio in shape.compress_ratios:
+        layer = shape.prefill_layer_flops(ratio, prompt_len)
+        gemm += num_tokens * layer["gemm"]
+        attention += num_tokens * (layer["attention"] + layer["indexer"])
+    gemm += num_prompts * 2 * shape.lm_head_params
+    t_comp = gemm / device.flops + attention / (device.attention_flops or device.flops)
+    t_mem = shape.weight_bytes_per_step(num_tokens) / device.bandwidth
+    step = max(t_mem, t_comp)
+    return {"tokens": num_tokens, "gemm_flops": gemm, "attention_flops": attention,
+            "t_comp_s": t_comp, "t_mem_s": t_mem, "step_s": step,
+            "tok/s/gpu": num_tokens / step}  # fmt: skip

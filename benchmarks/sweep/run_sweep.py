@@ -26,6 +26,7 @@ from benchmarks.sweep.measure import SweepSettings, decode_sweep, engine_generat
 from benchmarks.sweep.models import ModelSource, resolve_model
 from benchmarks.sweep.plots import matplotlib_missing, write_plots
 from benchmarks.sweep.roofline import Device, ModelShape, decode_point, prefill_point
+from benchmarks.timing import INCLUDED
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -52,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--baseline-max-batch", type=int, default=64, help="cap baseline concurrency")
     p.add_argument("--baseline-max-tokens", type=int, default=16384, help="cap baseline prefill")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="our engine's token budget per step (default: the engine's own)")  # fmt: skip
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, a few points, seconds")
     p.add_argument("--out", required=True, help="directory for the JSON and PNGs")
     args = p.parse_args(argv)
@@ -98,12 +101,14 @@ def run_ours(source: ModelSource, settings: SweepSettings, args, device: str) ->
     llm = LLM(
         source.path, accelerator="cpu" if device == "cpu" else "auto", load_format=source.load_format, max_num_seqs=max(settings.concurrency),
         max_model_len=max(settings.prompt_len, settings.context_len) + settings.decode_tokens + 1,
-        max_num_batched_tokens=max(settings.prefill_tokens),
+        max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization,
     )  # fmt: skip
     load_s = time.perf_counter() - start
     generate = engine_generate(llm)
-    result = {"load_s": load_s, "prefill": prefill_sweep(generate, settings),
+    result = {"load_s": load_s, "timed": INCLUDED,
+              "max_num_batched_tokens": llm.scheduler_config.max_num_batched_tokens,
+              "prefill": prefill_sweep(generate, settings),
               "decode": decode_sweep(generate, settings)}  # fmt: skip
     del llm, generate
     _free_memory()
@@ -147,7 +152,9 @@ def roofline_curves(source: ModelSource, ceiling: Device, settings: SweepSetting
     for point in decode + prefill:
         point["step_ms"] = point.pop("step_s") * 1e3
     note = "" if source.is_v4 else "V4 arithmetic applied to a V4.1 layout: approximate"
-    return {"device": {"bandwidth_Bps": ceiling.bandwidth, "matmul_flops": ceiling.flops},
+    device = {"bandwidth_Bps": ceiling.bandwidth, "matmul_flops": ceiling.flops,
+              "attention_flops": ceiling.attention_flops}  # fmt: skip
+    return {"device": device,
             "layers": shape.num_layers, "note": note, "decode": decode, "prefill": prefill}  # fmt: skip
 
 
@@ -178,13 +185,24 @@ def sweep_model(name: str, args: argparse.Namespace, device: str, ceiling: Devic
     return result
 
 
+def with_roofline(points: list[dict], roof: list[dict], key: str) -> list[dict]:
+    """``points`` with the roofline's tok/s/GPU at the same ``key`` and their share of it."""
+    ceiling = {p[key]: p["tok/s/gpu"] for p in roof}
+    return [p | {"roofline": ceiling[p[key]], "of_roofline": p["tok/s/gpu"] / ceiling[p[key]]}
+            if p[key] in ceiling else p for p in points]  # fmt: skip
+
+
 def report(result: dict, out_dir: Path, stem: str) -> None:
-    for phase, cols in (("prefill", ["tokens", "prompts", "step_ms", "tok/s/gpu"]),
-                        ("decode", ["batch", "step_ms", "tok/s/user", "tok/s/gpu"])):  # fmt: skip
+    """Print ours, the baseline and the roofline side by side; write the JSON and the plots."""
+    roof = result["roofline"]
+    for phase, key, cols in (("prefill", "tokens", ["tokens", "prompts", "step_ms", "tok/s/gpu"]),
+                             ("decode", "batch", ["batch", "step_ms", "tok/s/user", "tok/s/gpu"])):  # fmt: skip
         for series in ("ours", "baseline"):
             if result[series].get(phase):
-                print(f"-- {phase}, {series}")
-                print_table(result[series][phase], cols)
+                result[series][phase] = with_roofline(result[series][phase], roof[phase], key)
+                print(f"-- {phase}, {series} (roofline: {roof['layers']} layers, counted FLOPs "
+                      "and bytes over the measured rates)")  # fmt: skip
+                print_table(result[series][phase], cols + ["roofline", "of_roofline"])
     write_json(out_dir / f"{stem}.json", result)
     for path in write_plots(result, out_dir, stem):
         print(f"wrote {path}")
