@@ -116,18 +116,14 @@ def _pack_rows_kernel(
         QMAX: tl.constexpr = 448.0
         CODE_BYTES: tl.constexpr = Q
     j = tl.arange(0, WIDTH)
-    first = r64[:, None, None] * stride_x + blocks[None, :, None] * BLK
+    cols = r64[:, None, None] * stride_x + blocks[None, :, None] * BLK
+    x = tl.load(x_ptr + cols + tl.arange(0, BLK)[None, None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    amax = (tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2)).to(tl.float32, bitcast=True)
     if FP4:  # even and odd columns apart: they share a byte
-        cols = first + 2 * j[None, None, :]
+        a, b = tl.split(tl.reshape(x, (ROWS, NB_P, WIDTH, 2)))
     else:
-        cols = first + j[None, None, :]
-    a = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    amax_bits = tl.max(a.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2)
-    if FP4:
-        b = tl.load(x_ptr + cols + 1, mask=mask, other=0.0).to(tl.float32)
-        b_bits = tl.max(b.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2)
-        amax_bits = tl.maximum(amax_bits, b_bits)
-    amax = amax_bits.to(tl.float32, bitcast=True)
+        a = x
     if E4M3S:
         ratio = tl.div_rn(tl.maximum(amax, FLOOR), tl.full(amax.shape, 6.0, tl.float32))
         scale_byte = _e4m3_code(tl.minimum(ratio, 448.0))
