@@ -1,6 +1,7 @@
 """Context-parallel prefill over gloo: the prompt's logprobs with CP = 2 and 4 equal one
 process's plain forward (within 1e-5 in fp32, bitwise with batch-invariant kernels), and every
-rank, decoding greedily from the cache its prefill left, continues exactly as one process does.
+rank, decoding greedily from the cache its prefill left, continues exactly as one process does;
+also when the prompt is prefilled in two chunks (chunked prefill), each split over the ranks.
 
 The prompts are a few hundred tokens (CI time); ``DEEPINFER_CP_TOKENS=4000`` runs the
 acceptance's 4,000-token prompt through the same tests."""
@@ -49,26 +50,32 @@ def _greedy(runner: SimpleRunner, last: torch.Tensor, n: int) -> tuple[list[int]
     return tokens, torch.stack(rows)
 
 
-def _run(model, prompt, split=None, comm=None):
+def _run(model, prompt, comm=None, chunks=1):
+    """One process's plain prefill (``comm`` None), or CP prefills of ``chunks`` consecutive
+    chunks of the prompt (chunked prefill), then greedy decoding from this rank's cache."""
     runner = SimpleRunner(model, max_seqs=1, max_len=len(prompt) + NEW_TOKENS, block_size=128)
-    if split is None:
+    if comm is None:
         logits = runner.step({0: prompt})[0]
     else:
-        batch = runner.batch({0: prompt})
-        own = context_parallel_prefill(model, runner.cache, batch, split, comm)
-        logits = RowGather(comm, split, "cpu")(own)
-        runner.lengths[0] = len(prompt)
+        bounds = [len(prompt) * i // chunks for i in range(chunks + 1)]
+        parts = []
+        for a, b in zip(bounds, bounds[1:]):
+            split = RowSplit.balanced(b - a, comm.world_size, model.config)
+            batch = runner.batch({0: prompt[a:b]})
+            own = context_parallel_prefill(model, runner.cache, batch, split, comm)
+            parts.append(RowGather(comm, split, "cpu")(own))
+            runner.lengths[0] = b
+        logits = torch.cat(parts)
     tokens, rows = _greedy(runner, logits[-1], NEW_TOKENS)
     return {"logprobs": prompt_logprobs(logits, prompt), "tokens": tokens, "rows": rows}
 
 
-def _worker(rank, world_size, directory, numerics, batch_invariant, prompt_tokens):
+def _worker(rank, world_size, directory, numerics, batch_invariant, prompt_tokens, chunks):
     os.environ["DEEPINFER_BATCH_INVARIANT"] = "1" if batch_invariant else "0"
     torch.set_num_threads(1)
     model = load_model(directory, dtype=torch.float32, numerics=numerics, progress=False).eval()
     prompt = _prompt(prompt_tokens)
-    split = RowSplit.balanced(len(prompt), world_size, model.config)
-    result = {"cp": _run(model, prompt, split, TorchDistributedComm())}
+    result = {"cp": _run(model, prompt, TorchDistributedComm(), chunks)}
     if rank == 0:
         result["single"] = _run(model, prompt)
     return result
@@ -105,10 +112,10 @@ def _check(results, exact: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    ("arch", "world_size", "numerics"),
-    [("v4", 2, "float"), ("v41", 4, "float")],
+    ("arch", "world_size", "numerics", "chunks"),
+    [("v4", 2, "float", 1), ("v41", 4, "float", 2)],
 )
-def test_cp_prefill_matches_one_process_within_1e5(checkpoints, arch, world_size, numerics):
+def test_cp_prefill_matches_one_process_within_1e5(checkpoints, arch, world_size, numerics, chunks):
     results = spawn(
         _worker,
         world_size,
@@ -116,13 +123,16 @@ def test_cp_prefill_matches_one_process_within_1e5(checkpoints, arch, world_size
         numerics,
         False,
         PROMPT_TOKENS,
+        chunks,
         timeout_s=TIMEOUT_S,
     )
     _check(results, exact=False)
 
 
-@pytest.mark.parametrize(("arch", "world_size"), [("v4", 4), ("v41-fp8", 2)])
-def test_cp_prefill_is_bitwise_one_process_when_batch_invariant(checkpoints, arch, world_size):
+@pytest.mark.parametrize(("arch", "world_size", "chunks"), [("v4", 4, 1), ("v41-fp8", 2, 2)])
+def test_cp_prefill_is_bitwise_one_process_when_batch_invariant(
+    checkpoints, arch, world_size, chunks
+):
     results = spawn(
         _worker,
         world_size,
@@ -130,6 +140,7 @@ def test_cp_prefill_is_bitwise_one_process_when_batch_invariant(checkpoints, arc
         "model",
         True,
         INVARIANT_TOKENS,
+        chunks,
         timeout_s=TIMEOUT_S,
     )
     _check(results, exact=True)
