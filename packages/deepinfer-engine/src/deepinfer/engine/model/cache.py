@@ -163,9 +163,13 @@ class ModelCache:
 
     def write(self, key: str, dst: torch.Tensor, values: torch.Tensor) -> None:
         """Store float rows ``values`` ``[n, width]`` at rows ``dst`` of tensor ``key`` (packed
-        in its format, else cast to its dtype)."""
+        in its format by one ``write_rows``, else cast to its dtype). Rows ``dst`` are distinct
+        but for the scratch rows padding writes to, which nothing reads."""
         t, fmt = self.tensors[key], self.formats.get(key)
-        t.index_copy_(0, dst, values.to(t.dtype) if fmt is None else K.pack_rows(values, fmt))
+        if fmt is None:
+            t.index_copy_(0, dst, values.to(t.dtype))
+        else:
+            K.write_rows(t, dst, values, fmt)
 
     def _state(self, name: str, rows: int, width: int, device: torch.device) -> None:
         self.tensors[f"{name}_kv"] = torch.zeros(rows, width, dtype=torch.float32, device=device)
