@@ -3,18 +3,23 @@
 With ``DEEPINFER_BATCH_INVARIANT=1`` greedy and seeded outputs of mixed prompts equal the
 single-process run token for token and logprob for logprob (16 short prompts: the invariant CPU
 path runs row by row); without it, the tokens of 50 prompts are the same and their logprobs
-agree within 1e-4. A bad request fails alone, a killed or stopped worker fails the call naming its rank
-within the step timeout, and no worker outlives the engine.
+agree within 1e-4, two of them with an image (V4.1's tower) run on different ranks. The ranks step
+synchronously whatever ``async_scheduling`` says, and log it. A bad request fails alone, a killed
+or stopped worker fails the call naming its rank within the step timeout, and no worker outlives
+the engine.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import signal
 import time
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from deepinfer.engine.frontend.llm import LLM
 from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config, tiny_v41_config
@@ -23,13 +28,15 @@ from deepinfer.sampling import SamplingParams, StructuredOutputs
 
 MAX_TOKENS = 3
 NUM_INVARIANT_PROMPTS = 16
+IMAGE_ID = 15  # tiny_v41_config's image_token_id
+IMAGE_PROMPTS = {3: (20, 12), 4: (10, 24)}  # prompt index: (width, height) of its image
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """(directory, block size) of a float V4.1 and a float V4 checkpoint."""
+    """(directory, block size) of a float V4.1 (with a vision tower) and a float V4 checkpoint."""
     v41 = tmp_path_factory.mktemp("v41")
-    make_random_checkpoint(v41, tiny_v41_config(vision=False), quantized=False, seed=0)
+    make_random_checkpoint(v41, tiny_v41_config(vision=True), quantized=False, seed=0)
     v4 = tmp_path_factory.mktemp("v4")
     make_random_checkpoint(v4, tiny_v4_config(), quantized=False, seed=0)
     return {"v41": (v41, 16), "v4": (v4, 128)}
@@ -67,9 +74,18 @@ def _engine(checkpoint, **kwargs) -> LLM:
     )
 
 
-def _generate(llm: LLM, num: int = 50, longest: int = 24):
+def _generate(llm: LLM, num: int = 50, longest: int = 24, images: bool = False):
     prompts, params = _prompts(num, longest), _params(num)
-    return llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    if not images:
+        return llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    items: list[dict] = [{"prompt_token_ids": p} for p in prompts]
+    for index, (width, height) in IMAGE_PROMPTS.items():
+        pixels = np.random.default_rng(index).integers(0, 256, (height, width, 3), dtype=np.uint8)
+        items[index] = {
+            "prompt_token_ids": [IMAGE_ID, *prompts[index]],
+            "multi_modal_data": {"image": Image.fromarray(pixels)},
+        }
+    return llm.generate(items, params, use_tqdm=False)
 
 
 def _alive(pid: int) -> bool:
@@ -95,15 +111,23 @@ def test_batch_invariant_outputs_equal_the_single_process(checkpoints, monkeypat
         assert got.outputs[0].logprobs == want.outputs[0].logprobs
 
 
-def test_logprobs_agree_and_a_bad_request_fails_alone(checkpoints):
+def test_logprobs_agree_images_included_and_a_bad_request_fails_alone(
+    checkpoints, monkeypatch, caplog
+):
     # float numerics: with the model's roundings a last-bit difference in reduction order can
     # flip a rounding and move a logprob past 1e-4; the batch-invariant tests cover them bitwise
-    expected = _generate(_engine(checkpoints["v41"], numerics="float"))
-    llm = _engine(
-        checkpoints["v41"], data_parallel_size=2, expert_parallel_size=2, numerics="float"
-    )
+    expected = _generate(_engine(checkpoints["v41"], numerics="float"), images=True)
+    with caplog.at_level(logging.INFO, logger="deepinfer.engine"):
+        llm = _engine(
+            checkpoints["v41"], data_parallel_size=2, expert_parallel_size=2, numerics="float",
+            async_scheduling=True,
+        )  # fmt: skip
+    assert "stepping synchronously (asynchronous scheduling does not span" in caplog.text
+    ranks: list[int] = []
+    add = llm._core.add_request
+    monkeypatch.setattr(llm._core, "add_request", lambda request: ranks.append(add(request)))
     try:
-        outputs = _generate(llm)
+        outputs = _generate(llm, images=True)
         bad = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputs(regex="(unclosed"))
         good = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
         mixed = llm.generate(["a", "b", "c", "d"], [good, bad, good, good], use_tqdm=False)
@@ -114,6 +138,9 @@ def test_logprobs_agree_and_a_bad_request_fails_alone(checkpoints):
         for got_lp, want_lp in zip(got.outputs[0].logprobs, want.outputs[0].logprobs, strict=True):
             assert got_lp.keys() == want_lp.keys()
             assert all(abs(got_lp[t] - want_lp[t]) <= 1e-4 for t in got_lp)
+    assert {ranks[index] for index in IMAGE_PROMPTS} == {0, 1}
+    for index in IMAGE_PROMPTS:  # the placeholder became the image's span
+        assert len(outputs[index].prompt_token_ids) > len(_prompts()[index]) + 1
     assert mixed[1].outputs[0].finish_reason == "error" and mixed[1].outputs[0].error
     assert [mixed[i].outputs[0].finish_reason for i in (0, 2, 3)] == ["length"] * 3
 

@@ -128,6 +128,18 @@ class ImageInput:
         """``[vit_h * vit_w, 3 p p]`` float32 numpy; waits for the worker if needed."""
         return self.future.result()
 
+    def __reduce__(self) -> tuple:
+        """Pickled (to a data-parallel rank's worker) with its patches, waited for: a future
+        does not cross processes."""
+        return (_resolved, (self.plan, self.offset, self.patches()))
+
+
+def _resolved(plan: ImagePlan, offset: int, patches: Any) -> ImageInput:
+    """An :class:`ImageInput` whose patches are already there (unpickling)."""
+    future: Future = Future()
+    future.set_result(patches)
+    return ImageInput(plan, offset, future)
+
 
 class ImageProcessor:
     """Plans images and preprocesses them on a small thread pool (Pillow's resize and numpy
