@@ -24,7 +24,6 @@ from deepinfer.engine.core.config import SchedulerConfig
 from deepinfer.engine.core.executor import Executor
 from deepinfer.kernels import envs
 from deepinfer.parallel import ParallelConfig
-from deepinfer.parallel.context import check_context_parallel
 
 logger = logging.getLogger("deepinfer.engine")
 
@@ -212,21 +211,9 @@ class EngineConfig:
     )
     context_parallel_size: int = param(
         1,
-        "context parallelism: groups of this many data-parallel ranks prefill one long prompt "
-        "together (balanced split; each rank then holds the whole prompt's cache); must "
-        "divide ``data_parallel_size`` and needs a model with compressed attention. The model "
-        "runs it (``engine.model.context_prefill``); the scheduler does not yet, so a value "
-        "above 1 is refused when the model loads.",
-        checks.positive_int,
+        "ranks prefilling one long prompt together (context parallelism; engine README).",
         cli_type=int,
         cli_alias="-cp",
-    )
-    cp_min_tokens: int = param(
-        4096,
-        "with context parallelism: prompts longer than this are prefilled by a CP group; "
-        "shorter ones, and every decode step, by one rank.",
-        checks.positive_int,
-        cli_type=int,
     )
     num_redundant_experts: int = param(
         0,
@@ -282,7 +269,6 @@ class EngineConfig:
             if check is not None and f.name != "model":
                 check(f.name, getattr(self, f.name))
         self.parallel_config()  # refuses an impossible layout, naming the field
-        check_context_parallel(self.context_parallel_size, self.data_parallel_size)
         self._resolve()
         checks.model_name("model", self.model)
         checks.positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
@@ -322,6 +308,7 @@ class EngineConfig:
         return ParallelConfig(
             data_parallel_size=self.data_parallel_size,
             expert_parallel_size=self.expert_parallel_size,
+            context_parallel_size=self.context_parallel_size,
             num_redundant_experts=self.num_redundant_experts,
             eplb_interval=self.eplb_interval,
             eplb_window=self.eplb_window,

@@ -19,11 +19,6 @@ def test_cp_not_dividing_the_ranks_is_refused_when_the_config_is_built(cp, dp):
         EngineConfig(model="x", context_parallel_size=cp, data_parallel_size=dp)
 
 
-def test_cp_min_tokens_must_be_positive():
-    with pytest.raises(ValueError, match="cp_min_tokens"):
-        EngineConfig(model="x", cp_min_tokens=0)
-
-
 def test_a_model_without_compressed_attention_is_refused():
     config = EngineConfig(model="x", context_parallel_size=2, data_parallel_size=2)
     window_only = parse_config(tiny_v4_config(compress_ratios=[0, 0, 0, 0, 0]))

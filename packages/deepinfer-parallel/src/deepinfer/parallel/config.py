@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from deepinfer.parallel.context import check_context_parallel
+
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """How many ranks run attention DP and MoE EP, and how EPLB rebalances the experts.
+    """How many ranks run attention DP and MoE EP, how many of them prefill one long prompt
+    together (``context_parallel_size``, a divisor of the DP ranks), and how EPLB rebalances
+    the experts.
 
     ``num_redundant_experts`` is the number of extra expert slots on EACH EP rank (replicas of hot
     experts chosen by EPLB); ``eplb_interval`` is the number of steps between rebalances (0 turns
@@ -26,6 +30,7 @@ class ParallelConfig:
     num_redundant_experts: int = 0
     eplb_interval: int = 0
     eplb_window: int = 100
+    context_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         _check_at_least("data_parallel_size", self.data_parallel_size, 1)
@@ -39,6 +44,7 @@ class ParallelConfig:
                 f"experts) or data_parallel_size={self.data_parallel_size} (attention DP spans "
                 "the EP ranks)"
             )
+        check_context_parallel(self.context_parallel_size, self.data_parallel_size)
 
     @property
     def world_size(self) -> int:
