@@ -169,45 +169,53 @@ class ModelShape:
 
     def prefill_layer_flops(self, ratio: int, prompt_len: int) -> dict[str, float]:
         """FLOPs per prompt token of one layer of compression ``ratio`` (0: sliding window
-        only), averaged over the positions of a ``prompt_len``-token prompt: ``gemm`` (every
-        linear the token passes), ``attention`` (2 products per head per entry attended:
-        window, then top-k compressed entries or all ``1/128`` ones) and ``indexer`` (its
-        scan of every compressed entry, C4 layers)."""
+        only), averaged over the positions of a ``prompt_len``-token prompt (see
+        :meth:`prefill_layer_work`)."""
+        work = self.prefill_layer_work(ratio, 0, prompt_len)
+        return {key: value / prompt_len for key, value in work.items()}
+
+    def prefill_layer_work(self, ratio: int, start: int, end: int) -> dict[str, float]:
+        """FLOPs of one layer for the prompt tokens at positions ``start .. end - 1`` (a
+        chunk): ``gemm`` (every linear a token passes), ``attention`` (2 products per head per
+        entry attended: the window, then the top-k compressed entries or all ``1/128`` ones)
+        and ``indexer`` (its scan of every compressed entry, C4 layers)."""
         experts = self.num_shared_experts + self.experts_per_token
         gemm = 2 * (self.attention_params(ratio) + experts * self.expert_params
                     + self.hidden_size * self.num_experts)  # fmt: skip
-        entries = _mean_min_position(prompt_len, self.sliding_window)
-        indexer = 0.0
-        if ratio == 4:
-            entries += _mean_min_compressed(prompt_len, 4, self.index_topk)
-            indexer = 2 * self.index_heads * self.index_head_dim * _mean_compressed(prompt_len, 4)
-        elif ratio:
-            entries += _mean_compressed(prompt_len, ratio)
-        attention = 2 * 2 * self.num_heads * self.head_dim * entries
-        return {"gemm": gemm, "attention": attention, "indexer": indexer}
+
+        def entries(n: int) -> float:  # summed over the tokens that see 1 .. n tokens
+            total = _sum_min_position(n, self.sliding_window)
+            if ratio == 4:
+                total += _sum_min_compressed(n, 4, self.index_topk)
+            elif ratio:
+                total += _sum_compressed(n, ratio)
+            return total
+
+        scanned = _sum_compressed(end, 4) - _sum_compressed(start, 4) if ratio == 4 else 0
+        return {"gemm": gemm * (end - start),
+                "attention": 2 * 2 * self.num_heads * self.head_dim * (entries(end) - entries(start)),
+                "indexer": 2 * self.index_heads * self.index_head_dim * scanned}  # fmt: skip
 
 
-def _mean_min_position(length: int, cap: int) -> float:
-    """Mean over positions ``n = 1..length`` (tokens visible) of ``min(n, cap)``."""
+def _sum_min_position(length: int, cap: int) -> float:
+    """``sum(min(n, cap) for n in 1..length)``: window entries of each token, summed."""
     if length <= cap:
-        return (length + 1) / 2
-    return (cap * (cap + 1) / 2 + (length - cap) * cap) / length
+        return length * (length + 1) / 2
+    return cap * (cap + 1) / 2 + (length - cap) * cap
 
 
 def _sum_compressed(length: int, ratio: int) -> int:
     """``sum(n // ratio for n in 1..length)``: compressed entries visible, summed."""
+    if length <= 0:
+        return 0
     q, rem = divmod(length, ratio)
     return ratio * q * (q - 1) // 2 + q * (rem + 1)
 
 
-def _mean_compressed(length: int, ratio: int) -> float:
-    return _sum_compressed(length, ratio) / length
-
-
-def _mean_min_compressed(length: int, ratio: int, cap: int) -> float:
-    """Mean over ``n = 1..length`` of ``min(cap, n // ratio)`` (top-k of the visible)."""
-    below = min(length, cap * ratio - 1)  # positions that see fewer than cap entries
-    return (_sum_compressed(below, ratio) + cap * (length - below)) / length
+def _sum_min_compressed(length: int, ratio: int, cap: int) -> int:
+    """``sum(min(cap, n // ratio) for n in 1..length)``: the top-k of the visible, summed."""
+    below = min(length, cap * ratio - 1)  # tokens that see fewer than cap entries
+    return _sum_compressed(below, ratio) + cap * (length - below)
 
 
 @dataclass(frozen=True)

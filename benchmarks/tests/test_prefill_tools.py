@@ -1,0 +1,143 @@
+"""The prefill tools count and time what they say: the shared timing helper never times its
+warm-up, the per-layer prefill FLOPs match a position-by-position count, the op recorder counts
+an op's products and groups profiler time by op, the long-prompt chunk arithmetic behaves, and
+the breakdown runs end to end on CPU on a tiny V4 checkpoint."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+import torch
+
+from benchmarks.engine import long_prefill, prefill_breakdown
+from benchmarks.engine.op_work import OpRecorder
+from benchmarks.sweep.models import resolve_model
+from benchmarks.sweep.roofline import H200, Device, ModelShape, prefill_point
+from benchmarks.timing import time_call
+
+
+def test_time_call_leaves_out_the_warm_up_and_takes_the_median() -> None:
+    durations = iter([0.3, 0.03, 0.01, 0.02])
+    calls = []
+
+    def fn() -> None:
+        calls.append(1)
+        time.sleep(next(durations))
+
+    timing = time_call(fn, warmup=1, repeats=3)
+    assert len(calls) == 4 and len(timing.samples_s) == 3
+    assert max(timing.samples_s) < 0.25  # the slow first call was not timed
+    assert timing.median_s == sorted(timing.samples_s)[1]
+    assert timing.record()["warmup"] == 1 and "host scheduling" in timing.record()["timed"]
+    with pytest.raises(ValueError, match="repeats=0"):
+        time_call(fn, repeats=0)
+
+
+@pytest.fixture(scope="module")
+def v4_flash() -> ModelShape:
+    return ModelShape.from_config(resolve_model("v4-flash-dummy", 43).config)
+
+
+def _brute_force_layer(shape: ModelShape, ratio: int, start: int, end: int) -> dict[str, float]:
+    """The attention and indexer FLOPs of a chunk, one token at a time."""
+    attention = indexer = 0.0
+    for n in range(start + 1, end + 1):  # token n sees n tokens (itself included)
+        entries = min(n, shape.sliding_window)
+        if ratio == 4:
+            entries += min(shape.index_topk, n // 4)
+            indexer += 2 * shape.index_heads * shape.index_head_dim * (n // 4)
+        elif ratio:
+            entries += n // ratio
+        attention += 4 * shape.num_heads * shape.head_dim * entries
+    return {"attention": attention, "indexer": indexer}
+
+
+@pytest.mark.parametrize("ratio", [0, 4, 128])
+def test_prefill_layer_work_matches_a_token_by_token_count(v4_flash, ratio) -> None:
+    rng = random.Random(ratio)
+    for _ in range(4):
+        start = rng.randrange(0, 5000)
+        end = start + rng.randrange(1, 3000)
+        work = v4_flash.prefill_layer_work(ratio, start, end)
+        expected = _brute_force_layer(v4_flash, ratio, start, end)
+        assert work["attention"] == pytest.approx(expected["attention"], rel=1e-12)
+        assert work["indexer"] == pytest.approx(expected["indexer"], rel=1e-12)
+        whole = v4_flash.prefill_layer_work(ratio, 0, end)["attention"]
+        head = v4_flash.prefill_layer_work(ratio, 0, start)["attention"]
+        assert whole == pytest.approx(head + work["attention"], rel=1e-12)
+
+
+def test_prefill_roofline_matches_the_spec_at_8k(v4_flash) -> None:
+    # performance.md section 4: ~43k tok/s/GPU at 1.4 PFLOP/s FP8, 0.62 PFLOP/s attention
+    spec_rates = Device(bandwidth=4.3e12, flops=1.4e15, attention_flops=0.62e15)
+    assert prefill_point(v4_flash, spec_rates, 8192, 8192)["tok/s/gpu"] == pytest.approx(43e3, rel=0.08)  # fmt: skip
+    long = prefill_point(v4_flash, H200, 131072, 131072)["tok/s/gpu"]
+    assert long < prefill_point(v4_flash, H200, 8192, 8192)["tok/s/gpu"]  # attention grows
+
+
+def test_op_recorder_counts_products_and_groups_profiler_time_by_op() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from deepinfer.kernels import ops
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(37, 96, generator=gen)
+    w = torch.randn(80, 96, generator=gen)
+    norm_weight = torch.rand(80, generator=gen) + 0.5
+    recorder = OpRecorder(H200)
+    with recorder.active(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        y = ops.linear(x, w)
+        z = ops.rms_norm(y, norm_weight, 1e-6)
+        torch.cat([z, z])
+        inner = recorder._wrap("linear", lambda a, b: ops.rms_norm(a @ b.T, norm_weight, 1e-6))
+        inner(x, w)  # an op called inside another op belongs to the outer one
+    torch.testing.assert_close(y, x @ w.T)
+    assert recorder.work["linear"].calls == 2 and recorder.work["rms_norm"].calls == 1
+    assert recorder.work["linear"].flops == 2 * 2 * 37 * 80 * 96
+    assert recorder.work["rms_norm"].bytes == 37 * 80 * 4 * 2 + 80 * 4
+    assert recorder.work["linear"].rates == {"bf16"}
+    groups = prefill_breakdown.group_times(prof.events(), on_cuda=False)
+    assert {"linear", "rms_norm", "torch aten::cat"} <= set(groups)
+    assert all(seconds > 0 for seconds, _ in groups.values())
+
+
+def test_expert_tiles_fill_up_as_the_chunk_grows() -> None:
+    # V4-Flash: 256 experts, top-6; 2,048 tokens give 48 rows per expert in 128-row tiles
+    used = [long_prefill.expert_tile_utilisation(c, 6, 256) for c in (2048, 8192, 65536)]
+    assert used[0] == pytest.approx(48 / 128, rel=0.01)
+    assert used[0] < used[1] < used[2] < 1.0
+
+
+def test_a_long_prompt_runs_below_the_8k_rate_whatever_the_chunk(v4_flash) -> None:
+    table = long_prefill.chunk_table(v4_flash, H200, 131072, [2048, 8192, 32768], 0.02)
+    rates = [row["of_8k_rate"] for row in table]
+    assert rates[0] < rates[1] < rates[2] < 1.0  # bigger chunks help, attention still grows
+    assert [row["steps"] for row in table] == [64, 16, 4]
+    assert table[2]["indexer_gib"] == pytest.approx(4 * table[1]["indexer_gib"])
+
+
+def test_breakdown_runs_on_cpu_on_a_tiny_v4_checkpoint(tmp_path) -> None:
+    from deepinfer.engine.testing import tiny_v4_config
+    from deepinfer.engine.testing.random_checkpoint import make_random_checkpoint
+
+    checkpoint = make_random_checkpoint(
+        tmp_path / "v4", tiny_v4_config(num_nextn_predict_layers=0), quantized=False
+    )
+    out = tmp_path / "out"
+    argv = ["--model", str(checkpoint), "--accelerator", "cpu", "--shapes", "2x16",
+            "--repeats", "1", "--out", str(out)]  # fmt: skip
+    assert prefill_breakdown.main(argv) == 0
+    (path,) = out.glob("*-prefill-breakdown.json")
+    (model,) = json.loads(path.read_text())["models"]
+    (shape,) = model["shapes"]
+    assert shape["tokens"] == 32 and shape["wall_ms"] > 0
+    rows = {row["op"]: row for row in shape["rows"]}
+    for op in ("linear", "sparse_mqa_sink", "indexer_scores", "rms_norm"):
+        assert rows[op]["ms"] > 0 and rows[op]["ceiling_ms"] > 0
+    assert rows["sparse_mqa_sink"]["gflop"] > 0
+    assert sum(r["share"] for r in shape["rows"][:-1]) == pytest.approx(1.0, abs=0.01)
+    with pytest.raises(SystemExit):
+        prefill_breakdown.main(["--shapes", "8by1024", "--out", str(out)])
