@@ -13,6 +13,7 @@ import os
 import pytest
 import torch
 
+from deepinfer import kernels
 from deepinfer.engine.checkpoint.model_loader import load_model
 from deepinfer.engine.model.cache import CacheLayout
 from deepinfer.engine.model.config_parsing import parse_config
@@ -50,10 +51,11 @@ def _greedy(runner: SimpleRunner, last: torch.Tensor, n: int) -> tuple[list[int]
     return tokens, torch.stack(rows)
 
 
-def _run(model, prompt, comm=None, chunks=1):
+def _run(model, prompt, comm=None, chunks=1, device="cpu"):
     """One process's plain prefill (``comm`` None), or CP prefills of ``chunks`` consecutive
     chunks of the prompt (chunked prefill), then greedy decoding from this rank's cache."""
-    runner = SimpleRunner(model, max_seqs=1, max_len=len(prompt) + NEW_TOKENS, block_size=128)
+    max_len = len(prompt) + NEW_TOKENS
+    runner = SimpleRunner(model, max_seqs=1, max_len=max_len, block_size=128, device=device)
     if comm is None:
         logits = runner.step({0: prompt})[0]
     else:
@@ -63,21 +65,28 @@ def _run(model, prompt, comm=None, chunks=1):
             split = RowSplit.balanced(b - a, comm.world_size, model.config)
             batch = runner.batch({0: prompt[a:b]})
             own = context_parallel_prefill(model, runner.cache, batch, split, comm)
-            parts.append(RowGather(comm, split, "cpu")(own))
+            parts.append(RowGather(comm, split, device)(own))
             runner.lengths[0] = b
         logits = torch.cat(parts)
     tokens, rows = _greedy(runner, logits[-1], NEW_TOKENS)
-    return {"logprobs": prompt_logprobs(logits, prompt), "tokens": tokens, "rows": rows}
+    return {"logprobs": prompt_logprobs(logits, prompt).cpu(), "tokens": tokens, "rows": rows.cpu()}
 
 
-def _worker(rank, world_size, directory, numerics, batch_invariant, prompt_tokens, chunks):
+def _worker(
+    rank, world_size, directory, numerics, batch_invariant, prompt_tokens, chunks, gpu=False
+):
     os.environ["DEEPINFER_BATCH_INVARIANT"] = "1" if batch_invariant else "0"
     torch.set_num_threads(1)
-    model = load_model(directory, dtype=torch.float32, numerics=numerics, progress=False).eval()
+    device, dtype = "cpu", torch.float32
+    if gpu:  # one GPU per rank, NCCL, the checkpoint's bf16 and the NVIDIA kernels
+        kernels.set_accelerator("nvidia")
+        device, dtype = f"cuda:{rank}", torch.bfloat16
+        torch.cuda.set_device(device)
+    model = load_model(directory, dtype=dtype, numerics=numerics, device=device, progress=False)
     prompt = _prompt(prompt_tokens)
-    result = {"cp": _run(model, prompt, TorchDistributedComm(), chunks)}
+    result = {"cp": _run(model.eval(), prompt, TorchDistributedComm(), chunks, device)}
     if rank == 0:
-        result["single"] = _run(model, prompt)
+        result["single"] = _run(model, prompt, device=device)
     return result
 
 
@@ -141,6 +150,26 @@ def test_cp_prefill_is_bitwise_one_process_when_batch_invariant(
         True,
         INVARIANT_TOKENS,
         chunks,
+        timeout_s=TIMEOUT_S,
+    )
+    _check(results, exact=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.parametrize(("arch", "chunks"), [("v4", 1), ("v41-fp8", 2)])
+def test_cp_prefill_over_nccl_is_bitwise_one_gpu_when_batch_invariant(checkpoints, arch, chunks):
+    results = spawn(
+        _worker,
+        2,
+        str(checkpoints[arch]),
+        "model",
+        True,
+        PROMPT_TOKENS,
+        chunks,
+        True,
+        backend="nccl",
+        start_method="spawn",
         timeout_s=TIMEOUT_S,
     )
     _check(results, exact=True)
