@@ -8,6 +8,7 @@ acceptance's 4,000-token prompt through the same tests."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -26,7 +27,7 @@ from deepinfer.engine.model.context_prefill import (
 from deepinfer.engine.model.metadata import ForwardBatch, build_metadata
 from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config, tiny_v41_config
 from deepinfer.engine.testing.simple_runner import SimpleRunner
-from deepinfer.parallel import TorchDistributedComm, spawn
+from deepinfer.parallel import SingleProcessComm, TorchDistributedComm, spawn
 
 PROMPT_TOKENS = int(os.environ.get("DEEPINFER_CP_TOKENS", "300"))
 # the batch-invariant reference runs row by row: a shorter prompt (still several HCA entries)
@@ -210,3 +211,24 @@ def test_query_rows_metadata_is_the_whole_steps_lists_at_those_rows(raw):
             "state_write_dst",
         ):
             assert torch.equal(getattr(got, name), getattr(plan, name)), (kind, name)
+
+
+def test_one_rank_is_the_plain_forward_and_honours_logits_indices(checkpoints):
+    """CP = 1 runs the plain forward's arithmetic (bitwise, the same cache), and only the rows
+    ``logits_indices`` names get logits (a prompt without prompt logprobs needs its last)."""
+    model = load_model(checkpoints["v41"], dtype=torch.float32, progress=False).eval()
+    prompt = _prompt(70)
+    plain = SimpleRunner(model, max_seqs=1, max_len=80, block_size=64)
+    want = plain.step({0: prompt})[0]
+    runner = SimpleRunner(model, max_seqs=1, max_len=80, block_size=64)
+    batch = runner.batch({0: prompt})
+    split = RowSplit.balanced(len(prompt), 1, model.config)
+    got = context_parallel_prefill(model, runner.cache, batch, split, SingleProcessComm())
+    assert torch.equal(got, want)
+    for key, tensor in plain.cache.tensors.items():
+        assert torch.equal(runner.cache.tensors[key], tensor), key
+    runner = SimpleRunner(model, max_seqs=1, max_len=80, block_size=64)
+    batch = dataclasses.replace(runner.batch({0: prompt}), logits_indices=torch.tensor([3, 69]))
+    got = context_parallel_prefill(model, runner.cache, batch, split, SingleProcessComm())
+    # the head's product over 2 rows instead of 70 may round its last bit differently
+    torch.testing.assert_close(got, want[[3, 69]], rtol=0, atol=1e-5)

@@ -129,10 +129,10 @@ def context_parallel_prefill(
     split: RowSplit,
     comm: Communicator,
 ) -> torch.Tensor:
-    """fp32 logits ``[n_own, vocab]`` of this rank's rows ``split.rows[comm.rank]`` of
-    ``batch``; every rank of ``comm`` calls it with the same ``batch`` and ``split``, and
-    afterwards each one's ``cache`` holds the whole step. Text rows only; YoCo truncation and
-    ``batch.logits_indices`` are not applied (every own row gets logits)."""
+    """fp32 logits ``[L, vocab]`` of this rank's rows ``split.rows[comm.rank]`` of ``batch``
+    that ``batch.logits_indices`` asks for (None: all of them), in row order; every rank of
+    ``comm`` calls it with the same ``batch`` and ``split``, and afterwards each one's
+    ``cache`` holds the whole step. Text rows only; YoCo truncation is not applied."""
     if split.num_rows != batch.input_ids.shape[0]:
         raise ValueError(
             f"RowSplit covers {split.num_rows} rows: expected the batch's "
@@ -149,7 +149,10 @@ def context_parallel_prefill(
     h = model.embed(ctx.input_ids)
     streams = h.unsqueeze(1).repeat(1, model.config.hc_mult, 1)
     streams, pre = model.mix.run(model.layers, streams, ctx)
-    return model.logits(streams, pre, None)
+    wanted = None
+    if batch.logits_indices is not None:
+        wanted = torch.isin(rows, batch.logits_indices.to(device).long()).nonzero()[:, 0]
+    return model.logits(streams, pre, wanted)
 
 
 def prompt_logprobs(logits: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
