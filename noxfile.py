@@ -53,6 +53,16 @@ def _sync(session: nox.Session, *args: str) -> None:
     )  # fmt: skip
 
 
+# Two pytest workers, a test file each at a time (module fixtures stay shared), where the
+# tests are many single-process ones and run on the CPU (the CI machine has two cores; GPU
+# tests size their caches from the free device memory, so they keep one process).
+PARALLEL = ("-n", "2", "--dist", "loadfile")
+
+
+def _parallel(accelerator: str) -> tuple[str, ...]:
+    return PARALLEL if accelerator == "cpu" else ()
+
+
 def _pytest(session: nox.Session, accelerator: str, *paths: str) -> None:
     session.run(
         "python", "-m", "pytest", *paths, "-m", MARKERS[accelerator], *session.posargs,
@@ -71,7 +81,16 @@ def tests(session: nox.Session, package: str, accelerator: str) -> None:
         session.skip(f"no {accelerator} device on this machine")
     dist, path = PACKAGES[package]
     _sync(session, "--package", dist, "--no-default-groups", "--group", "test")
-    _pytest(session, accelerator, f"{path}/tests")
+    if package == "engine":
+        # the multi-process (gloo) tests alone, the rest over two workers
+        spawning = [f"{path}/tests/engine/{d}" for d in ("distributed", "parallel")]
+        ignored = [arg for d in spawning for arg in ("--ignore", d)]
+        _pytest(session, accelerator, f"{path}/tests", *_parallel(accelerator), *ignored)
+        _pytest(session, accelerator, *spawning)
+    elif package == "kernels-nvidia":
+        _pytest(session, accelerator, f"{path}/tests", *_parallel(accelerator))
+    else:
+        _pytest(session, accelerator, f"{path}/tests")
 
 
 @nox.session
@@ -79,7 +98,7 @@ def integration(session: nox.Session) -> None:
     """End-to-end tests through the public API only, every package installed."""
     accelerator = machine_accelerator()
     _sync(session, "--all-packages", "--group", "bench")
-    _pytest(session, accelerator, "integration")
+    _pytest(session, accelerator, "integration", *_parallel(accelerator))
 
 
 @nox.session
