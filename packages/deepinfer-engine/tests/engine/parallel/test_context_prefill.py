@@ -1,7 +1,8 @@
 """Context-parallel prefill over gloo: the prompt's logprobs with CP = 2 and 4 equal one
 process's plain forward (within 1e-5 in fp32, bitwise with batch-invariant kernels), and every
 rank, decoding greedily from the cache its prefill left, continues exactly as one process does;
-also when the prompt is prefilled in two chunks (chunked prefill), each split over the ranks.
+also when the prompt is prefilled in two chunks (chunked prefill), each split over the ranks,
+and when the CP ranks are also the model's expert-parallel ranks.
 
 The prompts are a few hundred tokens (CI time); ``DEEPINFER_CP_TOKENS=4000`` runs the
 acceptance's 4,000-token prompt through the same tests."""
@@ -15,9 +16,10 @@ import pytest
 import torch
 
 from deepinfer import kernels
-from deepinfer.engine.checkpoint.model_loader import load_model
+from deepinfer.engine.checkpoint.loader import load_into
+from deepinfer.engine.checkpoint.model_loader import bind_engram_from_tokenizer, load_model
 from deepinfer.engine.model.cache import CacheLayout
-from deepinfer.engine.model.config_parsing import parse_config
+from deepinfer.engine.model.config_parsing import load_config, parse_config
 from deepinfer.engine.model.context_prefill import (
     RowGather,
     RowSplit,
@@ -25,9 +27,15 @@ from deepinfer.engine.model.context_prefill import (
     prompt_logprobs,
 )
 from deepinfer.engine.model.metadata import ForwardBatch, build_metadata
+from deepinfer.engine.model.model import build_model
 from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config, tiny_v41_config
 from deepinfer.engine.testing.simple_runner import SimpleRunner
-from deepinfer.parallel import SingleProcessComm, TorchDistributedComm, spawn
+from deepinfer.parallel import (
+    ExpertParallelContext,
+    SingleProcessComm,
+    TorchDistributedComm,
+    spawn,
+)
 
 PROMPT_TOKENS = int(os.environ.get("DEEPINFER_CP_TOKENS", "300"))
 # the batch-invariant reference runs row by row: a shorter prompt (still several HCA entries)
@@ -73,21 +81,32 @@ def _run(model, prompt, comm=None, chunks=1, device="cpu"):
     return {"logprobs": prompt_logprobs(logits, prompt).cpu(), "tokens": tokens, "rows": rows.cpu()}
 
 
-def _worker(
-    rank, world_size, directory, numerics, batch_invariant, prompt_tokens, chunks, gpu=False
-):
-    os.environ["DEEPINFER_BATCH_INVARIANT"] = "1" if batch_invariant else "0"
+def _load(directory, numerics, device, dtype, expert_parallel=None):
+    config = load_config(directory, numerics=numerics)
+    model = build_model(config, device=device, dtype=dtype, expert_parallel=expert_parallel)
+    load_into(model, directory, config=config, progress=False)
+    bind_engram_from_tokenizer(model, directory)
+    return model.eval()
+
+
+def _worker(rank, world_size, directory, opts):
+    """opts: numerics, batch_invariant, tokens, chunks; gpu (one GPU per rank, NCCL, bf16,
+    the NVIDIA kernels); ep (the CP ranks are also the model's expert-parallel ranks)."""
+    os.environ["DEEPINFER_BATCH_INVARIANT"] = "1" if opts["batch_invariant"] else "0"
     torch.set_num_threads(1)
     device, dtype = "cpu", torch.float32
-    if gpu:  # one GPU per rank, NCCL, the checkpoint's bf16 and the NVIDIA kernels
+    if opts.get("gpu"):
         kernels.set_accelerator("nvidia")
         device, dtype = f"cuda:{rank}", torch.bfloat16
         torch.cuda.set_device(device)
-    model = load_model(directory, dtype=dtype, numerics=numerics, device=device, progress=False)
-    prompt = _prompt(prompt_tokens)
-    result = {"cp": _run(model.eval(), prompt, TorchDistributedComm(), chunks, device)}
+    comm = TorchDistributedComm()
+    ep = ExpertParallelContext(comm) if opts.get("ep") else None
+    model = _load(directory, opts["numerics"], device, dtype, ep)
+    prompt = _prompt(opts["tokens"])
+    result = {"cp": _run(model, prompt, comm, opts["chunks"], device)}
     if rank == 0:
-        result["single"] = _run(model, prompt, device=device)
+        single = _load(directory, opts["numerics"], device, dtype) if ep else model
+        result["single"] = _run(single, prompt, device=device)
     return result
 
 
@@ -126,33 +145,21 @@ def _check(results, exact: bool) -> None:
     [("v4", 2, "float", 1), ("v41", 4, "float", 2)],
 )
 def test_cp_prefill_matches_one_process_within_1e5(checkpoints, arch, world_size, numerics, chunks):
-    results = spawn(
-        _worker,
-        world_size,
-        str(checkpoints[arch]),
-        numerics,
-        False,
-        PROMPT_TOKENS,
-        chunks,
-        timeout_s=TIMEOUT_S,
-    )
+    opts = dict(numerics=numerics, batch_invariant=False, tokens=PROMPT_TOKENS, chunks=chunks)
+    results = spawn(_worker, world_size, str(checkpoints[arch]), opts, timeout_s=TIMEOUT_S)
     _check(results, exact=False)
 
 
-@pytest.mark.parametrize(("arch", "world_size", "chunks"), [("v4", 4, 1), ("v41-fp8", 2, 2)])
+@pytest.mark.parametrize(
+    ("arch", "world_size", "chunks", "ep"), [("v4", 4, 1, True), ("v41-fp8", 2, 2, False)]
+)
 def test_cp_prefill_is_bitwise_one_process_when_batch_invariant(
-    checkpoints, arch, world_size, chunks
+    checkpoints, arch, world_size, chunks, ep
 ):
-    results = spawn(
-        _worker,
-        world_size,
-        str(checkpoints[arch]),
-        "model",
-        True,
-        INVARIANT_TOKENS,
-        chunks,
-        timeout_s=TIMEOUT_S,
-    )
+    """The V4 case also shards the experts over the CP ranks (expert parallelism)."""
+    opts = dict(numerics="model", batch_invariant=True, tokens=INVARIANT_TOKENS, chunks=chunks)
+    opts["ep"] = ep
+    results = spawn(_worker, world_size, str(checkpoints[arch]), opts, timeout_s=TIMEOUT_S)
     _check(results, exact=True)
 
 
@@ -160,15 +167,13 @@ def test_cp_prefill_is_bitwise_one_process_when_batch_invariant(
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 @pytest.mark.parametrize(("arch", "chunks"), [("v4", 1), ("v41-fp8", 2)])
 def test_cp_prefill_over_nccl_is_bitwise_one_gpu_when_batch_invariant(checkpoints, arch, chunks):
+    opts = dict(numerics="model", batch_invariant=True, tokens=PROMPT_TOKENS, chunks=chunks)
+    opts["gpu"] = True
     results = spawn(
         _worker,
         2,
         str(checkpoints[arch]),
-        "model",
-        True,
-        PROMPT_TOKENS,
-        chunks,
-        True,
+        opts,
         backend="nccl",
         start_method="spawn",
         timeout_s=TIMEOUT_S,
