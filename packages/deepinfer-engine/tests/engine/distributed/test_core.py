@@ -1,5 +1,6 @@
 """DataParallelCore over in-process fake executors: the same tokens as one engine core, requests
-spread by load, every rank stepped when expert parallelism needs matching collectives."""
+spread by load, every rank stepped when expert parallelism needs matching collectives, and
+with asynchronous scheduling the next step sent before the last one is collected."""
 
 from __future__ import annotations
 
@@ -58,6 +59,35 @@ class LocalRanks:
         pass
 
 
+class LaunchingRanks(LocalRanks):
+    """LocalRanks with ``launch``: steps run when collected, in the order they were sent."""
+
+    def __init__(self, world_size: int) -> None:
+        super().__init__(world_size)
+        self.queue: list[_Sent] = []
+        self.most_in_flight = 0
+
+    def launch(self, outputs):
+        self.steps.append(sorted(outputs))
+        sent = _Sent(self, outputs)
+        self.queue.append(sent)
+        self.most_in_flight = max(self.most_in_flight, len(self.queue))
+        return sent
+
+
+class _Sent:
+    def __init__(self, ranks: LaunchingRanks, outputs) -> None:
+        self.ranks, self.outputs, self.results = ranks, outputs, None
+
+    def result(self):
+        while self.results is None:  # every step sent before this one runs first
+            head = self.ranks.queue.pop(0)
+            head.results = {
+                r: self.ranks.executors[r].execute(so) for r, so in head.outputs.items()
+            }
+        return self.results
+
+
 def _requests(num: int, seed: int) -> list[Request]:
     rng = random.Random(seed)
     requests = []
@@ -99,6 +129,26 @@ def test_same_tokens_as_one_engine_core(world_size):
     assert set(placed) == set(range(world_size))
     assert _tokens(run_until_done(core)) == expected
     assert not core.has_unfinished_requests() and core.rank_loads() == [0] * world_size
+
+
+@pytest.mark.parametrize("every_rank_steps", [False, True])
+def test_asynchronous_steps_give_the_synchronous_tokens(every_rank_steps):
+    sync, _ = _core(2, every_rank_steps=every_rank_steps)
+    ranks = LaunchingRanks(2)
+    schedulers = [Scheduler(CONFIG) for _ in range(2)]
+    ahead = DataParallelCore(
+        schedulers, ranks, every_rank_steps=every_rank_steps, async_scheduling=True
+    )
+    for core in (sync, ahead):
+        for request in _requests(30, seed=11):
+            core.add_request(request)
+    assert _tokens(run_until_done(ahead)) == _tokens(run_until_done(sync))
+    assert ranks.most_in_flight == 2  # the next step went out before the last came back
+    if every_rank_steps:
+        assert all(step == [0, 1] for step in ranks.steps)
+    assert not ahead.has_unfinished_requests() and ahead.rank_loads() == [0, 0]
+    assert not DataParallelCore(schedulers, LocalRanks(2), every_rank_steps=False,
+                                async_scheduling=True).async_scheduling  # fmt: skip
 
 
 def test_requests_go_to_the_rank_with_fewest_tokens_left():

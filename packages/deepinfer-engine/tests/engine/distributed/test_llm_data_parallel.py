@@ -3,10 +3,10 @@
 With ``DEEPINFER_BATCH_INVARIANT=1`` greedy and seeded outputs of mixed prompts equal the
 single-process run token for token and logprob for logprob (16 short prompts: the invariant CPU
 path runs row by row); without it, the tokens of 50 prompts are the same and their logprobs
-agree within 1e-4, two of them with an image (V4.1's tower) run on different ranks. The ranks step
-synchronously whatever ``async_scheduling`` says, and log it. A bad request fails alone, a killed
-or stopped worker fails the call naming its rank within the step timeout, and no worker outlives
-the engine.
+agree within 1e-4, two of them with an image (V4.1's tower) run on different ranks. Asynchronous
+scheduling (the default) sends the ranks their next step before collecting the last one; off,
+they step synchronously: the same tokens. A bad request fails alone, a killed or stopped worker
+fails the call naming its rank within the step timeout, and no worker outlives the engine.
 """
 
 from __future__ import annotations
@@ -99,8 +99,14 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("kind,ranks", [("v41", 2), ("v4", 4)])
 def test_batch_invariant_outputs_equal_the_single_process(checkpoints, monkeypatch, kind, ranks):
     monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
-    expected = _generate(_engine(checkpoints[kind]), NUM_INVARIANT_PROMPTS, longest=10)
-    llm = _engine(checkpoints[kind], data_parallel_size=ranks, expert_parallel_size=ranks)
+    ahead = kind == "v41"  # asynchronous ranks against a synchronous process, and the reverse
+    one = _engine(checkpoints[kind], async_scheduling=not ahead)
+    expected = _generate(one, NUM_INVARIANT_PROMPTS, longest=10)
+    llm = _engine(
+        checkpoints[kind], data_parallel_size=ranks, expert_parallel_size=ranks,
+        async_scheduling=ahead,
+    )  # fmt: skip
+    assert llm._core.async_scheduling == ahead
     try:
         outputs = _generate(llm, NUM_INVARIANT_PROMPTS, longest=10)
     finally:
@@ -122,7 +128,8 @@ def test_logprobs_agree_images_included_and_a_bad_request_fails_alone(
             checkpoints["v41"], data_parallel_size=2, expert_parallel_size=2, numerics="float",
             async_scheduling=True,
         )  # fmt: skip
-    assert "stepping synchronously (asynchronous scheduling does not span" in caplog.text
+    assert "over gloo, asynchronous scheduling on" in caplog.text
+    assert llm._core.async_scheduling
     ranks: list[int] = []
     add = llm._core.add_request
     monkeypatch.setattr(llm._core, "add_request", lambda request: ranks.append(add(request)))

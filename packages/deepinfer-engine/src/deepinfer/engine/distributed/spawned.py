@@ -78,10 +78,20 @@ class SpawnedRanks:
         self._loaded = True
 
     @property
+    def num_draft_tokens(self) -> int:
+        """Drafts the ranks' executors propose (the scheduler then never runs ahead of them)."""
+        return self.infos[0].num_draft_tokens
+
+    @property
     def pids(self) -> list[int]:
         return [proc.pid for proc in self._procs]
 
     def execute(self, outputs: dict[int, SchedulerOutput]) -> dict[int, ModelRunnerOutput]:
+        return self.launch(outputs).result()
+
+    def launch(self, outputs: dict[int, SchedulerOutput]) -> _SentSteps:
+        """Send each rank its step and return; ``result()`` waits for the replies. A worker
+        answers in the order it was sent steps, so the next step may go out first."""
         if self._failure is not None:
             raise WorkerError(self._failure.rank, f"the engine's workers stopped: {self._failure}")
         for rank, so in outputs.items():
@@ -89,8 +99,14 @@ class SpawnedRanks:
                 self._conns[rank].send(("execute", so))
             except (BrokenPipeError, OSError):
                 break  # that worker is gone: _gather names it
+        return _SentSteps(self, sorted(outputs))
+
+    def collect(self, ranks: list[int]) -> dict[int, ModelRunnerOutput]:
+        """The replies of ``ranks`` to their oldest step not yet collected."""
+        if self._failure is not None:
+            raise WorkerError(self._failure.rank, f"the engine's workers stopped: {self._failure}")
         try:
-            return self._gather(outputs, self.timeout_s)
+            return self._gather(ranks, self.timeout_s)
         except WorkerError:
             raise
         except BaseException:  # interrupted mid-step: replies would no longer match requests
@@ -202,6 +218,19 @@ class SpawnedRanks:
         self._failure = error
         self._finalizer()
         return error
+
+
+class _SentSteps:
+    """Steps sent to the ranks; ``result()`` collects them (once, then cached)."""
+
+    def __init__(self, group: SpawnedRanks, ranks: list[int]) -> None:
+        self._group, self._ranks = group, ranks
+        self._results: dict[int, ModelRunnerOutput] | None = None
+
+    def result(self) -> dict[int, ModelRunnerOutput]:
+        if self._results is None:
+            self._results = self._group.collect(self._ranks)
+        return self._results
 
 
 def _stop(procs, conns, stacks) -> None:

@@ -49,11 +49,11 @@ def start_ranks(config: EngineConfig) -> LoadedModel:
     ranks = SpawnedRanks(config, backend, num_threads)
     first = ranks.infos[0].loaded
     logger.info(
-        "data parallel: %d ranks (expert parallel %d) over %s, stepping synchronously "
-        "(asynchronous scheduling does not span ranks yet)",
+        "data parallel: %d ranks (expert parallel %d) over %s, asynchronous scheduling %s",
         config.data_parallel_size,
         config.expert_parallel_size,
         backend,
+        "on" if config.async_scheduling else "off",
     )
     return replace(
         first,
@@ -88,6 +88,16 @@ def make_core(config: EngineConfig, scheduler_config: SchedulerConfig, loaded: L
         Scheduler(scheduler_config, tokenizer=loaded.tokenizer)
         for _ in range(config.data_parallel_size)
     ]
+    ranks = loaded.executor
+    if config.async_scheduling and not hasattr(ranks, "launch"):
+        logger.info(
+            "data parallel under torchrun: the ranks step synchronously (asynchronous "
+            "scheduling does not span torchrun ranks yet)"
+        )
     return DataParallelCore(
-        schedulers, loaded.executor, every_rank_steps=config.expert_parallel_size > 1
+        schedulers,
+        ranks,
+        every_rank_steps=config.expert_parallel_size > 1,
+        async_scheduling=bool(config.async_scheduling),
+        speculative=getattr(ranks, "num_draft_tokens", 0) > 0,
     )

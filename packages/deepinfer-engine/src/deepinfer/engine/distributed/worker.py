@@ -25,10 +25,11 @@ from deepinfer.engine.config import EngineConfig, LoadedModel
 @dataclass(frozen=True)
 class RankInfo:
     """What a rank reports after loading: its :class:`LoadedModel` without the executor (the
-    tokenizer only from rank 0)."""
+    tokenizer only from rank 0) and how many drafts its executor proposes."""
 
     rank: int
     loaded: LoadedModel
+    num_draft_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ class WorkerSetup:
 def describe(rank: int, loaded: LoadedModel) -> RankInfo:
     """The picklable report of a loaded rank."""
     tokenizer = loaded.tokenizer if rank == 0 else None
-    return RankInfo(rank, replace(loaded, executor=None, tokenizer=tokenizer))
+    drafts = getattr(loaded.executor, "num_draft_tokens", 0)
+    return RankInfo(rank, replace(loaded, executor=None, tokenizer=tokenizer), drafts)
 
 
 def load_rank(config: EngineConfig) -> LoadedModel:
