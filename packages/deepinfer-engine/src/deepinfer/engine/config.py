@@ -188,8 +188,8 @@ class EngineConfig:
         "asynchronous (zero-overhead) scheduling: the host schedules and prepares step N+1 "
         "while the device runs step N, whose sampled tokens feed N+1 on the device; stops are "
         "applied one step late and what ran past them is dropped (outputs are unchanged). "
-        "None: ``DEEPINFER_ZERO_OVERHEAD_SCHEDULING`` (default on). With "
-        "``data_parallel_size`` > 1 the ranks step synchronously (logged at start-up).",
+        "None: ``DEEPINFER_ZERO_OVERHEAD_SCHEDULING`` (default on). Spawned data-parallel "
+        "ranks step asynchronously too; torchrun ranks step synchronously (logged).",
         checks.optional_bool,
     )
     data_parallel_size: int = param(
