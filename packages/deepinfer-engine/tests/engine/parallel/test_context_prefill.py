@@ -60,7 +60,7 @@ def _greedy(runner: SimpleRunner, last: torch.Tensor, n: int) -> tuple[list[int]
     return tokens, torch.stack(rows)
 
 
-def _run(model, prompt, comm=None, chunks=1, device="cpu"):
+def _run(model, prompt, comm=None, chunks=1, device="cpu", exchange="borders", rounds=8):
     """One process's plain prefill (``comm`` None), or CP prefills of ``chunks`` consecutive
     chunks of the prompt (chunked prefill), then greedy decoding from this rank's cache."""
     max_len = len(prompt) + NEW_TOKENS
@@ -71,9 +71,9 @@ def _run(model, prompt, comm=None, chunks=1, device="cpu"):
         bounds = [len(prompt) * i // chunks for i in range(chunks + 1)]
         parts = []
         for a, b in zip(bounds, bounds[1:]):
-            split = RowSplit.balanced(b - a, comm.world_size, model.config)
+            split = RowSplit.balanced(b - a, comm.world_size, model.config, rounds)
             batch = runner.batch({0: prompt[a:b]})
-            own = context_parallel_prefill(model, runner.cache, batch, split, comm)
+            own = context_parallel_prefill(model, runner.cache, batch, split, comm, exchange)
             parts.append(RowGather(comm, split, device)(own))
             runner.lengths[0] = b
         logits = torch.cat(parts)
@@ -91,7 +91,8 @@ def _load(directory, numerics, device, dtype, expert_parallel=None):
 
 def _worker(rank, world_size, directory, opts):
     """opts: numerics, batch_invariant, tokens, chunks; gpu (one GPU per rank, NCCL, bf16,
-    the NVIDIA kernels); ep (the CP ranks are also the model's expert-parallel ranks)."""
+    the NVIDIA kernels); ep (the CP ranks are also the model's expert-parallel ranks);
+    exchange and rounds (pieces per rank / 2) of the CP prefill."""
     os.environ["DEEPINFER_BATCH_INVARIANT"] = "1" if opts["batch_invariant"] else "0"
     torch.set_num_threads(1)
     device, dtype = "cpu", torch.float32
@@ -103,7 +104,8 @@ def _worker(rank, world_size, directory, opts):
     ep = ExpertParallelContext(comm) if opts.get("ep") else None
     model = _load(directory, opts["numerics"], device, dtype, ep)
     prompt = _prompt(opts["tokens"])
-    result = {"cp": _run(model, prompt, comm, opts["chunks"], device)}
+    exchange, rounds = opts.get("exchange", "borders"), opts.get("rounds", 8)
+    result = {"cp": _run(model, prompt, comm, opts["chunks"], device, exchange, rounds)}
     if rank == 0:
         single = _load(directory, opts["numerics"], device, dtype) if ep else model
         result["single"] = _run(single, prompt, device=device)
@@ -141,11 +143,16 @@ def _check(results, exact: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    ("arch", "world_size", "numerics", "chunks"),
-    [("v4", 2, "float", 1), ("v41", 4, "float", 2)],
+    ("arch", "world_size", "chunks", "exchange", "rounds"),
+    # rounds=1: pieces of 75 rows, far longer than the border (15), so each rank computes
+    # keys for only part of the prompt and receives the other ranks' entries
+    [("v4", 2, 1, "borders", 1), ("v41", 4, 2, "hidden", 8)],
 )
-def test_cp_prefill_matches_one_process_within_1e5(checkpoints, arch, world_size, numerics, chunks):
-    opts = dict(numerics=numerics, batch_invariant=False, tokens=PROMPT_TOKENS, chunks=chunks)
+def test_cp_prefill_matches_one_process_within_1e5(
+    checkpoints, arch, world_size, chunks, exchange, rounds
+):
+    opts = dict(numerics="float", batch_invariant=False, tokens=PROMPT_TOKENS, chunks=chunks)
+    opts.update(exchange=exchange, rounds=rounds)
     results = spawn(_worker, world_size, str(checkpoints[arch]), opts, timeout_s=TIMEOUT_S)
     _check(results, exact=False)
 

@@ -2,17 +2,21 @@
 together, each computing the queries and token-local work of its own rows only.
 
 Each rank owns the rows :func:`deepinfer.parallel.context.balanced_split` deals it. Embeddings,
-mHC, Engram, MoE, norms and the head run on its rows alone. At every attention layer the ranks
-all-gather the layer's attention inputs and put them back in step order, so every rank computes
-the whole step's window KV, compressed entries, indexer keys and compressor state into its own
-cache, and attention and indexer queries for its own rows only. Afterwards every rank holds the
-whole prompt's cache (whichever rank decodes needs no transfer), and the logits of all rows can be
-gathered like any layer input (:class:`RowGather`). Engram lookups hash token ids, which every
-rank has: the whole step's table rows are computed everywhere and each rank keeps its own.
+mHC, Engram, MoE, norms and the head run on its rows alone; attention and indexer queries too.
+At every attention layer a rank gets the keys its queries read in one of two ways:
 
-Gathering the hidden rows is the simplest exact exchange; it moves ``hidden_size`` values a row
-per layer where exchanging only the compressed entries, the index keys and the window's border
-rows would move far fewer.
+- ``"borders"`` (:mod:`.context_exchange`, the default): the attention inputs of the rows just
+  before its pieces (the window and the longest compressor window) and of the step's tail, from
+  their owners; each rank pools the compressed entries whose last token it owns and all ranks
+  all-gather the finished entries and index keys.
+- ``"hidden"``: every row's attention inputs, all-gathered and put back in step order
+  (:class:`RowGather`), so each rank computes the whole step's keys itself (simple; moves
+  ``hidden_size`` values a row per layer and repeats the key projections on every rank).
+
+Either way every rank ends with the whole step in its cache (whichever rank decodes needs no
+transfer), and the logits of all rows can be gathered like any layer input
+(:class:`RowGather`). Engram lookups hash token ids, which every rank has: the whole step's
+table rows are computed everywhere and each rank keeps its own.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from torch import nn
 
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.config import ModelConfig
-from deepinfer.engine.model.context import StepContext
+from deepinfer.engine.model.context_exchange import border_context, rank_context
 from deepinfer.engine.model.metadata import ForwardBatch, build_metadata
 from deepinfer.parallel import Communicator
 from deepinfer.parallel.context import AttentionShape, balanced_split
@@ -64,9 +68,10 @@ class RowSplit:
             )
 
     @classmethod
-    def balanced(cls, num_rows: int, cp: int, config: ModelConfig) -> RowSplit:
-        """The load-balanced split of a prompt's ``num_rows`` positions from 0."""
-        return cls(tuple(balanced_split(num_rows, cp, attention_shape(config))))
+    def balanced(cls, num_rows: int, cp: int, config: ModelConfig, rounds: int = 8) -> RowSplit:
+        """The load-balanced split of a prompt's ``num_rows`` positions from 0 (``rounds``:
+        pieces per rank / 2, :func:`~deepinfer.parallel.context.balanced_split`)."""
+        return cls(tuple(balanced_split(num_rows, cp, attention_shape(config), rounds)))
 
     @property
     def cp(self) -> int:
@@ -104,23 +109,6 @@ class RowGather:
         return out.index_select(0, self.source)
 
 
-def rank_context(full: StepContext, rows: torch.Tensor, gather: RowGather) -> StepContext:
-    """This rank's context from ``full``, the context of the whole step built with this rank's
-    query-side lists (``build_metadata(..., query_rows=rows)``): its per-row tensors taken at
-    ``rows``; the key side (window and arena writes, compressor emits and state) stays the
-    whole step's, computed from the gathered attention inputs."""
-    angles = {k: (cos[rows], sin[rows]) for k, (cos, sin) in full.angles.items()}
-    ctx = StepContext(
-        full.metadata, full.cache, full.input_ids[rows], full.positions[rows], full.rope, angles
-    )
-    ctx.tap_layers = full.tap_layers
-    for name in ("engram_rows", "token_mask", "image_mask"):
-        value = getattr(full, name)
-        setattr(ctx, name, None if value is None else value[rows])
-    ctx.gather_keys, ctx.key_positions, ctx.key_angles = gather, full.positions, full.angles
-    return ctx
-
-
 @torch.no_grad()
 def context_parallel_prefill(
     model: nn.Module,
@@ -128,11 +116,16 @@ def context_parallel_prefill(
     batch: ForwardBatch,
     split: RowSplit,
     comm: Communicator,
+    exchange: str = "borders",
 ) -> torch.Tensor:
     """fp32 logits ``[L, vocab]`` of this rank's rows ``split.rows[comm.rank]`` of ``batch``
     that ``batch.logits_indices`` asks for (None: all of them), in row order; every rank of
     ``comm`` calls it with the same ``batch`` and ``split``, and afterwards each one's
-    ``cache`` holds the whole step. Text rows only; YoCo truncation is not applied."""
+    ``cache`` holds the whole step. Text rows only; YoCo truncation is not applied.
+
+    ``exchange``: ``"borders"`` (one sequence per step; :mod:`.context_exchange`: each rank
+    receives the attention inputs of the rows before its pieces and every rank's finished
+    entries) or ``"hidden"`` (every layer's attention inputs of every row, any batch)."""
     if split.num_rows != batch.input_ids.shape[0]:
         raise ValueError(
             f"RowSplit covers {split.num_rows} rows: expected the batch's "
@@ -142,10 +135,14 @@ def context_parallel_prefill(
         raise ValueError("context_parallel_prefill: image inputs are not supported (text only)")
     device = batch.input_ids.device
     rows = split.rows[comm.rank].long().to(device)
-    layout = cache.layout
-    md = build_metadata(batch, model.config, layout, cache.ring_size, query_rows=rows)
-    full = model.step_context(batch, cache, md)
-    ctx = rank_context(full, rows, RowGather(comm, split, device))
+    if exchange == "borders":
+        ctx = border_context(model, cache, batch, split.rows, comm)
+    elif exchange == "hidden":
+        md = build_metadata(batch, model.config, cache.layout, cache.ring_size, query_rows=rows)
+        full = model.step_context(batch, cache, md)
+        ctx = rank_context(full, rows, RowGather(comm, split, device))
+    else:
+        raise ValueError(f"exchange={exchange!r}: expected 'borders' or 'hidden'")
     h = model.embed(ctx.input_ids)
     streams = h.unsqueeze(1).repeat(1, model.config.hc_mult, 1)
     streams, pre = model.mix.run(model.layers, streams, ctx)
