@@ -185,11 +185,10 @@ class EngineConfig:
     )
     async_scheduling: bool | None = param(
         None,
-        "asynchronous (zero-overhead) scheduling: the host schedules and prepares step N+1 "
-        "while the device runs step N, whose sampled tokens feed N+1 on the device; stops are "
-        "applied one step late and what ran past them is dropped (outputs are unchanged). "
-        "None: ``DEEPINFER_ZERO_OVERHEAD_SCHEDULING`` (default on). Spawned data-parallel "
-        "ranks step asynchronously too; torchrun ranks step synchronously (logged).",
+        "asynchronous (zero-overhead) scheduling: the host prepares step N+1 while the device "
+        "runs step N, whose sampled tokens feed N+1 there (spawned data-parallel ranks too; "
+        "torchrun ranks step synchronously); stops apply one step late, what ran past them is "
+        "dropped (outputs unchanged). None: ``DEEPINFER_ZERO_OVERHEAD_SCHEDULING`` (default on).",
         checks.optional_bool,
     )
     data_parallel_size: int = param(
