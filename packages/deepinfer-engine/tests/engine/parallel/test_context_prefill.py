@@ -41,7 +41,7 @@ PROMPT_TOKENS = int(os.environ.get("DEEPINFER_CP_TOKENS", "300"))
 # the batch-invariant reference runs row by row: a shorter prompt (still several HCA entries)
 INVARIANT_TOKENS = int(os.environ.get("DEEPINFER_CP_TOKENS", "96"))
 NEW_TOKENS = 4
-TIMEOUT_S = 120 if PROMPT_TOKENS <= 1000 else 900
+TIMEOUT_S = 120 if PROMPT_TOKENS <= 1000 else 2400
 
 
 def _prompt(n: int) -> list[int]:
