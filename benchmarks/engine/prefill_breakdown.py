@@ -70,7 +70,8 @@ def group_times(events, on_cuda: bool) -> dict[str, tuple[float, int]]:
         if event.device_type != cpu:
             continue
         if on_cuda:
-            us = sum(k.duration for k in event.kernels)
+            # an op range's own device-side span is an annotation, not a kernel
+            us = sum(k.duration for k in event.kernels if not k.name.startswith(OP_PREFIX))
         else:
             us = event.self_cpu_time_total
         if us > 0:
@@ -140,7 +141,8 @@ def profile_shape(llm, vocab: int, prompts: int, length: int, device: Device, re
     if on_cuda:
         cuda = torch.autograd.DeviceType.CUDA
         spans = [(e.time_range.start, e.time_range.end) for e in events
-                 if e.device_type == cuda and not e.name.startswith(OP_PREFIX)]  # fmt: skip
+                 if e.device_type == cuda and not e.name.startswith(OP_PREFIX)
+                 and not getattr(e, "is_user_annotation", False)]  # fmt: skip
         busy_s = device_gaps(spans)["busy_us"] * 1e-6
         rest = ("device idle (host)", max(0.0, wall - busy_s))
     else:

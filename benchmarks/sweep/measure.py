@@ -66,7 +66,6 @@ def _over_budget(points: list[dict], settings: SweepSettings, phase: str) -> boo
 def prefill_sweep(generate: Generate, settings: SweepSettings) -> list[dict]:
     """One point per batch size in tokens: ``tokens // prompt_len`` prompts, ``max_tokens=1``."""
     gen = torch.Generator().manual_seed(settings.seed)
-    generate(_prompts(settings, 1, settings.prompt_len, gen), 2)  # warm-up: load-time work
     points = []
     for tokens in settings.prefill_tokens:
         if _over_budget(points, settings, "prefill"):

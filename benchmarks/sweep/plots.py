@@ -24,7 +24,7 @@ def matplotlib_missing() -> str | None:
 def _plot(ax, result: dict[str, Any], phase: str, x_key: str, y_key: str) -> None:
     roof = result["roofline"][phase]
     ax.plot([p[x_key] for p in roof], [p[y_key] for p in roof], "--", color="gray",
-            label="roofline (measured BW, GEMM rate)")  # fmt: skip
+            label="roofline (counted FLOPs and bytes / measured rates)")  # fmt: skip
     for name, (label, style, color) in SERIES.items():
         points = result.get(name, {}).get(phase, [])  # a skipped baseline has none
         if points:
