@@ -4,11 +4,11 @@ peak memory measured on CPU processes at a tiny width.
 Counted (no weights, the model built on the meta device at the published V4-Flash shapes, or
 V4.1-Flash with ``--model v41-flash``): for a prompt of each ``--lengths`` with CP = 1 and CP =
 ``--cp``, per rank the attention FLOPs of its balanced-split queries
-(:func:`deepinfer.parallel.context.attention_flops`), the linear FLOPs of its own rows (query
-and token-local work) plus those every rank repeats on every row (the KV, compressor and
-index-key projections, computed from the gathered attention inputs), and the bytes it receives:
-the attention inputs of every layer from the other ranks (what the engine exchanges now), next
-to the compressed entries, index keys and window borders alone (what would suffice).
+(:func:`deepinfer.parallel.context.attention_flops`) and the linear FLOPs of its own rows; then,
+for each exchange of ``context_parallel_prefill`` (``hidden``: every row's attention inputs;
+``borders``: the rows before a rank's pieces and the step's tail, plus every rank's finished
+entries and index keys), the rows a rank computes keys for, their linear FLOPs, the bytes it
+receives and the counted peak of live activations.
 
 Measured (``--measure-lengths``, a tiny random V4 checkpoint with the released window and
 top-k): ``cp`` spawned gloo processes run the CP prefill; one process runs the plain forward
@@ -38,6 +38,7 @@ from benchmarks.model.dummy_forward import v4_flash_config
 from benchmarks.parallel.ep_projection import V4_RATIOS, v41_flash_config
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.config_parsing import parse_config
+from deepinfer.engine.model.context_exchange import border_sends, needed_rows, reach
 from deepinfer.engine.model.context_prefill import RowSplit, attention_shape
 from deepinfer.engine.model.model import build_model
 from deepinfer.parallel.context import attention_flops
@@ -76,33 +77,41 @@ def linear_flops(model: nn.Module, config: ModelConfig) -> dict[str, float]:
     return out
 
 
-def exchange_bytes(config: ModelConfig, n: int, cp: int, width: int, value_bytes: int = 2):
-    """(bytes a rank receives gathering every layer's attention inputs, bytes it would receive
-    gathering only compressed entries, index keys and the window rows before its pieces)."""
-    if cp == 1:
-        return 0, 0
-    layers = config.num_layers
-    hidden = layers * (cp - 1) * width * config.hidden_size * value_bytes
-    others = n * (cp - 1) / cp
-    keys = 0.0
+def exchange(config: ModelConfig, split: RowSplit, b: int = 2) -> dict[str, dict[str, int]]:
+    """Per exchange (``hidden``, ``borders``), what the rank that receives most receives
+    (bytes, padded as the all-gathers pad) and the most rows one rank computes keys for."""
+    n, cp, layers = split.num_rows, split.cp, config.num_layers
+    own = [r.long() for r in split.rows]
+    width = max(len(r) for r in own)
+    hidden = {"recv_bytes": layers * (cp - 1) * width * config.hidden_size * b, "key_rows": n}
+    border, tail = reach(config)
+    needs = [needed_rows(r, n, border, tail) for r in own]
+    owner = torch.empty(n, dtype=torch.long)
+    for rank, rows in enumerate(own):
+        owner[rows] = rank
+    sent = max(1, max(len(s) for s in border_sends(own, needs, owner)))
+    recv = layers * (cp - 1) * sent * config.hidden_size * b
     for i in range(layers):
         ratio = config.compress_ratios[i]
         if ratio and config.owns_compressor(i):
-            keys += others / ratio * (config.head_dim + config.index_head_dim) * value_bytes
-        keys += 2 * 8 * config.sliding_window * config.head_dim * value_bytes  # window borders
-    return int(hidden), int(keys)
+            emitted = max(int(((rows + 1) % ratio == 0).sum()) for rows in own)
+            recv += (cp - 1) * max(1, emitted) * (config.head_dim + config.index_head_dim) * b
+    borders = {"recv_bytes": recv if cp > 1 else 0, "key_rows": max(len(x) for x in needs)}
+    return {"hidden": hidden if cp > 1 else {"recv_bytes": 0, "key_rows": n}, "borders": borders}
 
 
-def peak_activation_bytes(config: ModelConfig, own: int, n: int, cp: int, b: int = 2) -> int:
+def peak_activation_bytes(
+    config: ModelConfig, own: int, n: int, cp: int, key_rows: int | None = None, b: int = 2
+) -> int:
     """Counted live bytes of one rank at the attention of its most compressed top-k layer, the
     peak of a prefill step as the reference ops run it (``b``: bytes of the model dtype).
 
     Own rows: the mHC streams, the attention input, ``qr``, q (``b``) and the attention output
     (fp32), the index list ``[W + top-k]``, the step's metadata (window list and every kind's
     visible-entry list, int64, ``n / ratio`` wide), the indexer's q, weights and scores (fp32,
-    ``n / ratio`` wide). Every row (CP only: at CP = 1 they are the own rows' own tensors): the
-    gathered attention inputs; on all rows the window KV and the compressor's fp32 kv and
-    score (``coff`` wide), and the V4 indexer compressor's."""
+    ``n / ratio`` wide). Every key row (``key_rows``, default ``n``; CP only: at CP = 1 they
+    are the own rows' own tensors): the gathered attention inputs; the window KV and the
+    compressor's fp32 kv and score (``coff`` wide), and the V4 indexer compressor's."""
     c = config
     ratios = sorted({r for r in c.compress_ratios[: c.num_layers] if r})
     ratio = ratios[0]
@@ -124,7 +133,7 @@ def peak_activation_bytes(config: ModelConfig, own: int, n: int, cp: int, b: int
         per_all += 2 * coff * c.index_head_dim * 4
     if cp > 1:
         per_all += c.hidden_size * b
-    return own * per_own + n * per_all
+    return own * per_own + (n if key_rows is None else key_rows) * per_all
 
 
 def counted(config: ModelConfig, lengths: list[int], cps: list[int]) -> list[dict]:
@@ -136,25 +145,27 @@ def counted(config: ModelConfig, lengths: list[int], cps: list[int]) -> list[dic
         for cp in cps:
             split = RowSplit.balanced(n, cp, config)
             att = [attention_flops(r, shape) for r in split.rows]
-            own = [len(r) for r in split.rows]
+            own = max(len(r) for r in split.rows)
             entries = per_row["entry_per_ratio"] * n
-            linear = [per_row["own"] * k + per_row["key"] * n + entries for k in own]
-            hidden, keys = exchange_bytes(config, n, cp, max(own))
-            peak = peak_activation_bytes(config, max(own), n, cp)
-            rows.append(
-                {
-                    "tokens": n,
-                    "cp": cp,
-                    "attention_tflops_max": max(att) / 1e12,
-                    "attention_spread": (max(att) - min(att)) / max(att),
-                    "linear_tflops_max": max(linear) / 1e12,
-                    "repeated_key_tflops": (per_row["key"] * n + entries) / 1e12,
-                    "recv_gb_hidden_gather": hidden / 1e9,
-                    "recv_gb_keys_only": keys / 1e9,
+            row = {
+                "tokens": n,
+                "cp": cp,
+                "attention_tflops_max": max(att) / 1e12,
+                "attention_spread": (max(att) - min(att)) / max(att),
+                "own_linear_tflops_max": per_row["own"] * own / 1e12,
+            }
+            base = peak_activation_bytes(config, n, n, 1)
+            for mode, ex in exchange(config, split).items():
+                key = per_row["key"] * ex["key_rows"] + entries * (ex["key_rows"] / n)
+                peak = peak_activation_bytes(config, own, n, cp, ex["key_rows"])
+                row[mode] = {
+                    "key_rows_max": ex["key_rows"],
+                    "key_linear_tflops_max": key / 1e12,
+                    "recv_gb": ex["recv_bytes"] / 1e9,
                     "peak_activation_gb": peak / 1e9,
-                    "peak_ratio_to_cp1": peak / peak_activation_bytes(config, n, n, 1),
+                    "peak_ratio_to_cp1": peak / base,
                 }
-            )
+            rows.append(row)
     return rows
 
 
@@ -166,7 +177,7 @@ def _memory_kb(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def _measured_rank(rank: int, world_size: int, directory: str, tokens: int, single: bool):
+def _measured_rank(rank, world_size, directory: str, tokens: int, single: bool, exchange: str):
     """One rank's (prefill seconds, peak resident MB above the pre-prefill resident)."""
     from deepinfer.engine.checkpoint.model_loader import load_model
     from deepinfer.engine.model.context_prefill import context_parallel_prefill
@@ -193,12 +204,12 @@ def _measured_rank(rank: int, world_size: int, directory: str, tokens: int, sing
         if single:
             model(batch, runner.cache)
         else:
-            context_parallel_prefill(model, runner.cache, batch, split, comm)
+            context_parallel_prefill(model, runner.cache, batch, split, comm, exchange)
     seconds = time.perf_counter() - start
     return seconds, (_memory_kb("VmHWM") - before) / 1024
 
 
-def measured(lengths: list[int], cps: list[int], timeout_s: float) -> list[dict]:
+def measured(lengths: list[int], cps: list[int], timeout_s: float, exchange: str) -> list[dict]:
     from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config
     from deepinfer.parallel import spawn
 
@@ -208,7 +219,9 @@ def measured(lengths: list[int], cps: list[int], timeout_s: float) -> list[dict]
         directory = str(make_random_checkpoint(tmp, raw, quantized=False, seed=0))
         for n in lengths:
             for cp in cps:
-                results = spawn(_measured_rank, cp, directory, n, cp == 1, timeout_s=timeout_s)
+                results = spawn(
+                    _measured_rank, cp, directory, n, cp == 1, exchange, timeout_s=timeout_s
+                )
                 rows.append(
                     {
                         "tokens": n,
@@ -249,6 +262,7 @@ def main() -> None:
     p.add_argument("--cp", type=int, default=4)
     p.add_argument("--lengths", default="8192,32768,131072")
     p.add_argument("--measure-lengths", default="2048,4096,8192")
+    p.add_argument("--exchange", default="borders", choices=("borders", "hidden"))
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -256,12 +270,13 @@ def main() -> None:
     cps = [1, args.cp]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     result = {"environment": environment(), "model": args.model, "cp": args.cp}
+    result["exchange"] = args.exchange
     result["counted"] = counted(model_config(args.model), lengths, cps)
     for row in result["counted"]:
         print(row, flush=True)
     if args.measure_lengths:
         result["measured"] = measured(
-            [int(x) for x in args.measure_lengths.split(",")], cps, args.timeout
+            [int(x) for x in args.measure_lengths.split(",")], cps, args.timeout, args.exchange
         )
         result["peak_fit"] = peak_fit(result["measured"], lengths)
         print(result["peak_fit"], flush=True)

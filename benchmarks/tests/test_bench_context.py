@@ -14,17 +14,19 @@ from deepinfer.engine.testing import tiny_v4_config, tiny_v41_config
 @pytest.mark.parametrize("raw", [tiny_v4_config(), tiny_v41_config(vision=False)])
 def test_counted_work_splits_over_the_ranks(raw) -> None:
     config = parse_config(raw)
-    one, four = counted(config, [4096], [1, 4])
-    assert one["recv_gb_hidden_gather"] == one["recv_gb_keys_only"] == 0
-    assert four["recv_gb_hidden_gather"] > four["recv_gb_keys_only"] > 0
-    assert four["repeated_key_tflops"] == one["repeated_key_tflops"] > 0
-    repeated = one["repeated_key_tflops"]
-    own_share = (four["linear_tflops_max"] - repeated) / (one["linear_tflops_max"] - repeated)
-    assert own_share == pytest.approx(0.25, abs=0.01)
+    one, four = counted(config, [32768], [1, 4])
+    assert one["hidden"]["recv_gb"] == one["borders"]["recv_gb"] == 0
+    hidden, borders = four["hidden"], four["borders"]
+    assert hidden["recv_gb"] > borders["recv_gb"] > 0
+    # hidden: every rank computes keys for every row; borders: for its own and a few more
+    assert hidden["key_rows_max"] == one["borders"]["key_rows_max"] == 32768
+    assert 8192 < borders["key_rows_max"] < 16384
+    assert borders["key_linear_tflops_max"] < 0.5 * hidden["key_linear_tflops_max"]
+    assert four["own_linear_tflops_max"] == pytest.approx(one["own_linear_tflops_max"] / 4)
     assert four["attention_tflops_max"] <= 0.27 * one["attention_tflops_max"]
-    assert four["peak_ratio_to_cp1"] < 1.0
-    assert peak_activation_bytes(config, 1024, 4096, 4) == pytest.approx(
-        four["peak_activation_gb"] * 1e9, rel=1e-9
+    assert borders["peak_ratio_to_cp1"] < hidden["peak_ratio_to_cp1"] < 1.0
+    assert peak_activation_bytes(config, 8192, 32768, 4) == pytest.approx(
+        hidden["peak_activation_gb"] * 1e9, rel=1e-9
     )
 
 

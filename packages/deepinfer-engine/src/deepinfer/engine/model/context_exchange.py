@@ -29,14 +29,14 @@ from deepinfer.engine.model.stack import DecoderStack
 from deepinfer.parallel import Communicator
 
 
-def reach(config, cache: ModelCache) -> tuple[int, int]:
+def reach(config, max_draft: int = 0) -> tuple[int, int]:
     """(border: rows before a query or an entry's last token its keys read, tail: the step's
     last rows whose KV and projections the ring and the compressor state keep)."""
-    border, tail = config.sliding_window - 1, cache.ring_size
+    border, tail = config.sliding_window - 1, config.sliding_window + max_draft
     for i, ratio in enumerate(config.compress_ratios[: config.num_layers]):
         if ratio:
             border = max(border, (2 * ratio if overlapped(config, i) else ratio) - 1)
-            tail = max(tail, compressor_state_rows(config, i, cache.layout.max_draft))
+            tail = max(tail, compressor_state_rows(config, i, max_draft))
     return border, tail
 
 
@@ -59,6 +59,14 @@ def runs_of(rows: torch.Tensor) -> list[tuple[int, int]]:
     return [(int(rows[a]), int(rows[b - 1]) + 1) for a, b in zip(bounds, bounds[1:])]
 
 
+def border_sends(own, needs, owner: torch.Tensor) -> list[torch.Tensor]:
+    """Per rank, its own rows that another rank needs (``owner``: each row's rank)."""
+    wanted = torch.zeros(len(owner), dtype=torch.bool)
+    for rank, need in enumerate(needs):
+        wanted[need[owner[need] != rank]] = True
+    return [rows[wanted[rows]] for rows in own]
+
+
 class BorderGather:
     """This rank's attention inputs ``[n_own, ...]`` -> its needed rows' ``[n_need, ...]``: one
     all-gather of the rows any rank needs from another, padded to the longest rank's share."""
@@ -69,10 +77,7 @@ class BorderGather:
         local = torch.empty(num_rows, dtype=torch.long)
         for rank, rows in enumerate(own):
             owner[rows], local[rows] = rank, torch.arange(len(rows))
-        wanted = torch.zeros(num_rows, dtype=torch.bool)
-        for rank, need in enumerate(needs):
-            wanted[need[owner[need] != rank]] = True
-        sends = [rows[wanted[rows]] for rows in own]
+        sends = border_sends(own, needs, owner)
         self.width = max(1, max(len(s) for s in sends))
         slot = torch.full((num_rows,), -1, dtype=torch.long)
         for rank, sent in enumerate(sends):
@@ -160,7 +165,7 @@ def border_context(
         raise ValueError("the CP border exchange prefills one sequence per step")
     config, device = model.config, batch.input_ids.device
     num_rows = batch.input_ids.shape[0]
-    border, tail = reach(config, cache)
+    border, tail = reach(config, cache.layout.max_draft)
     own = [r.long().cpu() for r in own]
     needs = [needed_rows(r, num_rows, border, tail) for r in own]
     need, mine = needs[comm.rank], own[comm.rank]
