@@ -37,7 +37,7 @@ from benchmarks.sweep.models import ModelSource, resolve_model
 from benchmarks.sweep.roofline import H200, Device
 from benchmarks.timing import time_call
 
-COLUMNS = ["op", "calls", "ms", "share", "gflop", "mb", "ceiling_ms", "of_ceiling"]
+COLUMNS = ["op", "calls", "ms", "share", "host_ms", "gflop", "mb", "ceiling_ms", "of_ceiling"]
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -80,16 +80,31 @@ def group_times(events, on_cuda: bool) -> dict[str, tuple[float, int]]:
     return groups
 
 
+def op_host_times(events) -> dict[str, float]:
+    """Host seconds inside each op's calls (launches and the op's Python; the recorder puts
+    ranges on outermost calls only): on CUDA, an op whose host time exceeds its kernel time is
+    host-bound."""
+    times: dict[str, float] = {}
+    for event in events:
+        if event.device_type == torch.autograd.DeviceType.CPU and event.name.startswith(OP_PREFIX):
+            name = event.name[len(OP_PREFIX) :]
+            times[name] = times.get(name, 0.0) + event.cpu_time_total * 1e-6
+    return times
+
+
 def breakdown_rows(
-    groups: dict[str, tuple[float, int]], work: dict[str, OpWork], wall_s: float, rest: tuple
-) -> list[dict]:
+    groups: dict[str, tuple[float, int]], work: dict[str, OpWork], wall_s: float, rest: tuple,
+    host: dict[str, float] | None = None,
+) -> list[dict]:  # fmt: skip
     """One row per group, largest first, then the ``rest`` row (label, seconds) and the total:
-    time, share of the step's wall time, counted work and ceiling."""
+    time, share of the step's wall time, host time (CUDA), counted work and ceiling."""
     rows = []
     for name, (seconds, events) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
         w = work.get(name)
         row = {"op": name, "calls": w.calls if w else events, "ms": seconds * 1e3,
                "share": seconds / wall_s}  # fmt: skip
+        if host and name in host:
+            row["host_ms"] = host[name] * 1e3
         if w is not None:
             row |= {"gflop": w.flops / 1e9, "mb": w.bytes / 1e6, "ceiling_ms": w.floor_s * 1e3,
                     "of_ceiling": w.floor_s / seconds, "rate": "+".join(sorted(w.rates))}  # fmt: skip
@@ -150,7 +165,8 @@ def profile_shape(llm, vocab: int, prompts: int, length: int, device: Device, re
     return {"prompts": prompts, "prompt_len": length, "tokens": prompts * length,
             "wall_ms": clean.median_s * 1e3, "wall_ms_profiled": wall * 1e3,
             "tok/s": prompts * length / clean.median_s,
-            "rows": breakdown_rows(groups, recorder.work, wall, rest)}  # fmt: skip
+            "rows": breakdown_rows(groups, recorder.work, wall, rest,
+                                   op_host_times(events) if on_cuda else None)}  # fmt: skip
 
 
 def run_model(source: ModelSource, args: argparse.Namespace, device: Device) -> dict:

@@ -102,6 +102,18 @@ def test_op_recorder_counts_products_and_groups_profiler_time_by_op() -> None:
     groups = prefill_breakdown.group_times(prof.events(), on_cuda=False)
     assert {"linear", "rms_norm", "torch aten::cat"} <= set(groups)
     assert all(seconds > 0 for seconds, _ in groups.values())
+    host = prefill_breakdown.op_host_times(prof.events())
+    assert set(host) == {"linear", "rms_norm"} and host["linear"] >= groups["linear"][0] * 0.5
+
+
+def test_sweep_tables_carry_the_roofline_and_our_share_of_it() -> None:
+    from benchmarks.sweep.run_sweep import with_roofline
+
+    points = [{"tokens": 1024, "tok/s/gpu": 500.0}, {"tokens": 3000, "tok/s/gpu": 9.0}]
+    roof = [{"tokens": 1024, "tok/s/gpu": 2000.0}, {"tokens": 2048, "tok/s/gpu": 3000.0}]
+    got = with_roofline(points, roof, "tokens")
+    assert got[0]["roofline"] == 2000.0 and got[0]["of_roofline"] == 0.25
+    assert "roofline" not in got[1]  # no roofline point at that size
 
 
 def test_expert_tiles_fill_up_as_the_chunk_grows() -> None:
