@@ -244,3 +244,13 @@ def test_one_rank_is_the_plain_forward_and_honours_logits_indices(checkpoints):
     got = context_parallel_prefill(model, runner.cache, batch, split, SingleProcessComm())
     # the head's product over 2 rows instead of 70 may round its last bit differently
     torch.testing.assert_close(got, want[[3, 69]], rtol=0, atol=1e-5)
+
+
+def test_a_split_leaving_a_rank_without_rows_is_refused(checkpoints):
+    model = load_model(checkpoints["v4"], dtype=torch.float32, progress=False).eval()
+    runner = SimpleRunner(model, max_seqs=1, max_len=8)
+    split = RowSplit.balanced(3, 4, model.config)  # 3 rows over 4 ranks
+    with pytest.raises(ValueError, match="RowSplit: rank 3 has no rows of the 3-row step"):
+        context_parallel_prefill(
+            model, runner.cache, runner.batch({0: [5, 6, 7]}), split, SingleProcessComm()
+        )

@@ -131,6 +131,12 @@ def context_parallel_prefill(
             f"RowSplit covers {split.num_rows} rows: expected the batch's "
             f"{batch.input_ids.shape[0]}"
         )
+    empty = [rank for rank, rows in enumerate(split.rows) if len(rows) == 0]
+    if empty:
+        raise ValueError(
+            f"RowSplit: rank {empty[0]} has no rows of the {split.num_rows}-row step; "
+            "prefill a step this short on one rank"
+        )
     if batch.image_rows is not None:
         raise ValueError("context_parallel_prefill: image inputs are not supported (text only)")
     device = batch.input_ids.device
