@@ -94,16 +94,16 @@ def op_host_times(events) -> dict[str, float]:
 
 def breakdown_rows(
     groups: dict[str, tuple[float, int]], work: dict[str, OpWork], wall_s: float, rest: tuple,
-    host: dict[str, float] | None = None,
+    host: dict[str, float],
 ) -> list[dict]:  # fmt: skip
     """One row per group, largest first, then the ``rest`` row (label, seconds) and the total:
-    time, share of the step's wall time, host time (CUDA), counted work and ceiling."""
+    time, share of the step's wall time, host time, counted work and ceiling."""
     rows = []
     for name, (seconds, events) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
         w = work.get(name)
         row = {"op": name, "calls": w.calls if w else events, "ms": seconds * 1e3,
                "share": seconds / wall_s}  # fmt: skip
-        if host and name in host:
+        if name in host:
             row["host_ms"] = host[name] * 1e3
         if w is not None:
             row |= {"gflop": w.flops / 1e9, "mb": w.bytes / 1e6, "ceiling_ms": w.floor_s * 1e3,
@@ -166,7 +166,7 @@ def profile_shape(llm, vocab: int, prompts: int, length: int, device: Device, re
             "wall_ms": clean.median_s * 1e3, "wall_ms_profiled": wall * 1e3,
             "tok/s": prompts * length / clean.median_s,
             "rows": breakdown_rows(groups, recorder.work, wall, rest,
-                                   op_host_times(events) if on_cuda else None)}  # fmt: skip
+                                   op_host_times(events))}  # fmt: skip
 
 
 def run_model(source: ModelSource, args: argparse.Namespace, device: Device) -> dict:
