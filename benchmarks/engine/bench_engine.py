@@ -6,10 +6,11 @@ FP8 128x128 blocks; ``--model v41-flash-dummy``: V4.1-Flash's, as the sweep buil
 weights); results are labelled with the layer count. Weights are random
 (``load_format="dummy"``). The engine keeps its default token budget per step unless
 ``--max-num-batched-tokens`` is given. Prefill: ``--prefill-prompts`` prompts of ``--prompt-len``
-tokens with ``max_tokens=1``, timed by :func:`benchmarks.timing.time_call` exactly as the sweep
-(``run_sweep.sh``) times its prefill points: one untimed call, median of ``--repeats``. Decode: batches of prompts of 128 tokens generating ``--decode-tokens`` tokens;
-decode throughput = batch x (decode tokens - 1) / (time - time of the same batch with
-``max_tokens=1``).
+tokens (or ``--prefill-shapes 8x1024,1x8192,1x32768``) with ``max_tokens=1``, timed by
+:func:`benchmarks.timing.time_call` exactly as the sweep (``run_sweep.sh``) times its prefill
+points: one untimed call, median of ``--repeats``. Decode: batches of prompts of 128 tokens
+generating ``--decode-tokens`` tokens; decode throughput = batch x (decode tokens - 1) / (time -
+time of the same batch with ``max_tokens=1``).
 
 Each decode row carries its roofline: the bytes one step must read at least (every non-expert
 weight except the embedding, plus the routed experts a batch of that size touches in
@@ -55,6 +56,7 @@ import torch
 
 from benchmarks.common import copy_bandwidth_tbs, environment, print_table, write_json
 from benchmarks.engine import step_timeline
+from benchmarks.engine.prefill_breakdown import parse_shapes
 from benchmarks.sweep.models import resolve_model
 from benchmarks.timing import INCLUDED, time_call
 from deepinfer.engine.frontend.llm import LLM
@@ -188,14 +190,21 @@ def _job_rows(llm: LLM, vocab: int, count: int, max_tokens: int, modes: list[str
     return rows
 
 
+def _prefill_shapes(args) -> list[tuple[int, int]]:
+    """``--prefill-shapes`` if given, else ``--prefill-prompts`` prompts of ``--prompt-len``."""
+    if args.prefill_shapes:
+        return parse_shapes(args.prefill_shapes, "--prefill-shapes")
+    return [(n, args.prompt_len) for n in _batches(args.prefill_prompts)]
+
+
 def _prefill_rows(llm: LLM, gen, vocab: int, args, ops: str) -> list[dict]:
     rows = []
-    for n in _batches(args.prefill_prompts):
-        prompts = torch.randint(3, vocab, (n, args.prompt_len), generator=gen).tolist()
+    for n, length in _prefill_shapes(args):
+        prompts = torch.randint(3, vocab, (n, length), generator=gen).tolist()
         seconds = _run(llm, prompts, 1, args.repeats)
-        rows.append({"phase": "prefill", "ops": ops, "batch": n,
-                     "tokens": n * args.prompt_len, "seconds": seconds,
-                     "tok/s": n * args.prompt_len / seconds})  # fmt: skip
+        rows.append({"phase": "prefill", "ops": ops, "batch": n, "prompt_len": length,
+                     "tokens": n * length, "seconds": seconds,
+                     "tok/s": n * length / seconds})  # fmt: skip
     return rows
 
 
@@ -213,6 +222,8 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
                         help="the engine's token budget per step (default: the engine's)")  # fmt: skip
     parser.add_argument("--prefill-prompts", default="1,4,8")
+    parser.add_argument("--prefill-shapes", default="",
+                        help="PROMPTSxTOKENS list (8x1024,1x8192,1x32768): replaces the two above")  # fmt: skip
     parser.add_argument("--decode-batches", default="1,8,32")
     parser.add_argument("--decode-tokens", type=int, default=17)
     parser.add_argument("--reference-ops-batches", default="",
@@ -235,12 +246,13 @@ def main() -> None:
     args = parser.parse_args()
     try:
         source = resolve_model(args.model, args.layers)
+        _prefill_shapes(args)
     except ValueError as e:
         parser.error(str(e))
     start = time.perf_counter()
     llm = LLM(
         source.path, load_format="dummy", max_num_seqs=64,
-        max_model_len=max(4096, args.prompt_len + 1),
+        max_model_len=max(4096, *(length + 1 for _, length in _prefill_shapes(args))),
         max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization,
     )  # fmt: skip

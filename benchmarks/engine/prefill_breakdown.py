@@ -40,13 +40,13 @@ from benchmarks.timing import time_call
 COLUMNS = ["op", "calls", "ms", "share", "host_ms", "gflop", "mb", "ceiling_ms", "of_ceiling"]
 
 
-def parse_shapes(text: str) -> list[tuple[int, int]]:
+def parse_shapes(text: str, flag: str = "--shapes") -> list[tuple[int, int]]:
     """``"8x1024,1x8192"`` -> ``[(8, 1024), (1, 8192)]`` (prompts, tokens per prompt)."""
     shapes = []
     for item in text.split(","):
         parts = item.strip().lower().split("x")
         if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"--shapes: got {item!r}, expected PROMPTSxTOKENS like 8x1024")
+            raise ValueError(f"{flag}: got {item!r}, expected PROMPTSxTOKENS like 8x1024")
         shapes.append((int(parts[0]), int(parts[1])))
     return shapes
 
