@@ -64,9 +64,11 @@ def _run(mode: str, prompts: list[str], **kwargs) -> list:
     "kwargs",
     [
         dict(speculative_tokens=0),
+        dict(speculative_tokens=5),
+        dict(speculative_tokens=0, max_num_batched_tokens=64),
         dict(speculative_tokens=5, max_num_batched_tokens=64),
     ],
-    ids=["whole, no drafts", "chunked, 5 drafts"],
+    ids=["whole, no drafts", "whole, 5 drafts", "chunked, no drafts", "chunked, 5 drafts"],
 )
 def test_compact_equals_mask_through_the_engine(kwargs):
     assert len(load_tokenizer(CHECKPOINT).encode(LONG)) > 128 + 5
