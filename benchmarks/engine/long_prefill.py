@@ -14,7 +14,9 @@ Its time is counted per layer (``ModelShape.prefill_layer_work``):
   over more tokens).
 
 The chunk's transient indexer scores (``[C, P/4]`` fp32 plus int64 candidates at the last
-chunk) grow with ``C`` and with the position, which bounds the chunk from above.
+chunk; ``[C, P]`` in V4.1, whose indexers scan the ratio-1 cache) grow with ``C`` and with the
+position, which bounds the chunk from above. V4.1 is counted with its own layer schedule
+(every compressed layer attends the top-k; only the index sources scan).
 
     python -m benchmarks.engine.long_prefill --model v4-flash-dummy --prompt-len 131072 \\
         --chunks 2048,4096,8192,16384,32768 --step-overhead-ms 20
@@ -53,8 +55,8 @@ def expert_tile_utilisation(chunk: int, experts_per_token: int, num_experts: int
 def chunk_seconds(shape: ModelShape, device: Device, start: int, end: int, step_s: float) -> dict:
     """Counted time of the chunk of positions ``start .. end - 1`` (see the module docstring)."""
     gemm = attention = routed = 0.0
-    for ratio in shape.compress_ratios:
-        work = shape.prefill_layer_work(ratio, start, end)
+    for layer, ratio in enumerate(shape.compress_ratios):
+        work = shape.prefill_layer_work(ratio, start, end, layer)
         gemm += work["gemm"]
         attention += work["attention"] + work["indexer"]
     routed = shape.num_layers * (end - start) * 2 * shape.experts_per_token * shape.expert_params
@@ -72,6 +74,14 @@ def prompt_rate(shape: ModelShape, device: Device, prompt_len: int, chunk: int, 
     return prompt_len / sum(r["seconds"] for r in rows), rows
 
 
+def _indexed_ratio(shape: ModelShape) -> int:
+    """The compression ratio of the finest cache an indexer scans (V4: 4; V4.1: 1)."""
+    if shape.index_source_layers is None:
+        return 4
+    layers = [i for i in shape.index_source_layers if i < shape.num_layers]
+    return min(shape.compress_ratios[i] for i in layers) if layers else 4
+
+
 def chunk_table(
     shape: ModelShape, device: Device, prompt_len: int, chunks: list[int], step_s: float
 ) -> list[dict]:
@@ -81,7 +91,7 @@ def chunk_table(
     for chunk in chunks:
         rate, rows = prompt_rate(shape, device, prompt_len, chunk, step_s)
         last = rows[-1]
-        scores_gib = min(chunk, prompt_len) * (prompt_len // 4) * (4 + 8) / 2**30
+        scores_gib = min(chunk, prompt_len) * (prompt_len // _indexed_ratio(shape)) * 12 / 2**30
         table.append({"chunk": chunk, "steps": len(rows), "tok/s": rate,
                       "of_8k_rate": rate / reference,
                       "last_chunk_of_8k": last["tokens"] / last["seconds"] / reference,
@@ -92,8 +102,7 @@ def chunk_table(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    # V4.1's ratio-1 / ratio-2 layers select their entries differently: not counted here
-    p.add_argument("--model", default="v4-flash-dummy", choices=("v4-flash-dummy",))
+    p.add_argument("--model", default="v4-flash-dummy", choices=("v4-flash-dummy", "v41-flash-dummy"))  # fmt: skip
     p.add_argument("--layers", type=int, default=None, help="default: all of the model's")
     p.add_argument("--prompt-len", type=int, default=131072)
     p.add_argument("--chunks", default="2048,4096,8192,16384,32768,65536")

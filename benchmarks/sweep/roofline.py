@@ -49,6 +49,9 @@ class ModelShape:
     num_shared_experts: int
     moe_intermediate_size: int
     expert_bytes_per_param: float
+    # V4.1: the layers that run the indexer; every compressed layer attends the top-k of a
+    # shared cache. None (V4): ratio-4 layers index and select, ratio-128 ones attend all.
+    index_source_layers: tuple[int, ...] | None = None
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelShape:
@@ -67,6 +70,8 @@ class ModelShape:
             num_shared_experts=c.get("n_shared_experts", 1),
             moe_intermediate_size=c["moe_intermediate_size"],
             expert_bytes_per_param=FP4_BYTES_PER_PARAM if fp4 else FP8_BYTES_PER_PARAM,
+            index_source_layers=tuple(c["index_source_layer_ids"])
+            if "index_source_layer_ids" in c else None,
         )  # fmt: skip
 
     # ---------------------------------------------------------------- parameters
@@ -167,31 +172,40 @@ class ModelShape:
     def flops_per_token(self, context: int) -> float:
         return 2 * self.active_params + self.attention_flops_per_token(context)
 
-    def prefill_layer_flops(self, ratio: int, prompt_len: int) -> dict[str, float]:
+    def prefill_layer_flops(
+        self, ratio: int, prompt_len: int, layer: int | None = None
+    ) -> dict[str, float]:
         """FLOPs per prompt token of one layer of compression ``ratio`` (0: sliding window
         only), averaged over the positions of a ``prompt_len``-token prompt (see
         :meth:`prefill_layer_work`)."""
-        work = self.prefill_layer_work(ratio, 0, prompt_len)
+        work = self.prefill_layer_work(ratio, 0, prompt_len, layer)
         return {key: value / prompt_len for key, value in work.items()}
 
-    def prefill_layer_work(self, ratio: int, start: int, end: int) -> dict[str, float]:
-        """FLOPs of one layer for the prompt tokens at positions ``start .. end - 1`` (a
-        chunk): ``gemm`` (every linear a token passes), ``attention`` (2 products per head per
-        entry attended: the window, then the top-k compressed entries or all ``1/128`` ones)
-        and ``indexer`` (its scan of every compressed entry, C4 layers)."""
+    def prefill_layer_work(
+        self, ratio: int, start: int, end: int, layer: int | None = None
+    ) -> dict[str, float]:
+        """FLOPs of layer ``layer`` (compression ``ratio``) for the prompt tokens at positions
+        ``start .. end - 1`` (a chunk): ``gemm`` (every linear a token passes), ``attention``
+        (2 products per head per entry attended: the window, then the top-k compressed
+        entries, or all of them in a V4 ratio-128 layer) and ``indexer`` (its scan of every
+        compressed entry: V4's ratio-4 layers, V4.1's index sources, counted whole although
+        V4.1's later sources score only the candidate blocks)."""
         experts = self.num_shared_experts + self.experts_per_token
         gemm = 2 * (self.attention_params(ratio) + experts * self.expert_params
                     + self.hidden_size * self.num_experts)  # fmt: skip
+        v41 = self.index_source_layers is not None
+        selects = ratio == 4 or (v41 and ratio > 0)
+        indexes = layer in self.index_source_layers if v41 else ratio == 4
 
         def entries(n: int) -> float:  # summed over the tokens that see 1 .. n tokens
             total = _sum_min_position(n, self.sliding_window)
-            if ratio == 4:
-                total += _sum_min_compressed(n, 4, self.index_topk)
+            if selects:
+                total += _sum_min_compressed(n, ratio, self.index_topk)
             elif ratio:
                 total += _sum_compressed(n, ratio)
             return total
 
-        scanned = _sum_compressed(end, 4) - _sum_compressed(start, 4) if ratio == 4 else 0
+        scanned = _sum_compressed(end, ratio) - _sum_compressed(start, ratio) if indexes else 0
         return {"gemm": gemm * (end - start),
                 "attention": 2 * 2 * self.num_heads * self.head_dim * (entries(end) - entries(start)),
                 "indexer": 2 * self.index_heads * self.index_head_dim * scanned}  # fmt: skip
@@ -251,8 +265,8 @@ def prefill_point(
     ``device.attention_flops``), or the weight bytes if they take longer."""
     num_prompts = max(1, num_tokens // max(prompt_len, 1))
     gemm = attention = 0.0
-    for ratio in shape.compress_ratios:
-        layer = shape.prefill_layer_flops(ratio, prompt_len)
+    for index, ratio in enumerate(shape.compress_ratios):
+        layer = shape.prefill_layer_flops(ratio, prompt_len, index)
         gemm += num_tokens * layer["gemm"]
         attention += num_tokens * (layer["attention"] + layer["indexer"])
     gemm += num_prompts * 2 * shape.lm_head_params

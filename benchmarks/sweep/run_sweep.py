@@ -151,7 +151,8 @@ def roofline_curves(source: ModelSource, ceiling: Device, settings: SweepSetting
     prefill = [prefill_point(shape, ceiling, t, settings.prompt_len) for t in tokens]
     for point in decode + prefill:
         point["step_ms"] = point.pop("step_s") * 1e3
-    note = "" if source.is_v4 else "V4 arithmetic applied to a V4.1 layout: approximate"
+    note = "" if source.is_v4 else ("decode: V4 arithmetic applied to a V4.1 layout, approximate; "
+                                     "prefill: V4.1's layer schedule counted")  # fmt: skip
     device = {"bandwidth_Bps": ceiling.bandwidth, "matmul_flops": ceiling.flops,
               "attention_flops": ceiling.attention_flops}  # fmt: skip
     return {"device": device,

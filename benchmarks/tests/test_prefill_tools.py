@@ -70,6 +70,21 @@ def test_prefill_layer_work_matches_a_token_by_token_count(v4_flash, ratio) -> N
         assert whole == pytest.approx(head + work["attention"], rel=1e-12)
 
 
+def test_v41_layers_select_the_top_k_and_only_index_sources_scan() -> None:
+    v41 = ModelShape.from_config(resolve_model("v41-flash-dummy", 40).config)
+    source, reader = 20, 21  # ratio-1 layers: 20 runs the indexer, 21 reuses its top-k
+    assert v41.compress_ratios[source] == v41.compress_ratios[reader] == 1
+    start, end = 700, 1900
+    expected = sum(4 * v41.num_heads * v41.head_dim
+                   * (min(n, v41.sliding_window) + min(v41.index_topk, n))
+                   for n in range(start + 1, end + 1))  # fmt: skip
+    scan = sum(2 * v41.index_heads * v41.index_head_dim * n for n in range(start + 1, end + 1))
+    for layer in (source, reader):
+        work = v41.prefill_layer_work(1, start, end, layer)
+        assert work["attention"] == pytest.approx(expected, rel=1e-12)
+        assert work["indexer"] == pytest.approx(scan if layer == source else 0.0, rel=1e-12)
+
+
 def test_prefill_roofline_matches_the_spec_at_8k(v4_flash) -> None:
     # performance.md section 4: ~43k tok/s/GPU at 1.4 PFLOP/s FP8, 0.62 PFLOP/s attention
     spec_rates = Device(bandwidth=4.3e12, flops=1.4e15, attention_flops=0.62e15)
