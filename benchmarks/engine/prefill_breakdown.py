@@ -219,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
 
         device, _ = measure_device("cuda" if torch.cuda.is_available() else "cpu")
     models = [run_model(source, args, device) for source in sources]
-    out = Path(args.out) / f"{time.strftime('%Y-%m-%d')}-prefill-breakdown.json"
+    kind = "cuda" if torch.cuda.is_available() and args.accelerator != "cpu" else "cpu"
+    name = f"{time.strftime('%Y-%m-%d')}-{kind}-prefill-breakdown-{args.layers}layers.json"
+    out = Path(args.out) / name
     rates = {"bandwidth_Bps": device.bandwidth, "fp8_flops": device.flops,
              "bf16_flops": device.attention_flops}  # fmt: skip
     write_json(out, {"env": environment(), "layers": args.layers, "rates": rates,

@@ -30,7 +30,7 @@ def test_breakdown_attributes_kernels_to_ops_on_cuda(tmp_path) -> None:
     argv = ["--model", str(checkpoint), "--accelerator", "nvidia", "--shapes", "4x64",
             "--repeats", "1", "--gpu-memory-utilization", "0.1", "--out", str(out)]  # fmt: skip
     assert prefill_breakdown.main(argv) == 0
-    (path,) = out.glob("*-prefill-breakdown.json")
+    (path,) = out.glob("*-prefill-breakdown-*.json")
     (shape,) = json.loads(path.read_text())["models"][0]["shapes"]
     rows = {row["op"]: row for row in shape["rows"]}
     for op in ("linear", "sparse_mqa_sink", "rms_norm"):

@@ -154,7 +154,7 @@ def test_breakdown_runs_on_cpu_on_a_tiny_v4_checkpoint(tmp_path) -> None:
     argv = ["--model", str(checkpoint), "--accelerator", "cpu", "--shapes", "2x16",
             "--repeats", "1", "--out", str(out)]  # fmt: skip
     assert prefill_breakdown.main(argv) == 0
-    (path,) = out.glob("*-prefill-breakdown.json")
+    (path,) = out.glob("*-prefill-breakdown-*.json")
     (model,) = json.loads(path.read_text())["models"]
     (shape,) = model["shapes"]
     assert shape["tokens"] == 32 and shape["wall_ms"] > 0
