@@ -12,7 +12,8 @@ for the host); on a CPU it is the ops' own CPU time and ``host, outside torch op
 
 Each op's ceiling is its counted work (``op_work.py``: FLOPs at the FP8 or bf16 rate, or bytes)
 over the H200 rates measured on the lent machine (``roofline.H200``), or over this device's
-own with ``--measured-rates``; ``of_ceiling`` = ceiling / time. The step's wall time is also
+own with ``--measured-rates``; ``of_ceiling`` = ceiling / time; on CUDA the JSON names each
+group's longest kernels (``kernels_ms``). The step's wall time is also
 timed without the profiler (``benchmarks.timing.time_call``, median of ``--repeats``).
 
     python -m benchmarks.engine.prefill_breakdown --model v4-flash-dummy,v41-flash-dummy \\
@@ -78,6 +79,19 @@ def group_times(events, on_cuda: bool) -> dict[str, tuple[float, int]]:
             seconds, n = groups.get(_owner(event), (0.0, 0))
             groups[_owner(event)] = (seconds + us * 1e-6, n + 1)
     return groups
+
+
+def top_kernels(events, count: int = 3) -> dict[str, list[tuple[str, float]]]:
+    """Per owner, its ``count`` longest kernels by name with their total ms (CUDA)."""
+    by_owner: dict[str, dict[str, float]] = {}
+    for event in events:
+        for kernel in getattr(event, "kernels", []):
+            if kernel.name.startswith(OP_PREFIX):
+                continue
+            names = by_owner.setdefault(_owner(event), {})
+            names[kernel.name] = names.get(kernel.name, 0.0) + kernel.duration * 1e-3
+    return {owner: sorted(names.items(), key=lambda kv: -kv[1])[:count]
+            for owner, names in by_owner.items()}  # fmt: skip
 
 
 def op_host_times(events) -> dict[str, float]:
@@ -162,11 +176,15 @@ def profile_shape(llm, vocab: int, prompts: int, length: int, device: Device, re
         rest = ("device idle (host)", max(0.0, wall - busy_s))
     else:
         rest = ("host, outside torch ops", max(0.0, wall - sum(s for s, _ in groups.values())))
+    rows = breakdown_rows(groups, recorder.work, wall, rest, op_host_times(events))
+    kernels = top_kernels(events) if on_cuda else {}
+    for row in rows:
+        if row["op"] in kernels:
+            row["kernels_ms"] = kernels[row["op"]]
     return {"prompts": prompts, "prompt_len": length, "tokens": prompts * length,
             "wall_ms": clean.median_s * 1e3, "wall_ms_profiled": wall * 1e3,
             "tok/s": prompts * length / clean.median_s,
-            "rows": breakdown_rows(groups, recorder.work, wall, rest,
-                                   op_host_times(events))}  # fmt: skip
+            "rows": rows}  # fmt: skip
 
 
 def run_model(source: ModelSource, args: argparse.Namespace, device: Device) -> dict:

@@ -36,6 +36,7 @@ def test_breakdown_attributes_kernels_to_ops_on_cuda(tmp_path) -> None:
     for op in ("linear", "sparse_mqa_sink", "rms_norm"):
         assert rows[op]["ms"] > 0 and rows[op]["host_ms"] > 0 and rows[op]["ceiling_ms"] > 0
     assert "device idle (host)" in rows
+    assert rows["linear"]["kernels_ms"] and rows["linear"]["kernels_ms"][0][1] > 0
     groups = shape["rows"][:-2]
     wall = rows["step (wall, profiled)"]["ms"]
     assert sum(row["ms"] for row in groups) <= wall * 1.05  # one stream: kernels fit the step

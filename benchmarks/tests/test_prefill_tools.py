@@ -118,6 +118,30 @@ def test_op_recorder_counts_products_and_bytes_of_outermost_calls() -> None:
     assert recorder.work["linear"].calls == 2
 
 
+def test_kernels_belong_to_the_outermost_op_else_to_the_outermost_torch_op() -> None:
+    from types import SimpleNamespace as Event
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def event(name, parent=None, kernels=()):
+        kernels = [Event(name=n, duration=us) for n, us in kernels]
+        return Event(name=name, cpu_parent=parent, kernels=kernels, device_type=cpu)
+
+    linear = event("op:linear", kernels=[("op:linear", 99.0)])  # its own annotation
+    mm = event("aten::mm", linear, [("gemm_a", 30.0), ("gemm_b", 10.0)])
+    cat = event("aten::cat")
+    copy = event("aten::copy_", cat, [("copy_kernel", 5.0)])
+    device_side = Event(name="gemm_a", cpu_parent=None, kernels=[], device_type=cuda)
+    events = [linear, mm, cat, copy, device_side]
+    groups = prefill_breakdown.group_times(events, on_cuda=True)
+    assert groups == {
+        "linear": (pytest.approx(40e-6), 1),
+        "torch aten::cat": (pytest.approx(5e-6), 1),
+    }
+    kernels = prefill_breakdown.top_kernels(events)
+    assert kernels["linear"] == [("gemm_a", 0.03), ("gemm_b", 0.01)]
+
+
 def test_sweep_tables_carry_the_roofline_and_our_share_of_it() -> None:
     from benchmarks.sweep.run_sweep import with_roofline
 
