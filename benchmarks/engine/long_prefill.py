@@ -7,7 +7,9 @@ Its time is counted per layer (``ModelShape.prefill_layer_work``):
 - the GEMMs (projections, shared expert, router) at the FP8 rate, and the routed experts at
   the FP8 rate times the expert tiles' row utilisation: an expert gets ``m ~ Binomial(C, k/E)``
   rows of a chunk and runs ``ceil(m / 128)`` tiles of 128 rows, so small chunks leave tiles
-  part-empty (C = 2,048 on V4-Flash: 48 rows per expert on average in 128-row tiles);
+  part-empty (C = 2,048 on V4-Flash: 48 rows per expert on average). 128 rows is the NVIDIA
+  MoE kernel's tile from 96 rows per expert up; below that it takes 64- or 32-row tiles, whose
+  own (lower) rate is not modelled, so the rows for chunks under ~4,096 tokens are rough;
 - the attention core and the indexer scan at the bf16 rate, which grow with the position and
   not with the chunk size: no chunk size wins them back;
 - ``--step-overhead-ms`` per step (host scheduling and launches, which a larger chunk spreads
