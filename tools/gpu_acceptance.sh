@@ -4,13 +4,13 @@
 # included: --tb=short) and JSON results to $OUT/<name>.json; a one-line summary per command is
 # printed. Usage, from the repository root on the GPU machine:
 #     bash tools/gpu_acceptance.sh PART [WHEEL_DIR]
-# PART: kernels | engine | async | parallel | prefill | misc | invariant (see each case).
+# PART: kernels | engine | async | parallel | prefill | rows | misc | invariant (each case says).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 part="${1:?usage: gpu_acceptance.sh PART [WHEEL_DIR] (PART: see the header)}"
 wheels="${2:-.whl}"
 case "$part" in
-kernels | engine | async | parallel | prefill | misc | invariant) ;;
+kernels | engine | async | parallel | prefill | rows | misc | invariant) ;;
 *) echo "unknown part $part" >&2; exit 2 ;;
 esac
 out="$(realpath -m "${OUT:-bench-out}")"
@@ -66,6 +66,14 @@ prefill)  # issues 24 and 25: the prefill breakdown, YoCo at 32k
         --out "$out/breakdown"
     box yoco32k 250 python3 -m benchmarks.engine.bench_yoco_prefill --layers 12 \
         --prompt-lens 32768 --gpu-memory-utilization 0.8 --out "$out/yoco32k.json"
+    ;;
+rows)  # issue 24: the sweep and the engine bench on one machine, the 32-layer prefill rows
+    box sweep 240 benchmarks/run_sweep.sh --model v4-flash-dummy --layers 4 \
+        --prefill-tokens 1024,8192 --concurrency 1,8 --repeats 3 --out "$out/sweep"
+    box engine4 90 python3 -m benchmarks.engine.bench_engine --layers 4 --prefill-prompts 1,8 \
+        --decode-batches 1 --modes eager --out "$out/engine4.json"
+    box engine32 240 python3 -m benchmarks.engine.bench_engine --layers 32 \
+        --prefill-shapes 8x1024,1x8192,1x32768 --decode-batches "" --out "$out/engine32.json"
     ;;
 misc)  # issues 23 and 27: cache writes, the vision tower
     box cache-rows 150 python3 -m benchmarks.kernels.bench_cache_rows --out "$out/cache_rows.json"
