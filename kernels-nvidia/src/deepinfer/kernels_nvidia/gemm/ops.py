@@ -224,17 +224,9 @@ def linear(
 def _linear_invariant(x, weight, scale, block_size, act_quant_group, out_dtype):
     """The reference ``linear`` of the other weight formats (dense, FP4, FP8 without activation
     quantisation), its products through :func:`.dense.matmul_invariant`."""
-    from deepinfer.kernels.reference import quant
-    from deepinfer.kernels.reference.linear import dequant_weight
+    from deepinfer.kernels.reference.linear import linear_operands
 
-    w = dequant_weight(weight, scale, block_size)
-    if scale is None and act_quant_group is None:
-        compute = torch.promote_types(x.dtype, w.dtype)
-        xc, wc = x.to(compute), w.to(compute)
-    else:
-        xc, wc = x.float(), w.float()
-        if act_quant_group is not None:
-            xc = quant.fp8_sim(xc, act_quant_group)
+    xc, wc = linear_operands(x, weight, scale, block_size, act_quant_group)
     y = matmul_invariant(xc.reshape(-1, xc.shape[-1]), wc)
     return y.view(*x.shape[:-1], wc.shape[0]).to(out_dtype or x.dtype)
 

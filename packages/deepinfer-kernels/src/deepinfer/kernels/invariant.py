@@ -83,21 +83,12 @@ def linear_rowwise(
 ) -> torch.Tensor:
     """The reference ``linear`` as one batched matmul of ``T`` independent ``1 x K`` products
     (``bmm`` over a stride-0 weight): every row runs the same-shaped product whatever ``T``."""
-    from deepinfer.kernels.reference import quant
-    from deepinfer.kernels.reference.linear import dequant_weight
+    from deepinfer.kernels.reference.linear import linear_operands
 
-    out_dtype = out_dtype or x.dtype
-    w = dequant_weight(weight, scale, block_size)
-    if scale is None and act_quant_group is None:
-        compute = torch.promote_types(x.dtype, w.dtype)
-        xc, wc = x.to(compute), w.to(compute)
-    else:
-        xc, wc = x.float(), w.float()
-        if act_quant_group is not None:
-            xc = quant.fp8_sim(xc, act_quant_group)
+    xc, wc = linear_operands(x, weight, scale, block_size, act_quant_group)
     rows = xc.reshape(-1, 1, xc.shape[-1])
     y = torch.bmm(rows, wc.t().expand(rows.shape[0], *wc.t().shape))
-    return y.reshape(*x.shape[:-1], wc.shape[0]).to(out_dtype)
+    return y.reshape(*x.shape[:-1], wc.shape[0]).to(out_dtype or x.dtype)
 
 
 def _concat(outputs: list[Any]) -> Any:

@@ -19,6 +19,26 @@ def dequant_weight(
     raise TypeError(f"weight dtype {weight.dtype} with a scale: expected float8_e4m3fn or int8")
 
 
+def linear_operands(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    block_size: tuple[int, int] | None,
+    act_quant_group: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``x``, the weight ``[N, K]``) as the reference multiplies them: a plain weight in the
+    promoted dtype; a scaled one dequantised, in fp32, with ``x`` FP8-rounded per
+    ``act_quant_group`` when given."""
+    w = dequant_weight(weight, scale, block_size)
+    if scale is None and act_quant_group is None:
+        compute = torch.promote_types(x.dtype, w.dtype)
+        return x.to(compute), w.to(compute)
+    xf = x.float()
+    if act_quant_group is not None:
+        xf = quant.fp8_sim(xf, act_quant_group)
+    return xf, w.float()
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -28,15 +48,8 @@ def linear(
     act_quant_group: int | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    out_dtype = out_dtype or x.dtype
-    w = dequant_weight(weight, scale, block_size)
-    if scale is None and act_quant_group is None:
-        compute = torch.promote_types(x.dtype, w.dtype)
-        return (x.to(compute) @ w.to(compute).t()).to(out_dtype)
-    xf = x.float()
-    if act_quant_group is not None:
-        xf = quant.fp8_sim(xf, act_quant_group)
-    return (xf @ w.float().t()).to(out_dtype)
+    xc, wc = linear_operands(x, weight, scale, block_size, act_quant_group)
+    return (xc @ wc.t()).to(out_dtype or x.dtype)
 
 
 def grouped_linear(
