@@ -12,21 +12,11 @@ import pytest
 import torch
 
 from deepinfer.engine import LLM, SamplingParams
+from deepinfer.engine.testing import python_prompts
 from deepinfer.spec import StepCostCurve
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "examples" / "tiny_model" / "checkpoint"
-NAMES = ["parse", "load_config", "read_lines", "merge", "validate", "encode", "flatten",
-         "find_all", "split_path", "to_json"]  # fmt: skip
-TEMPLATES = [
-    "def {name}(self, ",
-    "def {name}(path):\n    ",
-    '    def {name}(self):\n        """',
-    "import os\n\n\ndef {name}(",
-    "class {title}Error(Exception):\n    ",
-]
-PROMPTS = [
-    t.format(name=n, title=n.title().replace("_", "")) for t in TEMPLATES for n in NAMES
-]  # fmt: skip
+PROMPTS = python_prompts()
 ACCELERATORS = [
     "cpu",
     pytest.param("nvidia", marks=[

@@ -16,6 +16,7 @@ from deepinfer.engine.lazy import lazy_exports
 _EXPORTS = {
     "make_random_checkpoint": "deepinfer.engine.testing.random_checkpoint",
     "module_with_tensors": "deepinfer.engine.testing.modules",
+    "python_prompts": "deepinfer.engine.testing.prompts",
     "random_state_dict": "deepinfer.engine.testing.random_checkpoint",
     "tiny_v41_config": "deepinfer.engine.testing.configs",
     "tiny_v4_config": "deepinfer.engine.testing.configs",
