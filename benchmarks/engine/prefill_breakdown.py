@@ -19,7 +19,7 @@ timed without the profiler (``benchmarks.timing.time_call``, median of ``--repea
     python -m benchmarks.engine.prefill_breakdown --model v4-flash-dummy,v41-flash-dummy \\
         --layers 4 --shapes 8x1024,1x8192 --out bench-out/breakdown
     python -m benchmarks.engine.prefill_breakdown --model tiny --accelerator cpu \\
-        --shapes 2x32 --out /tmp/breakdown                                   # CPU, seconds
+        --shapes 2x32 --out bench-out/breakdown                               # CPU, seconds
 """
 
 from __future__ import annotations
