@@ -45,7 +45,7 @@ V41_FLASH_TEXT = {
     "kv_source_layer_ids": [2, 8, 14, 20], "index_source_layer_ids": [2, 8, 14, 20, 24, 28, 32, 36],
     "candidate_source_layer_id": 20, "candidate_topk_blocks": 2048, "candidate_block_size": 8,
     "hc_mult": 4, "max_position_embeddings": 1048576, "num_nextn_predict_layers": 0,
-    "engram_layer_ids": [], "engram_num_embeddings": [],
+    "engram_layer_ids": [], "engram_num_embeddings": [], "dspark_target_layer_ids": [],
 }  # fmt: skip
 V41_FLASH_LAYERS = 40
 V41_FLASH_RATIOS = [0, 0] + [2] * 18 + [1] * 20

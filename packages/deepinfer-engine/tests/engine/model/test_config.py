@@ -247,6 +247,7 @@ def test_inconsistent_v4_fields_name_the_field(change, field):
             {"index_source_layer_ids": [2, 8, 14, 24, 28, 32, 36], "candidate_source_layer_id": 24},
             "compress_ratios",
         ),
+        ({"dspark_target_layer_ids": [37, 38, 40]}, "dspark_target_layer_ids"),
     ],
 )
 def test_inconsistent_v41_fields_name_the_field(change, field):

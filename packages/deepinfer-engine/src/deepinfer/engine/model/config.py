@@ -201,6 +201,9 @@ def _validate(c: ModelConfig) -> None:
         _fail("scoring_func", c.scoring_func, "sqrtsoftplus, sigmoid or softmax")
     if c.num_hash_layers > c.num_layers:
         _fail("num_hash_layers", c.num_hash_layers, f"<= num_hidden_layers {c.num_layers}")
+    if any(not 0 <= i < c.num_layers for i in c.dspark_target_layer_ids):
+        _fail("dspark_target_layer_ids", c.dspark_target_layer_ids,
+              f"backbone layer ids < num_hidden_layers {c.num_layers}")  # fmt: skip
     if c.is_v41:
         _validate_v41(c)
 

@@ -48,6 +48,12 @@ def read_back(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | No
     return host, event
 
 
+def device_index(rows: list[int], device) -> torch.Tensor:
+    """``rows`` as an index tensor on ``device``, queued without a host sync (a blocking copy
+    from pageable memory, as ``torch.tensor(rows, device=...)`` makes, waits for the device)."""
+    return torch.tensor(rows, dtype=torch.long).to(device, non_blocking=True)
+
+
 class PendingStep:
     """A step in flight; ``finish(host tokens as a list)`` builds its output, once."""
 

@@ -37,7 +37,7 @@ from deepinfer.engine.core.scheduler_output import (
 )
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import ForwardBatch
-from deepinfer.engine.runner.async_step import PendingStep, read_back, sync_guard
+from deepinfer.engine.runner.async_step import PendingStep, device_index, read_back, sync_guard
 from deepinfer.engine.runner.batch_plan import RunnerState, StepPlan, build_step_plan
 from deepinfer.engine.runner.cache_ops import copy_blocks, copy_slots, reset_slot
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
@@ -114,7 +114,8 @@ class ModelRunner:
             with sync_guard(self.device, self._replays_graph(plan, rows)):
                 logits = self._forward(plan, rows)
                 # (indexing with a list copies it from pageable host memory: a host sync)
-                sampled = logits if sample_at == list(range(len(rows))) else logits[sample_at]
+                every_row = sample_at == list(range(len(rows)))
+                sampled = logits if every_row else logits[device_index(sample_at, logits.device)]
                 groups, tokens = self.verifier.launch_plain(plan, so, sampled, out.errors)
                 if tokens is not None:
                     finish = partial(self._finish_plain, plan, so, groups, verifying, out)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from deepinfer.engine.core.scheduler_output import SchedulerOutput, SpecDecodeStats
+from deepinfer.engine.runner.async_step import device_index
 from deepinfer.engine.runner.batch_plan import RunnerSequence, StepPlan
 from deepinfer.engine.runner.grammar import GrammarManager
 from deepinfer.engine.runner.spec_sampling import processed_probs
@@ -267,8 +268,7 @@ def _stack_masks(groups: list[RequestRows], vocab_size: int) -> torch.Tensor | N
 
 
 def _row_index(groups: list[RequestRows], device) -> torch.Tensor:
-    rows = [g.first + j for g in groups for j in range(g.count)]
-    return torch.tensor(rows, dtype=torch.long, device=device)
+    return device_index([g.first + j for g in groups for j in range(g.count)], device)
 
 
 def _accept_by_match(groups: list[RequestRows], tokens: torch.Tensor) -> list[int]:
