@@ -17,5 +17,7 @@ def vision_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
             f"vision_attention: q, k, v must be [N, H, d] of one shape; got {tuple(q.shape)}, "
             f"{tuple(k.shape)}, {tuple(v.shape)}"
         )
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1))
-    return out.transpose(0, 1).contiguous()
+    # [1, H, N, d]: the fused kernels take 4-D inputs only (3-D falls back to the math path)
+    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v)
+    return out.squeeze(0).transpose(0, 1).contiguous()
