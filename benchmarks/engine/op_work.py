@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.engine.op_markers import device_marker
 from benchmarks.sweep.roofline import Device
 from deepinfer.kernels import registry
 
@@ -102,9 +103,13 @@ class OpRecorder:
     ``op:<name>`` and adds its counted work to ``recorder.work[name]``; op calls made inside
     another op's implementation belong to that op."""
 
-    def __init__(self, device: Device) -> None:
+    def __init__(self, device: Device, markers: torch.device | str | None = None) -> None:
+        """``markers``: a CUDA device to mark each call's kernels on (``op_markers``); the
+        calls' names are then kept in launch order in ``calls``."""
         self.device = device
         self.work: dict[str, OpWork] = {}
+        self.calls: list[str] = []
+        self._mark = device_marker(markers) if markers is not None else None
         self._depth = 0
 
     def _wrap(self, name: str, impl):
@@ -112,11 +117,16 @@ class OpRecorder:
             if self._depth:
                 return impl(*args, **kwargs)
             self._depth += 1
+            if self._mark is not None:
+                self.calls.append(name)
+                self._mark(False)
             try:
                 with torch.profiler.record_function(OP_PREFIX + name):
                     out = impl(*args, **kwargs)
             finally:
                 self._depth -= 1
+                if self._mark is not None:
+                    self._mark(True)
             one = count(name, args, kwargs, out, self.device)
             total = self.work.setdefault(name, OpWork())
             total.calls += 1

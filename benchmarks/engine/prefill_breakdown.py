@@ -6,9 +6,11 @@ then once under ``torch.profiler`` with every ``deepinfer.kernels`` op call in a
 (``op_work.OpRecorder``). Time is grouped by owner: an op's group holds every kernel launched
 inside its outermost call; kernels launched outside any op (layout copies, ``torch.cat``,
 unfused elementwise work of the model and the runner) are grouped by the torch op that
-launched them (``torch aten::copy_``). On CUDA a group's time is its kernels' device time and
-``device idle`` is the step's wall time minus the union of kernel intervals (the device waiting
-for the host); on a CPU it is the ops' own CPU time and ``host, outside torch ops`` the rest.
+launched them (``torch aten::copy_``). On CUDA an op's kernels are those between the marker
+kernels its call queued (``op_markers``: Triton's launches leave no record the profiler links),
+a group's time is its kernels' device time and ``device idle`` is the step's wall time minus the
+union of kernel intervals (the device waiting for the host); on a CPU it is the ops' own CPU
+time and ``host, outside torch ops`` the rest.
 
 Each op's ceiling is its counted work (``op_work.py``: FLOPs at the FP8 or bf16 rate, or bytes)
 over the H200 rates measured on the lent machine (``roofline.H200``), or over this device's
@@ -32,6 +34,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import environment, print_table, write_json
+from benchmarks.engine.op_markers import UNOWNED, is_marker, marker_groups
 from benchmarks.engine.op_work import OP_PREFIX, OpRecorder, OpWork
 from benchmarks.engine.step_timeline import device_gaps
 from benchmarks.sweep.models import ModelSource, resolve_model
@@ -63,8 +66,20 @@ def _owner(event) -> str:
     return op if op is not None else f"torch {top.name}"
 
 
-def group_times(events, on_cuda: bool) -> dict[str, tuple[float, int]]:
-    """Seconds and event count per owner: kernel time on CUDA, self CPU time on a CPU."""
+def device_kernels(events, markers: bool = False) -> list:
+    """The device-side kernel (and copy) events: no op range's annotation, and no op marker
+    unless ``markers``."""
+    cuda = torch.autograd.DeviceType.CUDA
+    return [e for e in events if e.device_type == cuda and not e.name.startswith(OP_PREFIX)
+            and not getattr(e, "is_user_annotation", False)
+            and (markers or not is_marker(e.name))]  # fmt: skip
+
+
+def group_times(events, on_cuda: bool, calls=None) -> dict[str, tuple[float, int]]:
+    """Seconds and event count per owner: kernel time on CUDA, self CPU time on a CPU. With
+    ``calls`` (the recorder's op calls, their kernels marked on the device) an op's group is
+    every kernel between its markers, and kernels outside every op that no launch record owns
+    (Triton's) form their own group."""
     groups: dict[str, tuple[float, int]] = {}
     cpu = torch.autograd.DeviceType.CPU
     for event in events:
@@ -75,21 +90,34 @@ def group_times(events, on_cuda: bool) -> dict[str, tuple[float, int]]:
             us = sum(k.duration for k in event.kernels if not k.name.startswith(OP_PREFIX))
         else:
             us = event.self_cpu_time_total
-        if us > 0:
-            seconds, n = groups.get(_owner(event), (0.0, 0))
-            groups[_owner(event)] = (seconds + us * 1e-6, n + 1)
+        owner = _owner(event)
+        if us > 0 and (calls is None or owner.startswith("torch ")):
+            seconds, n = groups.get(owner, (0.0, 0))
+            groups[owner] = (seconds + us * 1e-6, n + 1)
+    if calls is not None:
+        marked, _, outside = marker_groups(device_kernels(events, markers=True), calls)
+        unowned = outside - sum(seconds for seconds, _ in groups.values())
+        groups |= marked
+        if unowned > 1e-9:
+            groups[UNOWNED] = (unowned, 0)
     return groups
 
 
-def top_kernels(events, count: int = 3) -> dict[str, list[tuple[str, float]]]:
-    """Per owner, its ``count`` longest kernels by name with their total ms (CUDA)."""
+def top_kernels(events, count: int = 3, calls=None) -> dict[str, list[tuple[str, float]]]:
+    """Per owner, its ``count`` longest kernels by name with their total ms (CUDA); with
+    ``calls``, ops' kernels by their markers (as :func:`group_times`)."""
     by_owner: dict[str, dict[str, float]] = {}
     for event in events:
+        owner = _owner(event)
+        if calls is not None and not owner.startswith("torch "):
+            continue
         for kernel in getattr(event, "kernels", []):
             if kernel.name.startswith(OP_PREFIX):
                 continue
-            names = by_owner.setdefault(_owner(event), {})
+            names = by_owner.setdefault(owner, {})
             names[kernel.name] = names.get(kernel.name, 0.0) + kernel.duration * 1e-3
+    if calls is not None:
+        by_owner |= marker_groups(device_kernels(events, markers=True), calls)[1]
     return {owner: sorted(names.items(), key=lambda kv: -kv[1])[:count]
             for owner, names in by_owner.items()}  # fmt: skip
 
@@ -158,7 +186,7 @@ def profile_shape(llm, vocab: int, prompts: int, length: int, device: Device, re
     clean = time_call(step, warmup=1, repeats=repeats)
     on_cuda = torch.cuda.is_available() and llm.config.accelerator != "cpu"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    recorder = OpRecorder(device)
+    recorder = OpRecorder(device, markers="cuda" if on_cuda else None)
     with recorder.active(), profile(activities=activities) as prof:
         start = time.perf_counter()
         step()
@@ -166,18 +194,21 @@ def profile_shape(llm, vocab: int, prompts: int, length: int, device: Device, re
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
     events = prof.events()
-    groups = group_times(events, on_cuda)
+    calls = recorder.calls if on_cuda else None
+    try:
+        groups = group_times(events, on_cuda, calls)
+    except ValueError as e:  # markers interleaved across streams: launch records only
+        print(f"op markers not used ({e}); Triton kernels stay unattributed")
+        calls = None
+        groups = group_times(events, on_cuda)
     if on_cuda:
-        cuda = torch.autograd.DeviceType.CUDA
-        spans = [(e.time_range.start, e.time_range.end) for e in events
-                 if e.device_type == cuda and not e.name.startswith(OP_PREFIX)
-                 and not getattr(e, "is_user_annotation", False)]  # fmt: skip
+        spans = [(e.time_range.start, e.time_range.end) for e in device_kernels(events)]
         busy_s = device_gaps(spans)["busy_us"] * 1e-6
         rest = ("device idle (host)", max(0.0, wall - busy_s))
     else:
         rest = ("host, outside torch ops", max(0.0, wall - sum(s for s, _ in groups.values())))
     rows = breakdown_rows(groups, recorder.work, wall, rest, op_host_times(events))
-    kernels = top_kernels(events) if on_cuda else {}
+    kernels = top_kernels(events, calls=calls) if on_cuda else {}
     for row in rows:
         if row["op"] in kernels:
             row["kernels_ms"] = kernels[row["op"]]

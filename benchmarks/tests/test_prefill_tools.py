@@ -142,6 +142,50 @@ def test_kernels_belong_to_the_outermost_op_else_to_the_outermost_torch_op() -> 
     assert kernels["linear"] == [("gemm_a", 0.03), ("gemm_b", 0.01)]
 
 
+def test_marked_ops_own_the_kernels_between_their_markers() -> None:
+    """Triton kernels have no launch record: an op's markers on the device delimit its kernels;
+    kernels outside every op go to their launch record's torch op, else to their own group."""
+    from types import SimpleNamespace as Event
+
+    from benchmarks.engine.op_markers import BEGIN, END, UNOWNED
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def host(name, parent=None, kernels=()):
+        kernels = [Event(name=n, duration=us) for n, us in kernels]
+        return Event(name=name, cpu_parent=parent, kernels=kernels, device_type=cpu)
+
+    def device(name, start, end):
+        return Event(name=name, time_range=Event(start=start, end=end), device_type=cuda,
+                     cpu_parent=None, kernels=[])  # fmt: skip
+
+    linear = host("op:linear")
+    quant = host("aten::abs", linear, [("abs_kernel", 2.0)])  # a linked kernel inside the op
+    cat = host("aten::cat")
+    copy = host("aten::copy_", cat, [("copy_kernel", 5.0)])
+    timeline = [  # shuffled: the walk orders by start
+        device("copy_kernel", 40, 45), device(f"{BEGIN}_0d1", 0, 1), device("abs_kernel", 2, 4),
+        device("fp8_gemm_kernel", 5, 25), device(f"{END}_0d1", 26, 27),
+        device("rms_norm_kernel", 30, 33), device(f"{BEGIN}_0d1", 50, 51),
+        device("fp8_gemm_kernel", 52, 60), device(f"{END}_0d1", 61, 62), device("triton_other", 70, 77),
+    ]  # fmt: skip
+    events = [linear, quant, cat, copy, *timeline]
+    calls = ["linear", "rms_norm"]
+    with pytest.raises(ValueError, match="2 op markers on the device for 3"):  # a call unmarked
+        prefill_breakdown.group_times(events, on_cuda=True, calls=calls + ["rms_norm"])
+    # the rms_norm kernel at 30 ran between the two ops' markers: no op launched it
+    groups = prefill_breakdown.group_times(events, on_cuda=True, calls=calls)
+    assert groups == {
+        "linear": (pytest.approx(22e-6), 2),
+        "rms_norm": (pytest.approx(8e-6), 1),
+        "torch aten::cat": (pytest.approx(5e-6), 1),
+        UNOWNED: (pytest.approx(10e-6), 0),  # rms_norm_kernel (3) + triton_other (7)
+    }
+    kernels = prefill_breakdown.top_kernels(events, calls=calls)
+    assert kernels["linear"] == [("fp8_gemm_kernel", 0.02), ("abs_kernel", 0.002)]
+    assert kernels["torch aten::cat"] == [("copy_kernel", 0.005)]
+
+
 def test_sweep_tables_carry_the_roofline_and_our_share_of_it() -> None:
     from benchmarks.sweep.run_sweep import with_roofline
 
