@@ -383,18 +383,3 @@ def scheduler_config(config: EngineConfig, loaded: LoadedModel) -> SchedulerConf
         enable_chunked_prefill=config.enable_chunked_prefill,
         compression_ratios=loaded.compression_ratios,
     )
-
-
-def log_capacity(config: SchedulerConfig) -> None:
-    """The start-up line: cache capacity in tokens and sequences."""
-    logger.info(
-        "KV cache: %d blocks x %d tokens = %d tokens; %d state slots (max %d sequences); "
-        "max_model_len %d, %d batched tokens per step",
-        config.num_blocks - 1,
-        config.block_size,
-        (config.num_blocks - 1) * config.block_size,
-        config.num_state_slots - 1,
-        config.max_num_seqs,
-        config.max_model_len,
-        config.max_num_batched_tokens,
-    )

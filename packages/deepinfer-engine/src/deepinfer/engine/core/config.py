@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+logger = logging.getLogger("deepinfer.engine")
 
 DEFAULT_COMPRESSION_RATIOS = (1, 2, 4, 128)
 
@@ -56,3 +59,18 @@ class SchedulerConfig:
                 f"max_num_batched_tokens={self.max_num_batched_tokens} < max_model_len="
                 f"{self.max_model_len}: without chunked prefill a whole prompt must fit one step"
             )
+
+
+def log_capacity(config: SchedulerConfig) -> None:
+    """The start-up line: cache capacity in tokens and sequences."""
+    logger.info(
+        "KV cache: %d blocks x %d tokens = %d tokens; %d state slots (max %d sequences); "
+        "max_model_len %d, %d batched tokens per step",
+        config.num_blocks - 1,
+        config.block_size,
+        (config.num_blocks - 1) * config.block_size,
+        config.num_state_slots - 1,
+        config.max_num_seqs,
+        config.max_model_len,
+        config.max_num_batched_tokens,
+    )

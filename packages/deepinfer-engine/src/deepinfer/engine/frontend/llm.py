@@ -21,10 +21,10 @@ from deepinfer.engine.config import (
     REMOVED_PARAMETERS,
     EngineConfig,
     LoadedModel,
-    log_capacity,
     resolve_max_model_len,
     scheduler_config,
 )
+from deepinfer.engine.core.config import log_capacity
 from deepinfer.engine.core.engine_core import EngineCore
 from deepinfer.engine.core.request import Request
 from deepinfer.engine.core.scheduler import Scheduler
