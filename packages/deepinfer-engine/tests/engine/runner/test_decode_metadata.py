@@ -61,3 +61,54 @@ def test_v4_fixed_metadata_is_the_eager_one_padded():
 
 def test_v41_fixed_metadata_is_the_eager_one_padded():
     _check(tiny_v41_config(vision=False), 16, [1, 20, 33])
+
+
+def _check_verification(raw, block_size: int, starts: list[int], counts: list[int]) -> None:
+    """A verification step (``counts[b]`` = 1 + drafts of sequence b, ragged) laid out per
+    token: every real row's lists and writes are the eager step's."""
+    config = parse_config(raw)
+    layout = CacheLayout(num_blocks=24, num_slots=6, block_size=block_size, max_draft=4)
+    ring, context = config.sliding_window + 4, 4 * block_size
+    slots = [4, 1, 5][: len(starts)]
+    tables = [[1 + 5 * i + j for j in range(5)] for i in range(len(starts))]
+    positions = [q for a, n in zip(starts, counts) for q in range(a, a + n)]
+    t, rows = len(positions), 16
+    ids = [20 + i for i in range(t)]
+    cu = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    ends = [a + n for a, n in zip(starts, counts)]
+    eager = build_metadata(
+        ForwardBatch(torch.tensor(ids), torch.tensor(positions), torch.tensor(cu),
+                     torch.tensor(ends), torch.tensor(tables), torch.tensor(slots)),
+        config, layout, ring,
+    )  # fmt: skip
+    fixed_layout = DecodeLayout(config, layout, ring, num_tokens=rows, context=context)
+    flat = np.zeros(fixed_layout.size, dtype=np.int64)
+    fixed_layout.fill(flat, ids, positions, tables, slots, cu)
+    batch, fixed = fixed_layout.metadata(torch.from_numpy(flat))
+    assert torch.equal(batch.state_slots[:t], torch.tensor(slots).repeat_interleave(
+        torch.tensor(counts)))  # fmt: skip
+    assert torch.equal(fixed.window_indices[:t], eager.window_indices)
+    assert torch.equal(eager.window_write_src, torch.arange(t))
+    assert torch.equal(fixed.window_write_dst[:t], eager.window_write_dst)
+    assert (fixed.window_write_dst[t:] // ring == SCRATCH_SLOT).all()
+    emitted = 0
+    for kind, want in eager.plans.items():
+        got = fixed.plans[kind]
+        width = want.visible.shape[1]
+        assert torch.equal(got.visible[:t, :width], want.visible)
+        assert torch.equal(got.visible_count[:t], want.visible_count)
+        assert torch.equal(want.state_write_src, torch.arange(t))
+        assert torch.equal(got.state_write_dst[:t], want.state_write_dst)
+        assert (got.state_write_dst[t:] // want.state_rows == SCRATCH_SLOT).all()
+        n = want.emit_rows.shape[0]
+        emitted += n
+        assert torch.equal(got.emit_src[:n], want.emit_src)
+        assert torch.equal(got.emit_rows[:n], want.emit_rows)
+        assert torch.equal(got.emit_positions[:n], want.emit_positions)
+    assert emitted >= 3, "too few entries completed to check their sources"
+
+
+def test_verification_fixed_metadata_is_the_eager_one_padded():
+    # entries complete at the first token, inside the drafts and at the last draft
+    _check_verification(tiny_v4_config(hca_ratio=8), 16, [3, 37, 10], [4, 5, 1])
+    _check_verification(tiny_v41_config(vision=False), 16, [1, 20, 33], [3, 5, 2])

@@ -1,9 +1,14 @@
-"""Fixed-shape metadata of a decode step, for CUDA-graph capture and replay.
+"""Fixed-shape metadata of a decode or verification step, for CUDA-graph capture and replay.
 
-A decode step (every sequence one token, no drafts) of at most ``T`` tokens whose contexts are
-at most ``context`` positions long, and of which at most ``E_k`` complete an entry of
-compressed kind ``k``, always has index lists of the same shapes: ``T`` token rows, ``E_k``
-entry rows, ``sliding_window`` window columns, ``context // ratio`` visible columns per kind.
+A decode step (every sequence one token) or a verification step (every sequence its last token
+and its drafts, ``1 + k_i`` tokens) of at most ``T`` tokens whose contexts are at most
+``context`` positions long, and of which at most ``E_k`` complete an entry of compressed kind
+``k``, always has index lists of the same shapes: ``T`` token rows, ``E_k`` entry rows,
+``sliding_window`` window columns, ``context // ratio`` visible columns per kind. The batch is
+laid out per token (each token row its own entry of ``state_slots``, ``cu_seqlens_q`` the
+identity), which is all the forward reads of the sequences once the metadata is given: a token
+reads the earlier tokens of its sequence in the step from their step rows, as the eager lists
+do, whatever the number of tokens per sequence.
 :class:`DecodeLayout` fixes those shapes; :meth:`DecodeLayout.fill` writes one step's values
 (plain integers in, numpy on the host, no torch op) into one flat int64 host buffer, which one
 copy moves into the device buffer a captured graph reads (:meth:`DecodeLayout.metadata` views).
@@ -76,8 +81,8 @@ def padded_count(count: int, limit: int) -> int:
 
 @dataclass
 class DecodeLayout:
-    """Shapes and flat-buffer offsets of the fixed metadata of ``num_tokens`` decode token rows
-    with contexts of at most ``context`` positions and ``emits[k]`` (default: all) entry rows
+    """Shapes and flat-buffer offsets of the fixed metadata of ``num_tokens`` token rows
+    (decode or verification) with contexts of at most ``context`` positions and ``emits[k]`` (default: all) entry rows
     of kind ``k``; a step may fill fewer of either (the rest is padding, see the module
     docstring), but needs an entry row for each token completing an entry and none to spare
     when no token does."""
@@ -98,7 +103,7 @@ class DecodeLayout:
             self.emits = (t,) * len(self.kinds)
         w = c.sliding_window
         for name, shape in (("input_ids", (t,)), ("positions", (t,)), ("seq_lens", (t,)),
-                            ("state_slots", (t,)), ("rows", (t,)), ("cu_seqlens_q", (t + 1,)),
+                            ("state_slots", (t,)), ("write_slots", (t,)), ("rows", (t,)), ("cu_seqlens_q", (t + 1,)),
                             ("window_indices", (t, w)), ("window_write_dst", (t,))):  # fmt: skip
             self._add(name, shape)
         for k, e in zip(self.kinds, self.emits, strict=True):
@@ -121,67 +126,77 @@ class DecodeLayout:
             for name, (offset, shape) in self.fields.items()
         }
 
-    def fill(self, out: np.ndarray, input_ids, positions, block_tables, state_slots) -> None:
-        """Write one decode step into ``out`` (int64 ``[size]``): token ``i`` of sequence ``i``
-        is ``input_ids[i]`` at ``positions[i]`` with ``block_tables[i]`` (padded rows) and
-        state slot ``state_slots[i]``; rows past the step's tokens are padding."""
+    def fill(self, out: np.ndarray, input_ids, positions, block_tables, state_slots,
+             cu_seqlens_q=None) -> None:  # fmt: skip
+        """Write one step into ``out`` (int64 ``[size]``): sequence ``b`` has the tokens
+        ``cu_seqlens_q[b] .. cu_seqlens_q[b+1]`` (None: one token each) of ``input_ids`` at
+        consecutive ``positions``, ``block_tables[b]`` (padded rows) and state slot
+        ``state_slots[b]``; rows past the step's tokens are padding."""
         c, n, v = self.config, self.num_tokens, self.views(out)
         p = np.asarray(positions, dtype=np.int64)
         t = len(p)
         if not 0 < t <= n or int(p.max()) + 1 > self.context:
-            raise ValueError(f"decode step of {t} tokens up to position {int(p.max())} "
+            raise ValueError(f"step of {t} tokens up to position {int(p.max())} "
                              f"does not fit {n} tokens of context {self.context}")  # fmt: skip
-        pad = np.zeros(n - t, dtype=np.int64)  # padding rows copy row 0
-        ids = np.concatenate([np.asarray(input_ids, dtype=np.int64), pad + int(input_ids[0])])
-        s = np.concatenate([np.asarray(state_slots, dtype=np.int64), pad + int(state_slots[0])])
-        p = np.concatenate([p, pad + p[0]])
-        tables = np.asarray(block_tables, dtype=np.int64).reshape(t, -1)
-        tables = np.concatenate([tables, np.repeat(tables[:1], n - t, axis=0)])
-        # where each row's writes go: its own slot, the scratch slot for padding rows
-        writes = np.where(np.arange(n) < t, s, SCRATCH_SLOT)
+        cu = np.arange(t + 1) if cu_seqlens_q is None else np.asarray(cu_seqlens_q, np.int64)
+        seq = np.repeat(np.arange(len(cu) - 1), np.diff(cu))
         rows = np.arange(n)
+        pad = np.zeros(n - t, dtype=np.int64)  # padding rows copy row 0, as one-token sequences
+        ids = np.concatenate([np.asarray(input_ids, dtype=np.int64), pad + int(input_ids[0])])
+        slots = np.asarray(state_slots, dtype=np.int64)
+        s = np.concatenate([slots[seq], pad + slots[0]])
+        first = np.concatenate([cu[:-1][seq], rows[t:]])  # the step row of its sequence's first
+        start = np.concatenate([p[cu[:-1]][seq], pad + p[0]])  # and that token's position
+        end = np.concatenate([p[cu[1:] - 1][seq] + 1, pad + p[0] + 1])  # seq_lens
+        p = np.concatenate([p, pad + p[0]])
+        tables = np.asarray(block_tables, dtype=np.int64).reshape(len(cu) - 1, -1)
+        tables = np.concatenate([tables[seq], np.repeat(tables[:1], n - t, axis=0)])
+        # where each row's writes go: its own slot, the scratch slot for padding rows
+        writes = np.where(rows < t, s, SCRATCH_SLOT)
         v["input_ids"][:] = ids
         v["positions"][:] = p
         v["seq_lens"][:] = p + 1
         v["state_slots"][:] = s
+        v["write_slots"][:] = writes
         v["rows"][:] = rows
         v["cu_seqlens_q"][:] = np.arange(n + 1)
         ring, w = self.ring_size, c.sliding_window
         q = p[:, None] - w + 1 + np.arange(w)
-        # earlier positions from the ring, the token's own from its step row (after the rings)
+        # positions before the sequence's step from the ring, the step's own from its rows
         in_ring = np.where(q >= 0, s[:, None] * ring + q % ring, -1)
-        step_row = self.cache_layout.num_slots * ring + rows[:, None]
-        v["window_indices"][:] = np.where(q == p[:, None], step_row, in_ring)
-        v["window_write_dst"][:] = writes * ring + p % ring
+        step_row = self.cache_layout.num_slots * ring + first[:, None] + q - start[:, None]
+        v["window_indices"][:] = np.where(q >= start[:, None], step_row, in_ring)
+        v["window_write_dst"][:] = _kept(writes, p, end, ring) * ring + p % ring
+        tokens = _Tokens(p, s, writes, start, first, end, tables, t)
         for k, count in zip(self.kinds, self.emits, strict=True):
-            prefix = f"{k.ratio}.{int(k.overlap)}."
-            self._fill_kind(v, prefix, k, count, p, s, writes, tables, t)
+            self._fill_kind(v, f"{k.ratio}.{int(k.overlap)}.", k, count, tokens)
 
-    def _fill_kind(self, v, prefix: str, k: _Kind, count: int, p, s, writes, tables, t) -> None:
-        r = k.ratio
+    def _fill_kind(self, v, prefix: str, k: _Kind, count: int, tk: _Tokens) -> None:
+        r, p, s, t = k.ratio, tk.positions, tk.slots, tk.num_real
         emits = np.flatnonzero((p[:t] + 1) % r == 0)  # the tokens completing an entry, in order
         if len(emits) > count or (count and not len(emits)):
             raise ValueError(f"{len(emits)} tokens complete a ratio-{r} entry: this layout "
                              f"has {count} entry rows")  # fmt: skip
-        v[prefix + "state_write_dst"][:] = writes * k.state_rows + p % k.state_rows
+        kept = _kept(tk.writes, p, tk.end, k.state_rows)
+        v[prefix + "state_write_dst"][:] = kept * k.state_rows + p % k.state_rows
         counts = (p + 1) // r
         entries = np.arange(self.context // r)[None, :]
-        visible = _arena_rows(tables, np.broadcast_to(entries, (len(p), entries.shape[1])), r,
+        visible = _arena_rows(tk.tables, np.broadcast_to(entries, (len(p), entries.shape[1])), r,
                               self.cache_layout)  # fmt: skip
         v[prefix + "visible"][:] = np.where(entries < counts[:, None], visible, -1)
         v[prefix + "visible_count"][:] = counts
         if not count:
             return
         base = self.cache_layout.num_slots * k.state_rows
-        pe, se = p[emits], s[emits]
+        pe, se, start = p[emits], s[emits], tk.start[emits][:, None]
         entry = (pe + 1) // r - 1
-        first = (entry - 1) * r if k.overlap else entry * r
-        q = first[:, None] + np.arange(2 * r if k.overlap else r)
-        # rows of [state | step tokens]: the completing token itself, else its state ring
-        src = np.where(q >= pe[:, None], base + emits[:, None] + q - pe[:, None],
+        begin = (entry - 1) * r if k.overlap else entry * r
+        q = begin[:, None] + np.arange(2 * r if k.overlap else r)
+        # rows of [state | step tokens]: a token of the sequence's step, else its state ring
+        src = np.where(q >= start, base + tk.first[emits][:, None] + q - start,
                        se[:, None] * k.state_rows + q % k.state_rows)  # fmt: skip
         src = np.where(q < 0, -1, src)
-        dst = _arena_rows(tables[emits], entry[:, None], r, self.cache_layout)[:, 0]
+        dst = _arena_rows(tk.tables[emits], entry[:, None], r, self.cache_layout)[:, 0]
         pad = np.zeros(count - len(emits), dtype=np.int64)  # padding entries: the first again,
         v[prefix + "emit_src"][:] = np.concatenate([src, src[pad]])  # written to the null row
         v[prefix + "emit_positions"][:] = np.concatenate([entry, entry[pad]]) * r
@@ -223,6 +238,28 @@ class DecodeLayout:
             plans=plans,
         )
         return batch, md
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    """Per token row of a filled step: position, state slot, the slot its writes go to, the
+    position and step row of its sequence's first token in the step, its sequence's length
+    after the step, its block table; ``num_real`` rows are the step's (the rest padding)."""
+
+    positions: np.ndarray
+    slots: np.ndarray
+    writes: np.ndarray
+    start: np.ndarray
+    first: np.ndarray
+    end: np.ndarray
+    tables: np.ndarray
+    num_real: int
+
+
+def _kept(writes: np.ndarray, positions: np.ndarray, ends: np.ndarray, ring: int) -> np.ndarray:
+    """The slot each row writes its ring row to: the eager step keeps only a sequence's last
+    ``ring`` positions (older ones would share a row), the others go to the scratch slot."""
+    return np.where(positions >= ends - ring, writes, SCRATCH_SLOT)
 
 
 def _arena_rows(tables: np.ndarray, entries: np.ndarray, ratio: int, lay: CacheLayout):
