@@ -7,6 +7,7 @@ agree within 1e-4, two of them with an image (V4.1's tower) run on different ran
 scheduling (the default) sends the ranks their next step before collecting the last one; off,
 they step synchronously: the same tokens. A bad request fails alone, a killed or stopped worker
 fails the call naming its rank within the step timeout, and no worker outlives the engine.
+The V4.1 ranks map one copy of the Engram tables in node shared memory.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from deepinfer.engine.distributed.shared_tables import shared_table_mappings
 from deepinfer.engine.frontend.llm import LLM
+from deepinfer.engine.model.config_parsing import load_config
 from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config, tiny_v41_config
 from deepinfer.parallel import WorkerError
 from deepinfer.sampling import SamplingParams, StructuredOutputs
@@ -30,6 +33,7 @@ MAX_TOKENS = 3
 NUM_INVARIANT_PROMPTS = 16
 IMAGE_ID = 15  # tiny_v41_config's image_token_id
 IMAGE_PROMPTS = {3: (20, 12), 4: (10, 24)}  # prompt index: (width, height) of its image
+PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +100,24 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _assert_one_engram_copy(llm: LLM, directory) -> None:
+    """Every rank maps the same shared files of the Engram tables (float32 here), read-only:
+    the node holds their bytes once."""
+    config = load_config(directory)
+    tables = {
+        f"layers.{layer}.engram.embed.weight": -(-rows * config.engram_head_dim * 4 // PAGE) * PAGE
+        for layer, rows in zip(config.engram_layer_ids, config.engram_num_embeddings, strict=True)
+    }
+    files = [
+        {(m.name, m.inode, m.num_bytes, m.perms) for m in shared_table_mappings(pid)}
+        for pid in llm._core.ranks.pids
+    ]
+    assert files[0] == files[1]
+    assert {name: size for name, _, size, _ in files[0]} == tables
+    assert len({inode for _, inode, _, _ in files[0]}) == len(tables)
+    assert {perms for *_, perms in files[0]} == {"r--s"}
+
+
 @pytest.mark.parametrize("kind,ranks", [("v41", 2), ("v4", 4)])
 def test_batch_invariant_outputs_equal_the_single_process(checkpoints, monkeypatch, kind, ranks):
     monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
@@ -108,6 +130,8 @@ def test_batch_invariant_outputs_equal_the_single_process(checkpoints, monkeypat
     )  # fmt: skip
     assert llm._core.async_scheduling == ahead
     try:
+        if kind == "v41":
+            _assert_one_engram_copy(llm, checkpoints[kind][0])
         outputs = _generate(llm, NUM_INVARIANT_PROMPTS, longest=10)
     finally:
         llm.close()

@@ -11,7 +11,8 @@ packed FP4, using the stored ``.scale``). The V4.1 vision tower and the MTP / DS
 are validated and skipped when the module was built without them, and so are the tensors other
 writers store that the model never reads (the Engram table scale of a float V4.1 checkpoint
 written by transformers: its port reads the scale only for an FP8 table). An expert-parallel
-model reads only its rank's routed experts.
+model reads only its rank's routed experts; tensors left on the meta device (host Engram tables
+placed in node shared memory afterwards) are skipped and filled by :func:`fill_tensors`.
 """
 
 from __future__ import annotations
@@ -98,6 +99,24 @@ def load_into(
     return report
 
 
+def fill_tensors(
+    targets: Mapping[str, torch.Tensor],
+    path: str | os.PathLike[str] | None,
+    *,
+    config: ModelConfig,
+    load_format: str = "auto",
+    seed: int = 0,
+) -> None:
+    """Fill just ``targets`` (official names): the tensors a :func:`load_into` of the whole
+    module left on the meta device and that were then placed elsewhere (the checkpoint was
+    validated by that call). Dummy values come from their own generator, seeded ``seed``."""
+    if load_format == "dummy":
+        fill_dummy(targets, seed=seed)
+        return
+    stored = read_checkpoint_index(resolve_model_path(path))
+    _stream(list(targets), stored, targets, config, progress=False)
+
+
 def _plan(
     stored: Mapping[str, StoredTensor],
     expected: Mapping[str, TensorSpec],
@@ -116,6 +135,8 @@ def _plan(
             skipped[expected[name].unused].append(name)
         elif expected[name].skip and name not in targets:
             skipped["vision (a model built without its tower)"].append(name)
+        elif name in targets and targets[name].is_meta:
+            skipped["placed after the model (tables in node shared memory)"].append(name)
         elif name in targets:
             plan.append(name)
         elif name.endswith(".scale") and _dequantised_on_load(name, stored, targets):

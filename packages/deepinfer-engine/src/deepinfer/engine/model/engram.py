@@ -24,7 +24,10 @@ How the stack calls it (once per forward, flat batch of ``T`` tokens):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +92,20 @@ def _frozen(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t, requires_grad=False)
 
 
+_HOST_TABLES_DEFERRED: ContextVar[bool] = ContextVar("engram_host_tables_deferred", default=False)
+
+
+@contextmanager
+def host_tables_deferred() -> Iterator[None]:
+    """Build the tables that would live in host memory on the meta device: the loader then
+    places them (in memory the node's ranks share) instead of each rank allocating its own."""
+    token = _HOST_TABLES_DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _HOST_TABLES_DEFERRED.reset(token)
+
+
 class EngramTable(nn.Module):
     """``embed``: the hashed n-gram table, FP8 rows with one ue8m0 scale per 32 columns.
 
@@ -96,7 +113,8 @@ class EngramTable(nn.Module):
     gathering only the rows the step reads, on a worker thread that starts as soon as the row
     ids exist (:meth:`prefetch`) and copies them to the device on a side stream while the layers
     before this one run; the lookup then reads that compact table. Dequantisation is per row,
-    so the result is bitwise the device table's."""
+    so the result is bitwise the device table's. Built under :func:`host_tables_deferred`, a
+    table in host memory starts on the meta device and its loader gives it storage."""
 
     def __init__(
         self,
@@ -112,6 +130,9 @@ class EngramTable(nn.Module):
         self.host = host
         pin = host and torch.cuda.is_available()
         place = {"device": "cpu", "pin_memory": pin} if host else {"device": device}
+        in_host_memory = host or torch.device(device or "cpu").type == "cpu"
+        if in_host_memory and _HOST_TABLES_DEFERRED.get():
+            place = {"device": "meta"}
         weight_dtype = fp8 if quantized else dtype
         self.weight = _frozen(torch.empty(num_rows, width, dtype=weight_dtype, **place))
         self.scale = None

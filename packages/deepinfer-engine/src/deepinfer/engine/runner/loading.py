@@ -14,6 +14,7 @@ run stored for this GPU, model and configuration).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -26,9 +27,10 @@ from deepinfer import kernels
 from deepinfer.engine.checkpoint import resolve_model_path
 from deepinfer.engine.checkpoint.index import read_checkpoint_index
 from deepinfer.engine.checkpoint.inventory_vision import checked_image_settings
-from deepinfer.engine.checkpoint.loader import load_into
+from deepinfer.engine.checkpoint.loader import fill_tensors, load_into
 from deepinfer.engine.checkpoint.model_loader import bind_engram_from_tokenizer
 from deepinfer.engine.config import EngineConfig, LoadedModel
+from deepinfer.engine.distributed.shared_tables import host_tables_deferred, node_table_share
 from deepinfer.engine.model.cache import CacheLayout, ModelCache, cache_footprint
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.config_parsing import load_config
@@ -190,15 +192,21 @@ def _build_and_fill(
     expert_parallel: ExpertParallelContext | None = None,
 ):
     """The model (with its draft stages when speculating), weights loaded (under expert
-    parallelism only this rank's experts), Engram bound."""
-    model = build_model(
-        model_config,
-        device=device,
-        dtype=dtype,
-        include_mtp=include_mtp,
-        expert_parallel=expert_parallel,
-    )
-    load_into(model, path, config=model_config, load_format=config.load_format, seed=config.seed)
+    parallelism only this rank's experts; with several ranks the host Engram tables once per
+    node, in shared memory), Engram bound."""
+    share = node_table_share(config.distributed_timeout_s, bool(model_config.engram_layer_ids))
+    with host_tables_deferred() if share is not None else contextlib.nullcontext():
+        model = build_model(
+            model_config,
+            device=device,
+            dtype=dtype,
+            include_mtp=include_mtp,
+            expert_parallel=expert_parallel,
+        )
+    load = {"config": model_config, "load_format": config.load_format, "seed": config.seed}
+    load_into(model, path, **load)
+    if share is not None:  # the host Engram tables: one copy per node, in shared memory
+        share.place(model, lambda tables: fill_tensors(tables, path, **load))
     bind_engram_from_tokenizer(model, path)
     stacked = stack_grouped_experts(model, device)
     if stacked:
