@@ -99,6 +99,13 @@ REGISTRY: dict[str, EnvVar] = {
         ),
         EnvVar("DEEPINFER_ENFORCE_EAGER", _bool, False, "never capture CUDA graphs"),
         EnvVar(
+            "DEEPINFER_SPEC_GRAPHS",
+            _bool,
+            False,
+            "CUDA graphs for speculative steps (verification and the DSpark drafter); off "
+            "until validated on the H200",
+        ),
+        EnvVar(
             "DEEPINFER_ENGRAM_FORCE_GPU_STORAGE",
             _bool,
             False,
