@@ -4,13 +4,14 @@
 # included: --tb=short) and JSON results to $OUT/<name>.json; a one-line summary per command is
 # printed. Usage, from the repository root on the GPU machine:
 #     bash tools/gpu_acceptance.sh PART [WHEEL_DIR]
-# PART: kernels | engine | async | parallel | prefill | rows | misc | invariant (each case says).
+# PART: kernels | exact | engine | integration | async | parallel | prefill | rows | invariant
+# (each case says what it runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 part="${1:?usage: gpu_acceptance.sh PART [WHEEL_DIR] (PART: see the header)}"
 wheels="${2:-.whl}"
 case "$part" in
-kernels | engine | async | parallel | prefill | rows | misc | invariant) ;;
+kernels | exact | engine | integration | async | parallel | prefill | rows | invariant) ;;
 *) echo "unknown part $part" >&2; exit 2 ;;
 esac
 out="$(realpath -m "${OUT:-bench-out}")"
@@ -38,14 +39,18 @@ kernels)  # every kernel GPU test over 8 workers (issues 19, 23, 26, 30: ~240 s)
     box kernels 560 gpu_tests -n 8 packages/deepinfer-kernels/tests kernels-nvidia/tests \
         packages/deepinfer-sampling/tests packages/deepinfer-spec/tests
     ;;
-engine)  # the engine's and the integration suite's GPU tests, a file per box (one process)
-    for f in runner/test_llm_exactness.py runner/test_async_gpu.py runner/test_spec_gpu.py \
-        runner/test_decode_graphs.py model/test_v4_flash_dummy_gpu.py model/test_engram_host.py \
-        model/test_engram_gpu.py model/test_vision_gpu.py model/test_mtp_gpu.py \
-        model/test_grouped_experts.py checkpoint/test_dummy_gpu.py parallel/test_ep_layer.py; do
-        box "engine-$(basename "$f" .py)" 150 gpu_tests "$engine/$f"
-    done
-    box integration 150 gpu_tests integration benchmarks/tests examples/tiny_model/tests
+exact)  # issues 19, 30: the batch-invariant matrix on the GPU, five checkpoints (~400 s)
+    box exact 560 gpu_tests "$engine/runner/test_llm_exactness.py"
+    ;;
+engine)  # the engine's other GPU tests (~400 s on a fresh machine: Triton compiles)
+    box engine-async 120 gpu_tests "$engine/runner/test_async_gpu.py"
+    box engine 420 gpu_tests "$engine/runner/test_spec_gpu.py" "$engine/runner/test_decode_graphs.py" \
+        "$engine/model" "$engine/checkpoint/test_dummy_gpu.py" "$engine/parallel"
+    ;;
+integration)  # the integration, benchmarks' and examples' GPU tests (~160 s), then misc
+    box integration 240 gpu_tests integration benchmarks/tests examples/tiny_model/tests
+    box cache-rows 120 python3 -m benchmarks.kernels.bench_cache_rows --out "$out/cache_rows.json"
+    box vision 120 python3 -m benchmarks.model.bench_vision --layers 4 --out "$out/vision.json"
     ;;
 async)  # issue 22: the embedded model with and without DSpark, async on / off (one run each)
     box spec 300 python3 -m benchmarks.engine.bench_spec --batches 1,8,64 --async on,off \
@@ -74,10 +79,6 @@ rows)  # issue 24: the sweep and the engine bench on one machine, the 32-layer p
         --decode-batches 1 --modes eager --out "$out/engine4.json"
     box engine32 240 python3 -m benchmarks.engine.bench_engine --layers 32 \
         --prefill-shapes 8x1024,1x8192,1x32768 --decode-batches "" --out "$out/engine32.json"
-    ;;
-misc)  # issues 23 and 27: cache writes, the vision tower
-    box cache-rows 150 python3 -m benchmarks.kernels.bench_cache_rows --out "$out/cache_rows.json"
-    box vision 200 python3 -m benchmarks.model.bench_vision --layers 4 --out "$out/vision.json"
     ;;
 invariant)  # issue 30: the batch-invariant mode's cost, both modes in one call
     box bi-on 260 python3 -m benchmarks.engine.bench_engine --modes eager --batch-invariant \
