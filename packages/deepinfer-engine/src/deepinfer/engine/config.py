@@ -210,9 +210,17 @@ class EngineConfig:
     )
     context_parallel_size: int = param(
         1,
-        "ranks prefilling one long prompt together (context parallelism; engine README).",
+        "ranks that prefill a prompt of ``cp_min_tokens`` or more together, each computing its "
+        "share of the rows (context parallelism, engine README); a divisor of the DP ranks.",
         cli_type=int,
         cli_alias="-cp",
+    )
+    cp_min_tokens: int = param(
+        4096,
+        "with ``context_parallel_size`` > 1: the shortest prompt a CP group prefills (shorter "
+        "ones, and every decode step, run on the DP rank that owns the request).",
+        checks.positive_int,
+        cli_type=int,
     )
     num_redundant_experts: int = param(
         0,

@@ -1,7 +1,7 @@
 """Context-parallel layouts the engine refuses at start-up, each with one line naming the field:
-a CP size that does not divide the ranks (when the config is built), a model without compressed
-attention and, until the scheduler runs CP prefills, any size above 1 (when the model's config
-is read, before any weight loads)."""
+a CP size that does not divide the ranks or a ``cp_min_tokens`` below 1 (when the config is
+built), a model without compressed attention (when the model's config is read, before any
+weight loads)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,12 @@ def test_a_model_without_compressed_attention_is_refused():
 
 
 @pytest.mark.parametrize("raw", [tiny_v4_config(), tiny_v41_config(vision=False)])
-def test_a_valid_layout_is_refused_until_the_scheduler_runs_it(raw):
-    check_context_parallel_model(EngineConfig(model="x"), parse_config(raw))  # CP = 1 runs
+def test_a_valid_layout_passes(raw):
+    check_context_parallel_model(EngineConfig(model="x"), parse_config(raw))  # CP = 1
     config = EngineConfig(model="x", context_parallel_size=2, data_parallel_size=4)
-    with pytest.raises(NotImplementedError, match="context_parallel_size=2: the engine does not"):
-        check_context_parallel_model(config, parse_config(raw))
+    check_context_parallel_model(config, parse_config(raw))
+
+
+def test_cp_min_tokens_must_be_positive():
+    with pytest.raises(ValueError, match=r"^cp_min_tokens"):
+        EngineConfig(model="x", context_parallel_size=2, data_parallel_size=2, cp_min_tokens=0)

@@ -59,6 +59,31 @@ class CachedRequestData:
 
 
 @dataclass(frozen=True, slots=True)
+class ContextPrefill:
+    """This rank's part in one chunk of a context-parallel prefill, run before the step's own
+    work by every rank of the owner's CP group (``request_id`` None: the rank's group has no
+    chunk this step, but under expert parallelism it still takes part in the MoE exchanges).
+
+    token_ids: the prompt at positions ``start ..``; the chunk computes all but the last, which
+        is only the target of the last row's prompt logprob.
+    block_ids / state_slot: where this rank writes the chunk (its own reservation).
+    is_first: the prompt's first chunk (the state slot starts clean).
+    prompt_logprobs: the request's top-k of prompt logprobs (None: not asked).
+    is_owner: this rank decodes the request: it keeps the chunk's prompt logprobs and reports
+        them with the request's first own step (``NewRequestData`` with computed tokens).
+    """
+
+    request_id: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+    start: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    state_slot: int = 0
+    is_first: bool = False
+    prompt_logprobs: int | None = None
+    is_owner: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerOutput:
     """What to run this step.
 
@@ -72,6 +97,7 @@ class SchedulerOutput:
         them in its previous step, which the scheduler does not know yet (asynchronous
         scheduling): the executor appends that token to its copy itself, after this step's
         ``new_token_ids``; ``num_computed_tokens`` counts the position of the token before it.
+    context_prefill: this rank's part in a context-parallel prefill chunk (run first).
     """
 
     new_requests: list[NewRequestData] = field(default_factory=list)
@@ -84,6 +110,7 @@ class SchedulerOutput:
     state_copies: list[tuple[int, int]] = field(default_factory=list)
     finished_request_ids: set[str] = field(default_factory=set)
     preempted_request_ids: set[str] = field(default_factory=set)
+    context_prefill: ContextPrefill | None = None
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -97,6 +124,7 @@ class SchedulerOutput:
             or self.finished_request_ids
             or self.preempted_request_ids
             or self.state_copies
+            or self.context_prefill is not None
         )
 
 

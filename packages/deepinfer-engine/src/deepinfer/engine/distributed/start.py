@@ -15,6 +15,7 @@ from typing import Any
 from deepinfer.engine.config import EngineConfig, LoadedModel
 from deepinfer.engine.core.config import SchedulerConfig
 from deepinfer.engine.core.scheduler import Scheduler
+from deepinfer.engine.distributed.context_core import ContextParallelCore
 from deepinfer.engine.distributed.core import DataParallelCore
 
 logger = logging.getLogger("deepinfer.engine")
@@ -80,8 +81,9 @@ def validate_layout(config: EngineConfig, accelerator: str, local_ranks: int | N
 
 
 def make_core(config: EngineConfig, scheduler_config: SchedulerConfig, loaded: LoadedModel) -> Any:
-    """The engine core over the started ranks: a :class:`DataParallelCore` (rank 0 or the
-    spawning process), or the torchrun follower itself."""
+    """The engine core over the started ranks: a :class:`DataParallelCore` (a
+    :class:`~.context_core.ContextParallelCore` with context parallelism) on rank 0 or the
+    spawning process, or the torchrun follower itself."""
     if getattr(loaded.executor, "is_follower", False):
         return loaded.executor
     schedulers = [
@@ -94,10 +96,14 @@ def make_core(config: EngineConfig, scheduler_config: SchedulerConfig, loaded: L
             "data parallel under torchrun: the ranks step synchronously (asynchronous "
             "scheduling does not span torchrun ranks yet)"
         )
-    return DataParallelCore(
-        schedulers,
-        ranks,
+    options = dict(
         every_rank_steps=config.expert_parallel_size > 1,
         async_scheduling=bool(config.async_scheduling),
         speculative=getattr(ranks, "num_draft_tokens", 0) > 0,
     )
+    if config.context_parallel_size > 1:
+        cp, min_tokens = config.context_parallel_size, config.cp_min_tokens
+        return ContextParallelCore(
+            schedulers, ranks, context_parallel_size=cp, cp_min_tokens=min_tokens, **options
+        )
+    return DataParallelCore(schedulers, ranks, **options)

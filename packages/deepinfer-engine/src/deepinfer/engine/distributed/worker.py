@@ -52,10 +52,16 @@ def describe(rank: int, loaded: LoadedModel) -> RankInfo:
 
 
 def load_rank(config: EngineConfig) -> LoadedModel:
-    """Load this rank's model, weights and cache (the process group is already formed)."""
+    """Load this rank's model, weights and cache (the process group is already formed); with
+    context parallelism, form the CP groups."""
     from deepinfer.engine.runner.loading import load_executor
 
-    return load_executor(config)
+    loaded = load_executor(config)
+    if config.context_parallel_size > 1:
+        from deepinfer.engine.runner.context_executor import with_context_parallel
+
+        loaded = with_context_parallel(loaded, config)
+    return loaded
 
 
 _stack_file = None  # kept open for faulthandler for the life of the worker

@@ -106,10 +106,23 @@ class BorderGather:
 
 class SharedArena:
     """The cache as a CP rank uses it: arena rows it writes (compressed entries, index keys)
-    are all-gathered into every rank's arena; everything else is the rank's own cache."""
+    are all-gathered into every rank's arena; everything else is the rank's own cache.
 
-    def __init__(self, cache: ModelCache, comm: Communicator, width: int) -> None:
+    ``block_table``: this rank's blocks of the sequence, in order. Each rank may hold the
+    sequence in other blocks (each its own reservation), so rows cross as their place in the
+    sequence (index in the table, row in the block) and land in the receiver's blocks."""
+
+    def __init__(
+        self, cache: ModelCache, comm: Communicator, width: int, block_table: torch.Tensor
+    ) -> None:
         self._cache, self._comm, self._width = cache, comm, max(1, width)
+        table = [int(b) for b in block_table.tolist()]
+        place = torch.full((cache.layout.num_blocks,), -1, dtype=torch.long)
+        for index in reversed(range(len(table))):  # a repeated (padding) id: its first place
+            if table[index] >= 0:
+                place[table[index]] = index
+        device = block_table.device
+        self._table, self._place = torch.tensor(table, device=device), place.to(device)
 
     def __getattr__(self, name: str):
         return getattr(self._cache, name)
@@ -125,8 +138,10 @@ class SharedArena:
         if dst.shape[0] > width:
             raise ValueError(f"{key}: {dst.shape[0]} arena rows written, expected <= {width}")
         t = cache.tensors[key]
+        per = t.shape[0] // cache.layout.num_blocks  # arena rows per block
+        dst = dst.long()
         ids = torch.full((width,), -1, dtype=torch.long, device=t.device)
-        ids[: dst.shape[0]] = dst
+        ids[: dst.shape[0]] = self._place[dst // per] * per + dst % per
         rows = t.new_zeros((width, t.shape[1]))
         rows[: dst.shape[0]] = t[dst]
         all_ids = ids.new_empty(comm.world_size * width)
@@ -134,7 +149,8 @@ class SharedArena:
         comm.all_gather_into_tensor(all_ids, ids)
         comm.all_gather_into_tensor(all_rows, rows)
         keep = (all_ids >= 0).nonzero()[:, 0]
-        t.index_copy_(0, all_ids[keep], all_rows[keep])
+        here = all_ids[keep]
+        t.index_copy_(0, self._table[here // per].long() * per + here % per, all_rows[keep])
 
 
 def rank_context(
@@ -191,7 +207,7 @@ def border_context(
     # the most arena rows one rank writes per kind: entries of the smallest ratio it completes
     ratio = min((r for r in config.compress_ratios[: config.num_layers] if r), default=1)
     width = max(int(((start + rows + 1) % ratio == 0).sum()) for rows in own)
-    ctx.cache = SharedArena(cache, comm, width)
+    ctx.cache = SharedArena(cache, comm, width, batch.block_tables[0])
     return ctx
 
 

@@ -141,16 +141,10 @@ def load_executor(config: EngineConfig) -> LoadedModel:
 
 
 def check_context_parallel_model(config: EngineConfig, model_config: ModelConfig) -> None:
-    """Refuse context parallelism before any weight loads: on a model without compressed
-    attention (one line naming the field), and above 1 at all until the scheduler hands long
-    prompts to a CP group (the model-level prefill exists, the engine does not call it)."""
+    """Refuse context parallelism on a model without compressed attention, before any weight
+    loads (one line naming the field)."""
     cp = config.context_parallel_size
     check_context_parallel(cp, config.data_parallel_size, model_config.compress_ratios)
-    if cp > 1:
-        raise NotImplementedError(
-            f"context_parallel_size={cp}: the engine does not schedule context-parallel "
-            "prefills yet (deepinfer.engine.model.context_prefill runs one); use 1"
-        )
 
 
 def _has_draft_weights(path: Path, load_format: str) -> bool:
