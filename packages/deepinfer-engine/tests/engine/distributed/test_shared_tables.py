@@ -4,7 +4,8 @@ map one copy that the first rank filled, read-only, and neither holds a private 
 A table here is 32 MiB of FP8 rows (plus its scales), large next to the noise of a process's
 resident memory, so "no private copy" is a measurement: each rank's anonymous resident memory
 (``RssAnon``) grows by far less than a table while it places and reads every byte of it, and its
-shared resident memory (``RssShmem``) by the table. The engine-level check (both DP ranks of an
+shared resident memory (``RssShmem``) by the table. The leader fills a table from a checkpoint in
+slices (never a whole private copy), bitwise as the whole-tensor load. The engine-level check (both DP ranks of an
 ``LLM`` map the same files, and outputs equal the single process) is in
 ``test_llm_data_parallel.py``.
 """
@@ -20,13 +21,17 @@ import torch
 from torch import nn
 
 from deepinfer import kernels
-from deepinfer.engine.checkpoint.loader import fill_tensors
+from deepinfer.engine.checkpoint import loader
+from deepinfer.engine.checkpoint.loader import fill_tensors, load_into
 from deepinfer.engine.distributed.shared_tables import (
     NodeTableShare,
     deferred_table_tensors,
     shared_table_mappings,
 )
+from deepinfer.engine.model.config_parsing import load_config
 from deepinfer.engine.model.engram import EngramTable, host_tables_deferred
+from deepinfer.engine.model.model import build_model
+from deepinfer.engine.testing import make_random_checkpoint, tiny_v41_config
 from deepinfer.parallel import find_free_port
 
 ROWS, WIDTH = 1 << 20, 32  # 32 MiB of FP8 rows, 1 MiB of scales
@@ -128,6 +133,25 @@ def test_two_ranks_of_a_node_map_one_read_only_copy_and_hold_no_private_one():
         assert reply["anon_growth"] < table_bytes // 8, f"rank {rank}: a private copy?"
         assert reply["shmem_growth"] >= table_bytes * 0.95
     assert inodes[0] == inodes[1]  # one copy: the same files in both ranks
+
+
+@pytest.mark.parametrize("quantized", [True, False], ids=["fp8-table", "float-table"])
+def test_a_table_filled_in_slices_equals_the_whole_load(tmp_path, monkeypatch, quantized):
+    directory = make_random_checkpoint(tmp_path, tiny_v41_config(), quantized=quantized, seed=3)
+    config = load_config(directory)
+    whole = build_model(config, device="cpu", dtype=torch.float32)
+    load_into(whole, directory, config=config, progress=False)
+    with host_tables_deferred():
+        deferred = build_model(config, device="cpu", dtype=torch.float32)
+    load_into(deferred, directory, config=config, progress=False)  # skips the tables
+    tables = {t.name: torch.empty(t.shape, dtype=t.dtype) for t in deferred_table_tensors(deferred)}
+    assert len(tables) == len(config.engram_layer_ids) * (2 if quantized else 1)
+    monkeypatch.setattr(loader, "FILL_SLICE_BYTES", 1000)  # a few rows a slice, a ragged last
+    fill_tensors(tables, directory, config=config)
+    expected = whole.state_dict()
+    for name, tensor in tables.items():
+        assert tensor.dtype == expected[name].dtype
+        assert torch.equal(tensor.view(torch.uint8), expected[name].view(torch.uint8)), name
 
 
 @pytest.mark.gpu

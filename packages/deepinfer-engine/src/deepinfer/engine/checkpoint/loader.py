@@ -45,6 +45,7 @@ LOAD_FORMATS = ("auto", "safetensors", "dummy")
 # Groups of tensors a module may be built without (text-only, no speculative decoding).
 OPTIONAL_PREFIXES = ("mtp.",)
 _INDEX_FAMILY = frozenset({torch.int64, torch.int32})
+FILL_SLICE_BYTES = 1 << 30
 
 
 @dataclass
@@ -109,12 +110,31 @@ def fill_tensors(
 ) -> None:
     """Fill just ``targets`` (official names): the tensors a :func:`load_into` of the whole
     module left on the meta device and that were then placed elsewhere (the checkpoint was
-    validated by that call). Dummy values come from their own generator, seeded ``seed``."""
+    validated by that call). Dummy values come from their own generator, seeded ``seed``.
+    A tensor stored as it is kept is copied in slices of about ``FILL_SLICE_BYTES``, so a
+    ~98 GB table never has a second, private copy in this process."""
     if load_format == "dummy":
         fill_dummy(targets, seed=seed)
         return
     stored = read_checkpoint_index(resolve_model_path(path))
-    _stream(list(targets), stored, targets, config, progress=False)
+    for name, target in targets.items():
+        entry = stored[name]
+        dequantised = target.dtype in FLOAT_FAMILY and entry.dtype not in FLOAT_FAMILY
+        if dequantised or entry.expert_slice is not None or target.dim() == 0:
+            _stream([name], stored, targets, config, progress=False)
+        else:
+            _fill_in_slices(name, target, stored, config)
+
+
+def _fill_in_slices(name: str, target: torch.Tensor, stored, config: ModelConfig) -> None:
+    """Copy a tensor stored as it is kept, ``FILL_SLICE_BYTES`` of rows at a time."""
+    entry = stored[name]
+    rows = max(1, FILL_SLICE_BYTES // max(1, target[0].numel() * entry.dtype.itemsize))
+    with safe_open(entry.file, framework="pt") as f, torch.no_grad():
+        stored_rows = f.get_slice(entry.key)
+        for start in range(0, target.shape[0], rows):
+            part = stored_rows[start : start + rows]
+            _assign(name, target[start : start + rows], part, stored, config)
 
 
 def _plan(
