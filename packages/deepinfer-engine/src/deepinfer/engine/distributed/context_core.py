@@ -62,6 +62,7 @@ class ContextParallelCore(DataParallelCore):
         self.cp = context_parallel_size
         self.cp_min_tokens = cp_min_tokens
         self.jobs: list[deque[_Job]] = [deque() for _ in range(len(schedulers) // self.cp)]
+        self.num_context_chunks = 0  # CP prefill chunks launched
 
     def _all_jobs(self) -> Iterable[_Job]:
         return (job for queue in self.jobs for job in queue)
@@ -180,6 +181,7 @@ class ContextParallelCore(DataParallelCore):
         start, end = job.bounds[job.num_done], job.bounds[job.num_done + 1]
         request = job.request
         job.num_done += 1
+        self.num_context_chunks += 1
         return {
             rank: ContextPrefill(
                 request_id=request.request_id,

@@ -1,0 +1,87 @@
+"""Context parallelism through ``LLM``: with batch-invariant kernels, two DP ranks that prefill
+long prompts as one CP group give the single-process outputs bit for bit: greedy and sampled
+tokens (``n = 2`` forking after a CP prefill too), their logprobs and the prompt logprobs; a
+short prompt in the same call runs on its rank as before. The long prompt is prefilled in two
+CP chunks (``max_num_batched_tokens`` 32: chunks of up to 64 rows), tiny V4 and V4.1.
+
+``DEEPINFER_CP_LLM_WIDE=1`` also runs four ranks: one CP group of 4, two groups of 2 (their
+own process groups), and two groups of 2 whose ranks are also the four expert-parallel ranks
+(a rank whose group has no chunk takes part in the MoE exchanges of the chunk's step)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from deepinfer.engine.frontend.llm import LLM
+from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config, tiny_v41_config
+from deepinfer.sampling import SamplingParams
+
+WIDE = os.environ.get("DEEPINFER_CP_LLM_WIDE") == "1"
+LAYOUTS = [dict(data_parallel_size=2, context_parallel_size=2)]
+if WIDE:
+    LAYOUTS += [
+        dict(data_parallel_size=4, context_parallel_size=4),
+        dict(data_parallel_size=4, context_parallel_size=2),
+        dict(data_parallel_size=4, context_parallel_size=2, expert_parallel_size=4),
+    ]
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(3, 500, (n,), generator=g).tolist() for n in (100, 12, 70)]
+
+
+def _params() -> list[SamplingParams]:
+    common = dict(max_tokens=3, ignore_eos=True, logprobs=2)
+    return [
+        SamplingParams(temperature=0.0, prompt_logprobs=2, **common),
+        SamplingParams(temperature=0.8, seq_seed=1, prompt_logprobs=0, **common),
+        SamplingParams(temperature=0.8, seq_seed=2, n=2, **common),
+    ]
+
+
+def _outputs(checkpoint, **parallel) -> list:
+    llm = LLM(
+        str(checkpoint),
+        dtype="float32",
+        max_model_len=128,
+        max_num_batched_tokens=32,
+        speculative_tokens=0,
+        cp_min_tokens=64,
+        **parallel,
+    )
+    try:
+        outs = llm.generate(prompt_token_ids=_prompts(), sampling_params=_params(), use_tqdm=False)
+        # two long prompts, two CP chunks each
+        assert getattr(llm._core, "num_context_chunks", 4) == 4
+    finally:
+        llm.close()
+    return [(o.prompt_logprobs, [(c.token_ids, c.logprobs) for c in o.outputs]) for o in outs]
+
+
+@pytest.fixture(scope="module", params=["v4", "v41"])
+def case(request, tmp_path_factory):
+    """(checkpoint, the single-process outputs with batch-invariant kernels)."""
+    config = (
+        tiny_v4_config(hca_ratio=16) if request.param == "v4" else tiny_v41_config(vision=False)
+    )
+    directory = tmp_path_factory.mktemp(f"cp-llm-{request.param}")
+    checkpoint = make_random_checkpoint(
+        directory, config, quantized=False, seed=6, float_dtype=torch.float32
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+        return checkpoint, _outputs(checkpoint)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: "-".join(map(str, d.values())))
+def test_cp_prefill_through_llm_is_bitwise_one_process(case, layout, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+    checkpoint, single = case
+    got = _outputs(checkpoint, **layout)
+    assert [len(p or []) for p, _ in got] == [100, 12, 0]
+    for index, (want, have) in enumerate(zip(single, got)):
+        assert have == want, index
