@@ -171,11 +171,19 @@ class DSparkDraft(nn.ModuleList):
         streams, ctx = self._block_inputs(
             anchor_tokens, last_positions, slots, cache, embed, rope, k
         )
+        hidden, base = self.block_logits(streams, ctx, head_weight)
+        return self.markov_decode(hidden, base, anchor_tokens, k, sample)
+
+    def block_logits(
+        self, streams: torch.Tensor, ctx: StepContext, head_weight: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every stage over the block streams ``[N, nc, D]``: the last stage's collapsed hidden
+        ``[N, D]`` (pre-norm, what the confidence head reads) and its base logits ``[N, vocab]``
+        fp32 (before the Markov correction). No host work: a CUDA graph can capture it."""
         streams, pre = self.run_stages(streams, ctx)
         last = self[len(self) - 1]
-        hidden = self.mix.collapse(last, streams, pre)  # [B*K, D] pre-norm
-        base = K.linear(last.norm(hidden).float(), head_weight, out_dtype=torch.float32)
-        return self._markov_decode(last, hidden, base, anchor_tokens, k, sample)
+        hidden = self.mix.collapse(last, streams, pre)
+        return hidden, K.linear(last.norm(hidden).float(), head_weight, out_dtype=torch.float32)
 
     def run_stages(
         self, streams: torch.Tensor, ctx: StepContext
@@ -193,10 +201,20 @@ class DSparkDraft(nn.ModuleList):
         md = draft_metadata(
             last_positions, slots, k, c.sliding_window, cache.ring_size, cache.layout.num_slots
         )
+        return self.block_context(ids.reshape(-1), positions, md, cache, embed, rope)
+
+    def block_context(self, ids, positions, md, cache, embed, rope):
+        """(block streams ``[N, nc, D]``, step context) of the block tokens ``ids`` ``[N]`` at
+        ``positions`` ``[N]`` with the draft metadata ``md``."""
         angles = {False: RopeTables.angles(rope.main, positions)}
-        ctx = StepContext(md, cache, ids.reshape(-1), positions, rope, angles)
-        streams = embed(ids.reshape(-1)).unsqueeze(1).repeat(1, c.hc_mult, 1)
-        return streams, ctx
+        ctx = StepContext(md, cache, ids, positions, rope, angles)
+        return embed(ids).unsqueeze(1).repeat(1, self.config.hc_mult, 1), ctx
+
+    def markov_decode(
+        self, hidden, base, anchor_tokens, k: int, sample: Sampler = greedy
+    ) -> DraftProposal:
+        """The drafts of :meth:`block_logits`' output (``[B * K, .]``, request-major)."""
+        return self._markov_decode(self[len(self) - 1], hidden, base, anchor_tokens, k, sample)
 
     @staticmethod
     def _markov_decode(last, hidden, base, anchor_tokens, k, sample) -> DraftProposal:

@@ -1,10 +1,13 @@
-"""Decode CUDA graphs: the whole forward of a decode-only step captured once per shape, then
-replayed, so a step costs one graph launch instead of thousands of kernel launches.
+"""Decode and verification CUDA graphs: the whole forward of a decode or verification step
+captured once per shape, then replayed, so a step costs one graph launch instead of thousands
+of kernel launches.
 
-A step qualifies when every scheduled sequence has one token, no drafts are verified, no prompt
-logprobs are asked for, there are at most ``max_batch_size`` sequences and every context fits
-``max_context``. Its shape key is (token rows: the step's sequence count rounded up to a
-capture size, 1, 2, 4, 8 and multiples of 8 up to ``max_batch_size`` (:func:`graph_batch_size`);
+A step qualifies when every scheduled sequence has one token (decode) or, with
+``speculative=True``, its last token and its drafts, all sampled (verification: ``1 + k_i``
+tokens, ragged under confidence scheduling); no prompt logprobs are asked for, there are at
+most ``max_batch_size`` tokens and every context fits ``max_context``. Its shape key is (token
+rows: the step's token count rounded up to a capture size, 1, 2, 4, 8 and multiples of 8 up to
+``max_batch_size`` (:func:`graph_batch_size`);
 context bucket: the smallest power of two at least the longest context and at least
 ``min_context``; per compressed kind the entry rows: none when no token completes an entry,
 as the eager step leaves the pooling out then, else the count rounded up to a power of two).
@@ -28,6 +31,9 @@ the activations of one decode forward of at most ``max_batch_size`` tokens (smal
 prefill activations the cache sizing reserves), plus one shared fp32 logits buffer
 ``[max_batch_size, vocab]`` and the input buffer (:func:`graph_reserve_bytes` of the loader).
 
+With ``speculative=True`` the forward also seeds the DSpark stages' windows from the step's
+taps (the padding rows seed the scratch slot), so the drafter needs nothing else from it.
+
 ``padding=False`` keys graphs on the exact token and entry counts instead (no padding rows:
 bit-identical to the eager step on any op, at the cost of a capture per count). ``capture=False``
 runs the same fixed-shape forward eagerly (any device): the CPU tests use it to check that
@@ -37,7 +43,9 @@ forward against the normal one.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -75,7 +83,8 @@ class _Graph:
 
 
 class DecodeGraphs:
-    """Decode-step graphs of ``model`` over ``cache`` (see the module docstring)."""
+    """Decode- and verification-step graphs of ``model`` over ``cache`` (see the module
+    docstring)."""
 
     def __init__(
         self,
@@ -88,8 +97,10 @@ class DecodeGraphs:
         capture: bool = True,
         max_graphs: int = 512,
         padding: bool = True,
+        speculative: bool = False,
     ) -> None:
         self.model, self.cache = model, cache
+        self.speculative = speculative
         self.device = next(iter(cache.tensors.values())).device
         self.max_batch_size, self.max_context = max_batch_size, max_context
         self.min_context = min(min_context, max_context)
@@ -137,9 +148,9 @@ class DecodeGraphs:
     def key(self, plan: StepPlan, rows: list[int]) -> tuple | None:
         """The graph key of ``plan``, or None when the step must run eagerly."""
         t = plan.num_tokens
-        if not 0 < t <= self.max_batch_size or len(plan.seq_lens) != t:
-            return None
-        if plan.prompt_logprob_rows or any(plan.num_drafts) or len(rows) != t:
+        if not 0 < t <= self.max_batch_size or plan.prompt_logprob_rows or len(rows) != t:
+            return None  # (every row sampled: one token, or the last one and its drafts, each)
+        if not self.speculative and (len(plan.seq_lens) != t or any(plan.num_drafts)):
             return None
         longest = max(plan.seq_lens)
         if longest > self.max_context:
@@ -161,7 +172,7 @@ class DecodeGraphs:
             return None
         entry = self.graphs.get(key) or self._new(key)
         entry.layout.fill(entry.host_view, plan.input_ids, plan.positions, plan.block_tables,
-                          plan.state_slots)  # fmt: skip
+                          plan.state_slots, plan.cu_seqlens_q)  # fmt: skip
         entry.device.copy_(entry.host, non_blocking=True)
         if not self.capture:
             return self._forward(entry)[: plan.num_tokens]
@@ -182,7 +193,12 @@ class DecodeGraphs:
 
     def _forward(self, entry: _Graph) -> torch.Tensor:
         batch, metadata = entry.layout.metadata(entry.device)
-        return self.model.forward_step(batch, self.cache, metadata).logits
+        step = self.model.forward_step(batch, self.cache, metadata)
+        if self.speculative:
+            write_slots = entry.layout.views(entry.device)["write_slots"]
+            self.model.mtp.seed(step.taps, batch.positions, write_slots, self.cache,
+                                self.model.rope)  # fmt: skip
+        return step.logits
 
     def warm_up(self, entry: _Graph) -> None:
         """Run ``entry``'s forward once before its capture (compiles kernels, creates library
@@ -202,24 +218,40 @@ class DecodeGraphs:
         """Warm up (:meth:`warm_up`) and capture ``entry``'s forward (its buffers hold the
         current step); False if the capture failed (the key then always runs eagerly)."""
         try:
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                self.warm_up(entry)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
             if self._logits is None:
                 vocab = self.model.config.vocab_size
                 self._logits = torch.empty((self.max_batch_size, vocab), dtype=torch.float32,
                                            device=self.device)  # fmt: skip
             out = self._logits[: key[0]]
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                out.copy_(self._forward(entry))
+            graph = capture_graph(self.device, self.pool, partial(self.warm_up, entry),
+                                  lambda: (self._forward(entry),), (out,))  # fmt: skip
         except Exception as error:  # noqa: BLE001 - any capture failure means: run eagerly
             self.failed.add(key)
             self.graphs.pop(key, None)
             logger.warning("decode graph %s: capture failed, running eagerly (%s)", key, error)
             return False
         entry.graph, entry.logits = graph, out
-        logger.info("captured the decode graph of %d tokens, context %d, entries %s", *key)
+        logger.info("captured the step graph of %d tokens, context %d, entries %s", *key)
         return True
+
+
+def capture_graph(
+    device: torch.device,
+    pool,
+    warm_up: Callable[[], object],
+    forward: Callable[[], tuple[torch.Tensor, ...]],
+    outputs: tuple[torch.Tensor, ...],
+) -> torch.cuda.CUDAGraph:
+    """Run ``warm_up`` on a side stream (kernels compiled, handles created before capture),
+    then capture ``forward`` into a graph of ``pool`` that copies its results into
+    ``outputs`` (buffers that outlive the capture, shared by the graphs of one kind)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        warm_up()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        for out, value in zip(outputs, forward(), strict=True):
+            out.copy_(value)
+    return graph

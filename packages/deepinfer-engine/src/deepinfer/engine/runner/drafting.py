@@ -24,6 +24,8 @@ import torch
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.model.mtp_heads import confidence_from_logits
+from deepinfer.engine.runner.async_step import sync_guard
+from deepinfer.engine.runner.draft_graphs import DraftGraphs
 from deepinfer.engine.runner.spec_sampling import processed_probs
 from deepinfer.engine.runner.speculation import REJECTION
 from deepinfer.sampling import allocate_token_bitmask, rng, sample
@@ -79,10 +81,17 @@ class DraftSource(Protocol):
 class DSparkDraftSource:
     """The checkpoint's DSpark stages (``model.mtp``) driven over ``cache``."""
 
-    def __init__(self, model: torch.nn.Module, cache: ModelCache, num_draft_tokens: int) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cache: ModelCache,
+        num_draft_tokens: int,
+        graphs: DraftGraphs | None = None,
+    ) -> None:
         self.model = model
         self.cache = cache
         self.num_draft_tokens = num_draft_tokens
+        self.graphs = graphs  # the stages of a proposal as one graph replay, when given
         self.confidence_temperature = float(model.config.dspark_confidence_temperature)
         if not self.confidence_temperature > 0:
             raise ValueError(
@@ -106,19 +115,23 @@ class DSparkDraftSource:
             return {}
         device = self.model.embed.weight.device
         long = dict(dtype=torch.long, device=device)
+        block = self._block_graph(requests)
         picker = DraftPicker(requests, self.num_draft_tokens)
         try:
-            drafted = self.model.mtp.propose(
-                torch.tensor([r.anchor for r in requests], **long),
-                torch.tensor([r.last_position for r in requests], **long),
-                torch.tensor([r.slot for r in requests], **long),
-                self.cache,
-                self.model.embed,
-                self.model.head.weight,
-                self.model.rope,
-                block_size=self.num_draft_tokens,
-                sample=picker,
-            )
+            if block is not None:
+                drafted = self.model.mtp.markov_decode(*block, self.num_draft_tokens, picker)
+            else:
+                drafted = self.model.mtp.propose(
+                    torch.tensor([r.anchor for r in requests], **long),
+                    torch.tensor([r.last_position for r in requests], **long),
+                    torch.tensor([r.slot for r in requests], **long),
+                    self.cache,
+                    self.model.embed,
+                    self.model.head.weight,
+                    self.model.rope,
+                    block_size=self.num_draft_tokens,
+                    sample=picker,
+                )
         finally:
             picker.release_grammars()
         temperature = self.confidence_temperature
@@ -132,6 +145,15 @@ class DSparkDraftSource:
             )
             for b, r in enumerate(requests)
         }
+
+    def _block_graph(self, requests: list[DraftRequest]):
+        """(hidden, base logits, anchors) of the draft block from a graph, or None."""
+        if self.graphs is None:
+            return None
+        with sync_guard(self.model.embed.weight.device, self.graphs.replays(len(requests))):
+            return self.graphs.run([r.anchor for r in requests],
+                                   [r.last_position for r in requests],
+                                   [r.slot for r in requests])  # fmt: skip
 
 
 class DraftPicker:

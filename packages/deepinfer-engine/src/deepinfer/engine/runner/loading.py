@@ -42,11 +42,13 @@ from deepinfer.engine.runner.cache_report import cache_lines
 from deepinfer.engine.runner.capacity import CacheCapacity, plan_cache_capacity
 from deepinfer.engine.runner.cost_profile import step_cost_curve
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
+from deepinfer.engine.runner.draft_graphs import DraftGraphs
 from deepinfer.engine.runner.drafting import DSparkDraftSource
 from deepinfer.engine.runner.ep_executor import ExpertParallelExecutor
 from deepinfer.engine.runner.grammar import GrammarManager
 from deepinfer.engine.runner.model_runner import ModelRunner
 from deepinfer.engine.runner.speculation import SpecConfig, resolve_spec_config
+from deepinfer.kernels import envs
 from deepinfer.parallel import ExpertParallelContext, TorchDistributedComm
 from deepinfer.parallel.context import check_context_parallel
 
@@ -55,7 +57,8 @@ logger = logging.getLogger("deepinfer.engine")
 DEVICES = {"nvidia": "cuda", "ascend": "npu", "cpu": "cpu"}
 CPU_CACHE_BUDGET = 4 * 2**30  # bytes: the most the cache takes on a CPU
 PROFILE_TOKENS_CAP = 16384
-MAX_GRAPH_BATCH = 256  # decode steps of more sequences run eagerly
+MAX_GRAPH_BATCH = 256  # decode steps (and draft proposals) of more sequences run eagerly
+MAX_GRAPH_TOKENS = 512  # verification steps of more tokens run eagerly
 MAX_GRAPH_CONTEXT = 65536  # and steps with longer contexts (the GPU work dominates them)
 
 
@@ -82,13 +85,19 @@ def load_executor(config: EngineConfig) -> LoadedModel:
         path, model_config, config, spec is not None, device, dtype, expert_parallel
     )
     tokenizer = _load_tokenizer(path)
-    use_graphs = not config.enforce_eager and spec is None and DecodeGraphs.supports(model, device)
-    graph_batch = min(config.max_num_seqs, MAX_GRAPH_BATCH)
+    # speculative steps (verification, the drafter) take graphs only with DEEPINFER_SPEC_GRAPHS
+    wanted = not config.enforce_eager and (spec is None or envs.get("DEEPINFER_SPEC_GRAPHS"))
+    use_graphs = wanted and DecodeGraphs.supports(model, device)
+    graph_batch = min(config.max_num_seqs * (1 + max_draft),
+                      MAX_GRAPH_TOKENS if max_draft else MAX_GRAPH_BATCH)  # fmt: skip
+    graph_requests = min(config.max_num_seqs, MAX_GRAPH_BATCH)
     graph_context = min(config.max_model_len or model_config.max_position_embeddings,
                         MAX_GRAPH_CONTEXT)  # fmt: skip
     reserve = 0
     if use_graphs:
         reserve = graph_reserve_bytes(model_config, config.block_size, graph_batch, graph_context)
+        if max_draft:
+            reserve += DraftGraphs.reserve_bytes(model_config, graph_requests, max_draft)
     num_blocks, num_slots = _size_cache(
         model, model_config, config, device, dtype, max_draft, reserve
     )
@@ -100,14 +109,19 @@ def load_executor(config: EngineConfig) -> LoadedModel:
     ))  # fmt: skip
     graphs = None
     if use_graphs:
-        graphs = DecodeGraphs(model, cache, max_batch_size=graph_batch, max_context=graph_context)
+        graphs = DecodeGraphs(model, cache, max_batch_size=graph_batch, max_context=graph_context,
+                              speculative=spec is not None)  # fmt: skip
     vocab = model_config.vocab_size
     grammar = GrammarManager(tokenizer, vocab) if tokenizer is not None else None
     ratios = tuple(sorted({r for r in model_config.compress_ratios if r > 0})) or (1,)
     drafter = None
     if spec is not None:
         model.mtp.allocate(cache)
-        drafter = DSparkDraftSource(model, cache, spec.num_draft_tokens)
+        draft_graphs = None
+        if graphs is not None:
+            draft_graphs = DraftGraphs(model, cache, spec.num_draft_tokens,
+                                       max_requests=graph_requests, pool=graphs.pool)  # fmt: skip
+        drafter = DSparkDraftSource(model, cache, spec.num_draft_tokens, draft_graphs)
         spec = _with_cost_curve(spec, model, config, device, dtype)
         logger.info(
             "speculative decoding: DSpark, %d drafts per step, %s verification, acceptance %s",

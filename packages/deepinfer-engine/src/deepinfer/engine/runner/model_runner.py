@@ -51,8 +51,8 @@ from deepinfer.engine.runner.verify import Emitted, Verifier
 
 class ModelRunner:
     """Executor over ``model`` and its :class:`ModelCache` (``grammar``: structured outputs;
-    ``spec`` + ``drafter``: speculative decoding; ``graphs``: decode-step CUDA graphs, used
-    for the steps they accept when there is no drafter)."""
+    ``spec`` + ``drafter``: speculative decoding; ``graphs``: step CUDA graphs, used for the
+    steps they accept when there is no drafter or when they seed it: ``speculative``)."""
 
     def __init__(
         self,
@@ -122,7 +122,8 @@ class ModelRunner:
                     self._pending = PendingStep(finish, *read_back(tokens))
                     return self._pending
             return DoneStep(out)
-        logits = self._forward(plan, rows)
+        with sync_guard(self.device, self._replays_graph(plan, rows)):
+            logits = self._forward(plan, rows)
         if plan.prompt_logprob_rows:
             self._prompt_logprobs(plan, logits[prompt_at], out)
         if plan.sample_rows:
@@ -135,10 +136,15 @@ class ModelRunner:
     def _replays_graph(self, plan: StepPlan, rows: list[int]) -> bool:
         """Whether the step replays an already captured decode graph (no capture, no eager
         input copies: ``DEEPINFER_SYNC_GUARD`` checks such steps)."""
-        if self.graphs is None or self.drafter is not None or plan.images:
+        if not self._takes_graphs(plan):
             return False
         entry = self.graphs.graphs.get(self.graphs.key(plan, rows))
         return entry is not None and entry.graph is not None
+
+    def _takes_graphs(self, plan: StepPlan) -> bool:
+        if self.graphs is None or plan.images:
+            return False
+        return self.drafter is None or self.graphs.speculative
 
     def _defers(self, plan: StepPlan) -> bool:
         """Whether the step's tokens can be read back later: no drafts, no logprobs."""
@@ -157,8 +163,9 @@ class ModelRunner:
             self.state.last_sampled[e.request_id] = newest
 
     def _forward(self, plan: StepPlan, rows: list[int]) -> torch.Tensor:
-        """Logits of ``rows``: a decode graph's replay when one takes the step, else eager."""
-        if self.graphs is not None and self.drafter is None and not plan.images:
+        """Logits of ``rows``: a step graph's replay when one takes the step (with a drafter,
+        graphs that seed it), else eager."""
+        if self._takes_graphs(plan):
             logits = self.graphs.run(plan, rows)
             if logits is not None:
                 return logits

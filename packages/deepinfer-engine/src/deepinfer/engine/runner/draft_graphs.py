@@ -1,0 +1,221 @@
+"""CUDA graphs of the DSpark drafter: every stage of a proposal, for all its requests, in one
+replay.
+
+A proposal of ``B`` requests runs the draft block (``K`` tokens per request: the anchor, then
+the noise token) through every stage, the last stage's collapse, norm and the shared head:
+fixed shapes once ``B`` is rounded up to a capture size (:func:`graph_batch_size`), since each
+block token attends to the ``sliding_window`` ring rows of its request's main positions and to
+the ``K`` rows of its block whatever the context length. The graph's outputs are the last
+stage's hidden rows (the confidence head reads them) and the base logits; the Markov head and
+the picking of each draft stay eager (:meth:`DSparkDraft.markov_decode`): draft ``i + 1``'s
+correction depends on draft ``i``, which the request's own sampling pipeline picks on the host
+(penalties over its history, grammar matchers advanced draft by draft, seeded draws), a
+``[B, vocab]`` correction and a pick per draft position, small next to the stages.
+
+Padding requests copy the first request (anchor, last position, the window it reads) and write
+their block rows to the scratch state slot 0, so the real requests' rows and rings are the
+eager proposal's, as far as an op's result for a row does not depend on the row count (always
+so in batch-invariant mode). ``capture=False`` runs the same fixed-shape forward eagerly (the
+CPU tests check it against the eager proposal).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import partial
+
+import numpy as np
+import torch
+
+from deepinfer.engine.model.cache import ModelCache
+from deepinfer.engine.model.metadata import AttentionMetadata
+from deepinfer.engine.model.mtp_window import check_ring
+from deepinfer.engine.runner.cuda_graphs import capture_graph, graph_batch_size
+from deepinfer.engine.runner.decode_metadata import SCRATCH_SLOT
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DraftLayout:
+    """Flat int64 buffer of a draft block of ``num_requests`` requests, ``block_size`` tokens
+    each (request-major), over rings of ``ring_size`` rows in ``num_slots`` slots."""
+
+    num_requests: int
+    block_size: int
+    window: int
+    ring_size: int
+    num_slots: int
+    noise_token_id: int
+    fields: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    size: int = 0
+
+    def __post_init__(self) -> None:
+        check_ring(self.ring_size, self.window, self.block_size)
+        n, k = self.num_requests, self.block_size
+        for name, shape in (("anchors", (n,)), ("ids", (n * k,)), ("positions", (n * k,)),
+                            ("rows", (n * k,)), ("window_indices", (n * k, self.window + k)),
+                            ("window_write_dst", (n * k,))):  # fmt: skip
+            self.fields[name] = (self.size, shape)
+            self.size += int(np.prod(shape))
+
+    def views(self, flat):
+        return {
+            name: flat[offset : offset + int(np.prod(shape))].reshape(shape)
+            for name, (offset, shape) in self.fields.items()
+        }
+
+    def fill(self, out: np.ndarray, anchors, last_positions, slots) -> None:
+        """Write the block of ``B <= num_requests`` requests into ``out``: request ``b``'s
+        anchor token, the last position its window was seeded at, its state slot."""
+        n, k, w, ring = self.num_requests, self.block_size, self.window, self.ring_size
+        b = len(anchors)
+        if not 0 < b <= n:
+            raise ValueError(f"draft block of {b} requests: this layout has {n}")
+        pad = np.zeros(n - b, dtype=np.int64)  # padding requests copy request 0
+        a = np.concatenate([np.asarray(anchors, dtype=np.int64), pad + int(anchors[0])])
+        p = np.concatenate([np.asarray(last_positions, dtype=np.int64), pad + last_positions[0]])
+        s = np.concatenate([np.asarray(slots, dtype=np.int64), pad + slots[0]])
+        writes = np.where(np.arange(n) < b, s, SCRATCH_SLOT)
+        v = self.views(out)
+        ids = np.full((n, k), self.noise_token_id, dtype=np.int64)
+        ids[:, 0] = a
+        positions = p[:, None] + 1 + np.arange(k)
+        main = p[:, None] - np.arange(w - 1, -1, -1)  # the seeded main positions, oldest first
+        main_rows = np.where(main >= 0, s[:, None] * ring + main % ring, -1)
+        block_rows = self.num_slots * ring + np.arange(n * k).reshape(n, k)
+        v["anchors"][:] = a
+        v["ids"][:] = ids.reshape(-1)
+        v["positions"][:] = positions.reshape(-1)
+        v["rows"][:] = np.arange(n * k)
+        v["window_indices"][:] = np.repeat(np.concatenate([main_rows, block_rows], 1), k, axis=0)
+        v["window_write_dst"][:] = (writes[:, None] * ring + positions % ring).reshape(-1)
+
+    def inputs(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """(block token ids, positions, draft metadata) as views of the device buffer."""
+        v = self.views(flat)
+        md = AttentionMetadata(
+            num_tokens=self.num_requests * self.block_size,
+            window_base=self.num_slots * self.ring_size,
+            window_indices=v["window_indices"],
+            window_write_src=v["rows"],
+            window_write_dst=v["window_write_dst"],
+        )
+        return v["ids"], v["positions"], md
+
+
+@dataclass
+class _Graph:
+    layout: DraftLayout
+    host_view: np.ndarray
+    host: torch.Tensor
+    device: torch.Tensor
+    graph: torch.cuda.CUDAGraph | None = None
+    outputs: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+class DraftGraphs:
+    """Graphs of the DSpark stages of ``model`` over ``cache`` (see the module docstring);
+    ``pool``: the memory pool to share (the step graphs', which never run at the same time)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cache: ModelCache,
+        block_size: int,
+        *,
+        max_requests: int,
+        capture: bool = True,
+        pool=None,
+    ) -> None:
+        self.model, self.cache, self.block_size = model, cache, block_size
+        self.device = next(iter(cache.tensors.values())).device
+        self.max_requests, self.capture = max_requests, capture
+        self.pool = pool if pool is not None or not capture else torch.cuda.graph_pool_handle()
+        self.graphs: dict[int, _Graph] = {}
+        self.failed: set[int] = set()
+        self.num_replays = 0
+        c = model.config
+        self._layout = partial(DraftLayout, block_size=block_size, window=c.sliding_window,
+                               ring_size=cache.ring_size, num_slots=cache.layout.num_slots,
+                               noise_token_id=c.dspark_noise_token_id)  # fmt: skip
+        size = self._layout(max_requests).size
+        pin = self.device.type == "cuda"
+        self._host = torch.zeros(size, dtype=torch.int64, pin_memory=pin)
+        self._device = torch.zeros(size, dtype=torch.int64, device=self.device)
+        self._outputs: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @staticmethod
+    def reserve_bytes(config, max_requests: int, block_size: int) -> int:
+        """Device memory of the graphs' shared outputs (hidden rows, fp32 base logits)."""
+        rows = max_requests * block_size
+        return rows * (config.vocab_size * 4 + config.hidden_size * 4)
+
+    def key(self, num_requests: int) -> int | None:
+        if not 0 < num_requests <= self.max_requests:
+            return None
+        size = graph_batch_size(num_requests, self.max_requests)
+        return None if size in self.failed else size
+
+    def replays(self, num_requests: int) -> bool:
+        """Whether a proposal of ``num_requests`` replays an already captured graph."""
+        entry = self.graphs.get(self.key(num_requests))
+        return entry is not None and entry.graph is not None
+
+    def run(self, anchors, last_positions, slots):
+        """(hidden ``[B*K, D]``, base logits ``[B*K, vocab]`` fp32, anchors ``[B]``) of the
+        requests' draft block (valid until the next proposal), or None: propose eagerly."""
+        b = len(anchors)
+        size = self.key(b)
+        if size is None:
+            return None
+        entry = self.graphs.get(size) or self._new(size)
+        entry.layout.fill(entry.host_view, anchors, last_positions, slots)
+        entry.device.copy_(entry.host, non_blocking=True)
+        if not self.capture:
+            outputs = self._forward(entry)
+        else:
+            if entry.graph is None and not self._capture(size, entry):
+                return None
+            entry.graph.replay()
+            self.num_replays += 1
+            outputs = entry.outputs
+        rows = b * self.block_size
+        anchor_view = entry.layout.views(entry.device)["anchors"][:b]
+        return outputs[0][:rows], outputs[1][:rows], anchor_view
+
+    def _new(self, size: int) -> _Graph:
+        layout = self._layout(size)
+        host, device = self._host[: layout.size], self._device[: layout.size]
+        entry = _Graph(layout, host.numpy(), host, device)
+        self.graphs[size] = entry
+        return entry
+
+    def _forward(self, entry: _Graph) -> tuple[torch.Tensor, torch.Tensor]:
+        m = self.model
+        ids, positions, md = entry.layout.inputs(entry.device)
+        streams, ctx = m.mtp.block_context(ids, positions, md, self.cache, m.embed, m.rope)
+        return m.mtp.block_logits(streams, ctx, m.head.weight)
+
+    def _capture(self, size: int, entry: _Graph) -> bool:
+        """Capture ``entry``'s forward (its block rows rewrite the same ring rows each run, so
+        the warm-up needs no undo); False if the capture failed (that size then runs eagerly)."""
+        try:
+            if self._outputs is None:
+                rows, c = self.max_requests * self.block_size, self.model.config
+                empty = partial(torch.empty, dtype=torch.float32, device=self.device)
+                self._outputs = (empty((rows, c.hidden_size)), empty((rows, c.vocab_size)))
+            rows = size * self.block_size
+            # hidden in fp32: exact, and the confidence head reads it as fp32 anyway
+            outputs = (self._outputs[0][:rows], self._outputs[1][:rows])
+            graph = capture_graph(self.device, self.pool, partial(self._forward, entry),
+                                  partial(self._forward, entry), outputs)  # fmt: skip
+        except Exception as error:  # noqa: BLE001 - any capture failure means: run eagerly
+            self.failed.add(size)
+            self.graphs.pop(size, None)
+            logger.warning("draft graph of %d requests: capture failed (%s)", size, error)
+            return False
+        entry.graph, entry.outputs = graph, outputs
+        logger.info("captured the draft graph of %d requests", size)
+        return True

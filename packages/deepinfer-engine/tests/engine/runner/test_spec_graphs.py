@@ -1,0 +1,144 @@
+"""Speculative steps on fixed-shape graphs equal the eager speculative loop, bit for bit in
+batch-invariant mode: verification steps (1 + k_i tokens per request, ragged under confidence
+scheduling, padded to a capture size) with the drafter seeded inside the step, and the DSpark
+stages of every proposal on a padded block of requests.
+
+On CPU the fixed-shape forwards run eagerly (``capture=False``), installed in the runner as
+the loader installs the captured ones on CUDA with ``DEEPINFER_SPEC_GRAPHS=1``; the GPU test
+captures and replays real graphs through that switch. GPU command:
+
+    python -m pytest packages/deepinfer-engine/tests/engine/runner/test_spec_graphs.py -q -m gpu
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from deepinfer.engine.frontend.llm import LLM
+from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
+from deepinfer.engine.runner.draft_graphs import DraftGraphs
+from deepinfer.sampling import SamplingParams
+from deepinfer.spec import StepCostCurve
+
+EMBEDDED = Path(__file__).resolve().parents[5] / "examples" / "tiny_model" / "checkpoint"
+NUM_PROMPTS = 12
+# a row costs 1/8 of a step: confidence scheduling verifies ragged numbers of drafts
+CURVE = StepCostCurve.from_points([(1, 8.0), (400, 407.0)])
+
+
+@pytest.fixture(autouse=True)
+def _batch_invariant(monkeypatch):
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+
+
+class CountedGraphs(DecodeGraphs):
+    """Counts the verification steps that ran on the fixed-shape forward."""
+
+    verified = 0
+
+    def run(self, plan, rows):
+        logits = super().run(plan, rows)
+        self.verified += logits is not None and any(plan.num_drafts)
+        return logits
+
+
+class CountedDraftGraphs(DraftGraphs):
+    proposals = 0
+
+    def run(self, anchors, last_positions, slots):
+        block = super().run(anchors, last_positions, slots)
+        self.proposals += block is not None
+        return block
+
+
+def _prompts() -> list[list[int]]:
+    rng = random.Random(3)
+    return [[rng.randrange(20, 250) for _ in range(rng.randrange(3, 12))] for _ in range(12)]
+
+
+def _params(longest: int = 6) -> list[SamplingParams]:
+    """Greedy and seeded requests with logprobs, finishing at different steps."""
+    return [
+        SamplingParams(temperature=0 if i % 2 else 0.8, seed=None if i % 2 else 10 + i,
+                       max_tokens=longest - i // 3, ignore_eos=True, logprobs=1)
+        for i in range(NUM_PROMPTS)
+    ]  # fmt: skip
+
+
+def _engine(directory, **kwargs) -> LLM:
+    return LLM(str(directory), dtype="float32", block_size=16, max_model_len=128,
+               max_num_seqs=NUM_PROMPTS, speculative_tokens=3, spec_varlen=True,
+               spec_cost_curve=CURVE, return_draft_confidences=True, **kwargs)  # fmt: skip
+
+
+def _install_fixed_shape(llm: LLM) -> tuple[CountedGraphs, CountedDraftGraphs]:
+    """What ``DEEPINFER_SPEC_GRAPHS=1`` builds on CUDA, running eagerly (``capture=False``)."""
+    runner = llm._core.executor
+    k = runner.drafter.num_draft_tokens
+    graphs = CountedGraphs(runner.model, runner.cache, max_batch_size=NUM_PROMPTS * (1 + k),
+                           max_context=128, min_context=16, capture=False,
+                           speculative=True)  # fmt: skip
+    drafts = CountedDraftGraphs(runner.model, runner.cache, k, max_requests=NUM_PROMPTS,
+                                capture=False)  # fmt: skip
+    runner.graphs, runner.drafter.graphs = graphs, drafts
+    return graphs, drafts
+
+
+def _records(outputs):
+    """Tokens and logprobs, and what the drafter did: speculation is exact whatever the drafts,
+    so only the accept counts and confidences show a drafter that went wrong."""
+    return [
+        (o.outputs[0].token_ids, o.outputs[0].logprobs, o.metrics.num_draft_tokens,
+         o.metrics.num_accepted_tokens, o.metrics.draft_confidences)
+        for o in outputs
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("checkpoint", ["dspark", "embedded"])
+def test_spec_graphs_equal_the_eager_speculative_loop(checkpoint, dspark_checkpoint):
+    directory = dspark_checkpoint if checkpoint == "dspark" else EMBEDDED
+    prompts, params = _prompts(), _params()
+    eager = _engine(directory).generate(prompt_token_ids=prompts, sampling_params=params,
+                                        use_tqdm=False)  # fmt: skip
+    llm = _engine(directory)
+    graphs, drafts = _install_fixed_shape(llm)
+    fixed = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    assert _records(fixed) == _records(eager)
+    assert [len(o.outputs[0].token_ids) for o in fixed] == [p.max_tokens for p in params]
+    lengths = {len(step) for o in fixed for step in o.metrics.draft_confidences}
+    assert len(lengths) > 2, f"drafts were not ragged: {lengths}"
+    assert graphs.verified >= 3, "too few verification steps ran on the fixed-shape forward"
+    assert drafts.proposals >= 3, "too few proposals ran on the draft graphs"
+    assert len({key[0] for key in graphs.graphs}) >= 2 and len(drafts.graphs) >= 2
+    if checkpoint == "embedded":  # a trained drafter: accepted drafts move the sequences on
+        assert sum(o.metrics.num_accepted_tokens for o in fixed) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_spec_graphs_replay_on_the_gpu(monkeypatch, async_scheduling):
+    """The embedded model with real captures: outputs equal the switch off, graphs replayed,
+    and no replayed step synchronises with the host (``DEEPINFER_SYNC_GUARD=1``)."""
+    prompts, params = _prompts(), _params(longest=40)
+
+    def run(switch: str):
+        monkeypatch.setenv("DEEPINFER_SPEC_GRAPHS", switch)
+        llm = LLM(str(EMBEDDED), accelerator="nvidia", max_model_len=256,
+                  gpu_memory_utilization=0.3, max_num_seqs=NUM_PROMPTS, spec_varlen=True,
+                  spec_cost_curve=CURVE, async_scheduling=async_scheduling)  # fmt: skip
+        out = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+        return _records(out), llm._core.executor
+
+    off, runner = run("0")
+    assert runner.graphs is None, "graphs for speculative steps with the switch off"
+    monkeypatch.setenv("DEEPINFER_SYNC_GUARD", "1")
+    on, runner = run("1")
+    assert runner.graphs is not None and runner.graphs.speculative
+    assert runner.graphs.num_replays > 10, "verification graphs were not replayed"
+    assert runner.drafter.graphs.num_replays > 10, "draft graphs were not replayed"
+    assert on == off
