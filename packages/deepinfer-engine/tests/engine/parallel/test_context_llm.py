@@ -1,7 +1,7 @@
 """Context parallelism through ``LLM``: with batch-invariant kernels, two DP ranks that prefill
 long prompts as one CP group give the single-process outputs bit for bit: greedy and sampled
 tokens (``n = 2`` forking after a CP prefill too), their logprobs and the prompt logprobs; a
-short prompt in the same call runs on its rank as before. The long prompt is prefilled in two
+short prompt in the same call runs on its rank as before. Each long prompt is prefilled in two
 CP chunks (``max_num_batched_tokens`` 32: chunks of up to 64 rows), tiny V4 and V4.1.
 
 ``DEEPINFER_CP_LLM_WIDE=1`` also runs four ranks: one CP group of 4, two groups of 2 (their
@@ -55,8 +55,10 @@ def _outputs(checkpoint, **parallel) -> list:
     )
     try:
         outs = llm.generate(prompt_token_ids=_prompts(), sampling_params=_params(), use_tqdm=False)
-        # two long prompts, two CP chunks each
-        assert getattr(llm._core, "num_context_chunks", 4) == 4
+        # the long prompts' rows in chunks of up to C * max_num_batched_tokens
+        cp = parallel.get("context_parallel_size", 1)
+        chunks = sum(-(-(len(p) - 1) // (cp * 32)) for p in _prompts() if len(p) >= 64)
+        assert getattr(llm._core, "num_context_chunks", chunks) == chunks
     finally:
         llm.close()
     return [(o.prompt_logprobs, [(c.token_ids, c.logprobs) for c in o.outputs]) for o in outs]

@@ -63,6 +63,7 @@ class ContextParallelCore(DataParallelCore):
         self.cp_min_tokens = cp_min_tokens
         self.jobs: list[deque[_Job]] = [deque() for _ in range(len(schedulers) // self.cp)]
         self.num_context_chunks = 0  # CP prefill chunks launched
+        self._handed = False  # a request went to a scheduler after it scheduled this step
 
     def _all_jobs(self) -> Iterable[_Job]:
         return (job for queue in self.jobs for job in queue)
@@ -131,8 +132,10 @@ class ContextParallelCore(DataParallelCore):
         return super()._launch(outputs)
 
     def _update(self, outputs, results, check):
-        """(A rank may schedule nothing while a CP prefill holds its blocks: not a stall.)"""
-        busy = any(so.context_prefill is not None for so in outputs)
+        """(A rank may schedule nothing while a CP prefill holds its blocks, or when its
+        request arrived after it scheduled: not a stall.)"""
+        busy = self._handed or any(so.context_prefill is not None for so in outputs)
+        self._handed = False
         return super()._update(outputs, results, check and not busy)
 
     def _next_job(self, queue: deque[_Job]) -> _Job | None:
@@ -147,6 +150,7 @@ class ContextParallelCore(DataParallelCore):
                 return None  # wait for the group's requests to free room
             queue.popleft()
             self.schedulers[job.owner].add_request(job.request)
+            self._handed = True
         return None
 
     def _num_blocks(self, job: _Job) -> int:
@@ -200,6 +204,7 @@ class ContextParallelCore(DataParallelCore):
         """The last chunk is launched: the owner's scheduler runs the request from here (a
         rank runs its steps in launch order, so what is freed is reused only afterwards)."""
         self._release(job, keep_owner=True)
+        self._handed = True
         admit_prefilled(
             self.schedulers[job.owner],
             job.request,
