@@ -36,3 +36,14 @@ def test_a_valid_layout_passes(raw):
 def test_cp_min_tokens_must_be_positive():
     with pytest.raises(ValueError, match=r"^cp_min_tokens"):
         EngineConfig(model="x", context_parallel_size=2, data_parallel_size=2, cp_min_tokens=0)
+
+
+def test_llm_refuses_cp_on_a_model_without_compressed_attention_before_any_process(tmp_path):
+    import json
+
+    from deepinfer.engine.frontend.llm import LLM
+
+    window_only = tiny_v4_config(compress_ratios=[0, 0, 0, 0, 0])
+    (tmp_path / "config.json").write_text(json.dumps(window_only))
+    with pytest.raises(ValueError, match="context_parallel_size=2: this model has no compressed"):
+        LLM(str(tmp_path), accelerator="cpu", data_parallel_size=2, context_parallel_size=2)

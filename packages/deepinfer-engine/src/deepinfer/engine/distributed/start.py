@@ -65,13 +65,18 @@ def start_ranks(config: EngineConfig) -> LoadedModel:
 
 
 def validate_layout(config: EngineConfig, accelerator: str, local_ranks: int | None) -> None:
-    """Raise one ``ValueError`` line if the model's experts do not split over the EP ranks, or
-    this node has fewer devices than the ``local_ranks`` processes it should run."""
+    """Raise one ``ValueError`` line if the model's experts do not split over the EP ranks, it
+    has no compressed attention for context parallelism, or this node has fewer devices than
+    the ``local_ranks`` processes it should run."""
     from deepinfer.engine.checkpoint import resolve_model_path
     from deepinfer.engine.model.config_parsing import load_config
+    from deepinfer.parallel.context import check_context_parallel
 
     path = resolve_model_path(config.model, weights=False)
-    num_experts = load_config(path).n_routed_experts
+    model_config = load_config(path)
+    cp, ratios = config.context_parallel_size, model_config.compress_ratios
+    check_context_parallel(cp, config.data_parallel_size, ratios)
+    num_experts = model_config.n_routed_experts
     num_devices = local_ranks or config.data_parallel_size  # torchrun placed the processes
     if local_ranks is not None and accelerator == "nvidia":
         import torch
