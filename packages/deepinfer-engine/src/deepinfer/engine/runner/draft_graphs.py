@@ -10,7 +10,10 @@ stage's hidden rows (the confidence head reads them) and the base logits; the Ma
 the picking of each draft stay eager (:meth:`DSparkDraft.markov_decode`): draft ``i + 1``'s
 correction depends on draft ``i``, which the request's own sampling pipeline picks on the host
 (penalties over its history, grammar matchers advanced draft by draft, seeded draws), a
-``[B, vocab]`` correction and a pick per draft position, small next to the stages.
+``[B, vocab]`` correction and a pick per draft position, small next to the stages. When every
+request of the proposal is plain greedy (no grammar, no logit processing: its pick is the
+argmax), the graph of that key (``greedy=True``) runs the Markov head and the picks too, and
+returns the drafts and their confidence logits: the whole proposal is one replay and one read.
 
 Padding requests copy the first request (anchor, last position, the window it reads) and write
 their block rows to the scratch state slot 0, so the real requests' rows and rings are the
@@ -133,8 +136,8 @@ class DraftGraphs:
         self.device = next(iter(cache.tensors.values())).device
         self.max_requests, self.capture = max_requests, capture
         self.pool = pool if pool is not None or not capture else torch.cuda.graph_pool_handle()
-        self.graphs: dict[int, _Graph] = {}
-        self.failed: set[int] = set()
+        self.graphs: dict[tuple[int, bool], _Graph] = {}
+        self.failed: set[tuple[int, bool]] = set()
         self.num_replays = 0
         c = model.config
         self._layout = partial(DraftLayout, block_size=block_size, window=c.sliding_window,
@@ -144,7 +147,7 @@ class DraftGraphs:
         pin = self.device.type == "cuda"
         self._host = torch.zeros(size, dtype=torch.int64, pin_memory=pin)
         self._device = torch.zeros(size, dtype=torch.int64, device=self.device)
-        self._outputs: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._outputs: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @staticmethod
     def reserve_bytes(config, max_requests: int, block_size: int) -> int:
@@ -152,70 +155,90 @@ class DraftGraphs:
         rows = max_requests * block_size
         return rows * (config.vocab_size * 4 + config.hidden_size * 4)
 
-    def key(self, num_requests: int) -> int | None:
+    def key(self, num_requests: int, greedy: bool = False) -> tuple[int, bool] | None:
         if not 0 < num_requests <= self.max_requests:
             return None
-        size = graph_batch_size(num_requests, self.max_requests)
-        return None if size in self.failed else size
+        key = (graph_batch_size(num_requests, self.max_requests), greedy)
+        return None if key in self.failed else key
 
-    def replays(self, num_requests: int) -> bool:
+    def replays(self, num_requests: int, greedy: bool = False) -> bool:
         """Whether a proposal of ``num_requests`` replays an already captured graph."""
-        entry = self.graphs.get(self.key(num_requests))
+        entry = self.graphs.get(self.key(num_requests, greedy))
         return entry is not None and entry.graph is not None
 
-    def run(self, anchors, last_positions, slots):
-        """(hidden ``[B*K, D]``, base logits ``[B*K, vocab]`` fp32, anchors ``[B]``) of the
-        requests' draft block (valid until the next proposal), or None: propose eagerly."""
+    def run(self, anchors, last_positions, slots, greedy: bool = False):
+        """The requests' draft block (valid until the next proposal), or None: propose
+        eagerly. ``greedy=False``: (hidden ``[B*K, D]``, base logits ``[B*K, vocab]`` fp32,
+        anchors ``[B]``); ``greedy=True`` (every request plain greedy): (drafts ``[B, K]``
+        int64, confidence logits ``[B, K]`` fp32)."""
         b = len(anchors)
-        size = self.key(b)
-        if size is None:
+        key = self.key(b, greedy)
+        if key is None:
             return None
-        entry = self.graphs.get(size) or self._new(size)
+        entry = self.graphs.get(key) or self._new(key)
         entry.layout.fill(entry.host_view, anchors, last_positions, slots)
         entry.device.copy_(entry.host, non_blocking=True)
         if not self.capture:
-            outputs = self._forward(entry)
+            outputs = self._forward(entry, greedy)
         else:
-            if entry.graph is None and not self._capture(size, entry):
+            if entry.graph is None and not self._capture(key, entry):
                 return None
             entry.graph.replay()
             self.num_replays += 1
             outputs = entry.outputs
+        if greedy:
+            return outputs[0][:b], outputs[1][:b]
         rows = b * self.block_size
         anchor_view = entry.layout.views(entry.device)["anchors"][:b]
         return outputs[0][:rows], outputs[1][:rows], anchor_view
 
-    def _new(self, size: int) -> _Graph:
-        layout = self._layout(size)
+    def _new(self, key: tuple[int, bool]) -> _Graph:
+        layout = self._layout(key[0])
         host, device = self._host[: layout.size], self._device[: layout.size]
         entry = _Graph(layout, host.numpy(), host, device)
-        self.graphs[size] = entry
+        self.graphs[key] = entry
         return entry
 
-    def _forward(self, entry: _Graph) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, entry: _Graph, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
         m = self.model
         ids, positions, md = entry.layout.inputs(entry.device)
         streams, ctx = m.mtp.block_context(ids, positions, md, self.cache, m.embed, m.rope)
-        return m.mtp.block_logits(streams, ctx, m.head.weight)
+        hidden, base = m.mtp.block_logits(streams, ctx, m.head.weight)
+        if not greedy:
+            return hidden, base
+        anchors = entry.layout.views(entry.device)["anchors"]
+        drafted = m.mtp.markov_decode(hidden, base, anchors, self.block_size)  # argmax picks
+        return drafted.tokens, drafted.confidence_logits
 
-    def _capture(self, size: int, entry: _Graph) -> bool:
+    def _shared_outputs(self, key: tuple[int, bool]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of the output buffers every graph of ``key``'s kind copies its results to:
+        drafts and confidence logits (greedy), else hidden rows (fp32: exact, and the
+        confidence head reads them as fp32 anyway) and base logits."""
+        size, greedy = key
+        if greedy not in self._outputs:
+            n, k, c = self.max_requests, self.block_size, self.model.config
+            empty = partial(torch.empty, device=self.device)
+            if greedy:
+                pair = (empty((n, k), dtype=torch.long), empty((n, k), dtype=torch.float32))
+            else:
+                pair = (empty((n * k, c.hidden_size), dtype=torch.float32),
+                        empty((n * k, c.vocab_size), dtype=torch.float32))  # fmt: skip
+            self._outputs[greedy] = pair
+        rows = size if greedy else size * self.block_size
+        return self._outputs[greedy][0][:rows], self._outputs[greedy][1][:rows]
+
+    def _capture(self, key: tuple[int, bool], entry: _Graph) -> bool:
         """Capture ``entry``'s forward (its block rows rewrite the same ring rows each run, so
-        the warm-up needs no undo); False if the capture failed (that size then runs eagerly)."""
+        the warm-up needs no undo); False if the capture failed (that key then runs eagerly)."""
         try:
-            if self._outputs is None:
-                rows, c = self.max_requests * self.block_size, self.model.config
-                empty = partial(torch.empty, dtype=torch.float32, device=self.device)
-                self._outputs = (empty((rows, c.hidden_size)), empty((rows, c.vocab_size)))
-            rows = size * self.block_size
-            # hidden in fp32: exact, and the confidence head reads it as fp32 anyway
-            outputs = (self._outputs[0][:rows], self._outputs[1][:rows])
-            graph = capture_graph(self.device, self.pool, partial(self._forward, entry),
-                                  partial(self._forward, entry), outputs)  # fmt: skip
+            outputs = self._shared_outputs(key)
+            forward = partial(self._forward, entry, key[1])
+            graph = capture_graph(self.device, self.pool, forward, forward, outputs)
         except Exception as error:  # noqa: BLE001 - any capture failure means: run eagerly
-            self.failed.add(size)
-            self.graphs.pop(size, None)
-            logger.warning("draft graph of %d requests: capture failed (%s)", size, error)
+            self.failed.add(key)
+            self.graphs.pop(key, None)
+            logger.warning("draft graph %s: capture failed, proposing eagerly (%s)", key, error)
             return False
         entry.graph, entry.outputs = graph, outputs
-        logger.info("captured the draft graph of %d requests", size)
+        logger.info("captured the draft graph of %d requests (greedy picks: %s)", *key)
         return True

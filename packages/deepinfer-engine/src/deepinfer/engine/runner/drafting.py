@@ -23,6 +23,7 @@ import torch
 
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import ForwardBatch
+from deepinfer.engine.model.mtp import DraftProposal
 from deepinfer.engine.model.mtp_heads import confidence_from_logits
 from deepinfer.engine.runner.async_step import sync_guard
 from deepinfer.engine.runner.draft_graphs import DraftGraphs
@@ -113,30 +114,21 @@ class DSparkDraftSource:
     def propose(self, requests: list[DraftRequest]) -> dict[str, Proposal]:
         if not requests:
             return {}
-        device = self.model.embed.weight.device
-        long = dict(dtype=torch.long, device=device)
-        block = self._block_graph(requests)
+        # every pick an argmax: a graph runs the Markov head and the picks as well
+        greedy = all(r.grammar is None and r.params.is_plain_greedy for r in requests)
+        block = self._block_graph(requests, greedy)
         picker = DraftPicker(requests, self.num_draft_tokens)
         try:
-            if block is not None:
-                drafted = self.model.mtp.markov_decode(*block, self.num_draft_tokens, picker)
+            if block is not None and greedy:
+                drafts, confidence_logits = block
             else:
-                drafted = self.model.mtp.propose(
-                    torch.tensor([r.anchor for r in requests], **long),
-                    torch.tensor([r.last_position for r in requests], **long),
-                    torch.tensor([r.slot for r in requests], **long),
-                    self.cache,
-                    self.model.embed,
-                    self.model.head.weight,
-                    self.model.rope,
-                    block_size=self.num_draft_tokens,
-                    sample=picker,
-                )
+                drafted = self._drafted(requests, block, picker)
+                drafts, confidence_logits = drafted.tokens, drafted.confidence_logits
         finally:
             picker.release_grammars()
         temperature = self.confidence_temperature
-        confidences = confidence_from_logits(drafted.confidence_logits, temperature).tolist()
-        tokens = drafted.tokens.tolist()
+        confidences = confidence_from_logits(confidence_logits, temperature).tolist()
+        tokens = drafts.tolist()
         return {
             r.request_id: Proposal(
                 tokens[b][: picker.limits[b]],
@@ -146,14 +138,33 @@ class DSparkDraftSource:
             for b, r in enumerate(requests)
         }
 
-    def _block_graph(self, requests: list[DraftRequest]):
-        """(hidden, base logits, anchors) of the draft block from a graph, or None."""
+    def _drafted(self, requests: list[DraftRequest], block, picker: DraftPicker) -> DraftProposal:
+        """Drafts picked by ``picker`` from the graph's ``block`` (hidden, base logits,
+        anchors), or from an eager proposal when there is none."""
+        if block is not None:
+            return self.model.mtp.markov_decode(*block, self.num_draft_tokens, picker)
+        long = dict(dtype=torch.long, device=self.model.embed.weight.device)
+        return self.model.mtp.propose(
+            torch.tensor([r.anchor for r in requests], **long),
+            torch.tensor([r.last_position for r in requests], **long),
+            torch.tensor([r.slot for r in requests], **long),
+            self.cache,
+            self.model.embed,
+            self.model.head.weight,
+            self.model.rope,
+            block_size=self.num_draft_tokens,
+            sample=picker,
+        )
+
+    def _block_graph(self, requests: list[DraftRequest], greedy: bool):
+        """The draft block from a graph (:meth:`DraftGraphs.run`), or None."""
         if self.graphs is None:
             return None
-        with sync_guard(self.model.embed.weight.device, self.graphs.replays(len(requests))):
+        replays = self.graphs.replays(len(requests), greedy)
+        with sync_guard(self.model.embed.weight.device, replays):
             return self.graphs.run([r.anchor for r in requests],
                                    [r.last_position for r in requests],
-                                   [r.slot for r in requests])  # fmt: skip
+                                   [r.slot for r in requests], greedy)  # fmt: skip
 
 
 class DraftPicker:
