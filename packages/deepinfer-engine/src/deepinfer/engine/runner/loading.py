@@ -270,10 +270,11 @@ def graph_reserve_bytes(
 ) -> int:
     """Device memory kept back from the cache for the decode graphs: their shared fp32 logits
     buffer and int64 input buffer, plus their pool, which holds the activations of one decode
-    forward of at most ``max_batch_size`` tokens (256 MiB is ample at these sizes)."""
+    forward of at most ``max_batch_size`` tokens (256 MiB per 256 tokens is ample)."""
     layout = CacheLayout(num_blocks=2, num_slots=2, block_size=block_size)
     inputs = DecodeGraphs.input_elements(model_config, layout, max_batch_size, max_context)
-    return max_batch_size * model_config.vocab_size * 4 + inputs * 8 + 256 * 2**20
+    pool = 256 * 2**20 * -(-max_batch_size // 256)
+    return max_batch_size * model_config.vocab_size * 4 + inputs * 8 + pool
 
 
 def _size_cache(
