@@ -40,9 +40,9 @@ TIMEOUT_S = 60
 
 
 class _Tables(nn.Module):
-    def __init__(self, host: bool = False, device="cpu") -> None:
+    def __init__(self, host: bool = False, device="cpu", rows: int = ROWS) -> None:
         super().__init__()
-        self.table = EngramTable(ROWS, WIDTH, True, torch.bfloat16, device=device, host=host)
+        self.table = EngramTable(rows, WIDTH, True, torch.bfloat16, device=device, host=host)
 
 
 def _status() -> dict[str, int]:
@@ -75,7 +75,7 @@ def _rank_main(rank: int, init_method: str, row_ids: torch.Tensor, results) -> N
         lookup = kernels.engram_embedding_lookup(table.weight, table.scale, row_ids)
         results.put((rank, {
             "is_leader": share.is_leader, "num_local_ranks": share.num_local_ranks,
-            "num_bytes": num_bytes, "lookup": lookup,
+            "num_bytes": num_bytes, "lookup": lookup.float().numpy(),  # by value
             "anon_growth": after["RssAnon"] - before["RssAnon"],
             "shmem_growth": after["RssShmem"] - before["RssShmem"],
             "mappings": shared_table_mappings(),
@@ -124,7 +124,9 @@ def test_two_ranks_of_a_node_map_one_read_only_copy_and_hold_no_private_one():
     for rank in (0, 1):
         reply = replies[rank]
         assert reply["num_local_ranks"] == 2 and reply["num_bytes"] == table_bytes
-        assert torch.equal(reply["lookup"], want)  # the leader's fill, as each rank reads it
+        assert torch.equal(
+            torch.from_numpy(reply["lookup"]), want
+        )  # the leader's fill, as each rank reads it
         names = {m.name: m for m in reply["mappings"]}
         assert sorted(names) == ["table.scale", "table.weight"]
         assert all(m.perms == "r--s" for m in names.values())  # read-only, shared
@@ -154,18 +156,45 @@ def test_a_table_filled_in_slices_equals_the_whole_load(tmp_path, monkeypatch, q
         assert torch.equal(tensor.view(torch.uint8), expected[name].view(torch.uint8)), name
 
 
+def _place_alone(model: nn.Module) -> None:
+    """Place ``model``'s deferred tables as a job of one rank (this process)."""
+    init_method = f"tcp://127.0.0.1:{find_free_port()}"
+    torch.distributed.init_process_group("gloo", init_method=init_method, rank=0, world_size=1)
+    try:
+        NodeTableShare.join(TIMEOUT_S).place(model, _dummy_fill)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+class _RefusingRuntime:
+    """A CUDA runtime whose host registration fails (as where read-only registration is not
+    supported)."""
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802
+        return 801  # cudaErrorNotSupported
+
+
+def test_a_table_that_cannot_be_pinned_warns_and_serves_from_pageable_memory(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "cudart", _RefusingRuntime)
+    with host_tables_deferred():
+        shared = _Tables(host=True, rows=4096)
+    with pytest.warns(RuntimeWarning, match="cudaHostRegister"):
+        _place_alone(shared)
+    monkeypatch.undo()
+    reference = _Tables(rows=4096)
+    _dummy_fill(dict(reference.state_dict()))
+    row_ids = torch.randint(0, 4096, (9, 4))
+    want = kernels.engram_embedding_lookup(reference.table.weight, reference.table.scale, row_ids)
+    assert torch.equal(shared.table(row_ids, torch.bfloat16), want)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_shared_host_table_is_pinned_and_reads_what_a_device_table_reads_on_the_gpu():
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1
-    )
-    try:
-        with host_tables_deferred():
-            shared = _Tables(host=True, device="cuda")
-        NodeTableShare.join(TIMEOUT_S).place(shared, _dummy_fill)
-    finally:
-        torch.distributed.destroy_process_group()
+    with host_tables_deferred():
+        shared = _Tables(host=True, device="cuda")
+    _place_alone(shared)
     table = shared.table
     assert table.weight.is_pinned() and table.scale.is_pinned()
     device = _Tables(device="cuda")

@@ -19,6 +19,8 @@ their descriptors.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import mmap
 import os
@@ -125,7 +127,7 @@ class NodeTableShare:
         return total
 
     def _map_all(self, tensors: list[TableTensor], leader_fds: dict[str, int]) -> None:
-        pinned = []
+        unpinned = []  # (name, CUDA error) of mappings the runtime would not register
         for t in tensors:
             if t.name not in leader_fds:
                 raise RuntimeError(
@@ -139,14 +141,17 @@ class NodeTableShare:
                 if not self.is_leader:
                     os.close(fd)
             if t.module.host and torch.cuda.is_available():
-                pinned.append(_pin(tensor, buffer, t.name))
+                error = _pin(tensor, buffer)
+                if error:
+                    unpinned.append(f"{t.name} (error {error})")
             setattr(t.module, t.attr, nn.Parameter(tensor, requires_grad=False))
-        if pinned and not all(pinned):
+        if unpinned:
             warnings.warn(
-                "Engram tables: the shared host tables could not all be pinned (see the "
-                "warnings above); their rows are still staged through pinned buffers",
+                f"Engram tables: cudaHostRegister refused the shared read-only mappings of "
+                f"{', '.join(unpinned)}; they stay in pageable shared memory (the rows a step "
+                "reads are still staged through pinned buffers)",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
 
     def _open_leader_fd(self, t: TableTensor, leader_fds: dict[str, int]) -> int:
@@ -226,18 +231,22 @@ def _map(fd: int, t: TableTensor, writable: bool) -> tuple[torch.Tensor, mmap.mm
     return flat.view(t.dtype).view(t.shape), buffer
 
 
-def _pin(tensor: torch.Tensor, buffer: mmap.mmap, name: str) -> bool:
-    """Register the read-only mapping as pinned memory (unregistered when it is unmapped)."""
+def _pin(tensor: torch.Tensor, buffer: mmap.mmap) -> int:
+    """Register the read-only mapping as pinned memory, unregistered when it is unmapped;
+    returns the CUDA error (0: pinned)."""
     cudart = torch.cuda.cudart()
     ptr, nbytes = tensor.data_ptr(), tensor.untyped_storage().nbytes()
-    error = cudart.cudaHostRegister(ptr, nbytes, CUDA_HOST_REGISTER_FLAGS)
-    if int(error) != 0:
-        warnings.warn(
-            f"Engram table {name!r}: cudaHostRegister of its shared read-only mapping failed "
-            f"({error}); it stays in pageable shared memory",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return False
-    weakref.finalize(buffer, cudart.cudaHostUnregister, ptr)
-    return True
+    error = int(cudart.cudaHostRegister(ptr, nbytes, CUDA_HOST_REGISTER_FLAGS))
+    if error:
+        _clear_last_cuda_error()
+    else:
+        weakref.finalize(buffer, cudart.cudaHostUnregister, ptr)
+    return error
+
+
+def _clear_last_cuda_error() -> None:
+    """A failed call leaves the CUDA runtime's last error set, and torch would raise it at its
+    next kernel launch: read it off (through the runtime torch loaded; best effort)."""
+    major = (torch.version.cuda or "").split(".")[0]
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(f"libcudart.so.{major}").cudaGetLastError()
