@@ -87,10 +87,10 @@ class NodeTableShare:
         return self.rank == self.leader
 
     @classmethod
-    def join(cls, timeout_s: float, group: Any = None) -> NodeTableShare:
-        """Find the ranks on this node (collective over the default group's ranks)."""
-        if group is None:
-            group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    def join(cls, timeout_s: float) -> NodeTableShare:
+        """Find the ranks on this node: collective over the default group's ranks, whose
+        collectives here run on a new gloo group that waits up to ``timeout_s``."""
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         world_size, rank = dist.get_world_size(group), dist.get_rank(group)
         everyone: list[Any] = [None] * world_size
         dist.all_gather_object(everyone, (_node_key(), os.getpid()), group=group)
@@ -127,7 +127,7 @@ class NodeTableShare:
         return total
 
     def _map_all(self, tensors: list[TableTensor], leader_fds: dict[str, int]) -> None:
-        unpinned = []  # (name, CUDA error) of mappings the runtime would not register
+        unpinned = []  # "name (error N)" of the mappings the CUDA runtime would not register
         for t in tensors:
             if t.name not in leader_fds:
                 raise RuntimeError(
