@@ -44,15 +44,9 @@ def _params() -> list[SamplingParams]:
 
 
 def _outputs(checkpoint, **parallel) -> list:
-    llm = LLM(
-        str(checkpoint),
-        dtype="float32",
-        max_model_len=128,
-        max_num_batched_tokens=32,
-        speculative_tokens=0,
-        cp_min_tokens=64,
-        **parallel,
-    )
+    options = dict(dtype="float32", max_model_len=128, max_num_batched_tokens=32)
+    options.update(speculative_tokens=0, cp_min_tokens=64)
+    llm = LLM(str(checkpoint), **{**options, **parallel})
     try:
         outs = llm.generate(prompt_token_ids=_prompts(), sampling_params=_params(), use_tqdm=False)
         # the long prompts' rows in chunks of up to C * max_num_batched_tokens
@@ -64,16 +58,17 @@ def _outputs(checkpoint, **parallel) -> list:
     return [(o.prompt_logprobs, [(c.token_ids, c.logprobs) for c in o.outputs]) for o in outs]
 
 
+def _checkpoint(arch: str, directory):
+    config = tiny_v4_config(hca_ratio=16) if arch == "v4" else tiny_v41_config(vision=False)
+    return make_random_checkpoint(
+        directory, config, quantized=False, seed=6, float_dtype=torch.float32
+    )
+
+
 @pytest.fixture(scope="module", params=["v4", "v41"])
 def case(request, tmp_path_factory):
     """(checkpoint, the single-process outputs with batch-invariant kernels)."""
-    config = (
-        tiny_v4_config(hca_ratio=16) if request.param == "v4" else tiny_v41_config(vision=False)
-    )
-    directory = tmp_path_factory.mktemp(f"cp-llm-{request.param}")
-    checkpoint = make_random_checkpoint(
-        directory, config, quantized=False, seed=6, float_dtype=torch.float32
-    )
+    checkpoint = _checkpoint(request.param, tmp_path_factory.mktemp(f"cp-llm-{request.param}"))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
         return checkpoint, _outputs(checkpoint)
@@ -87,3 +82,15 @@ def test_cp_prefill_through_llm_is_bitwise_one_process(case, layout, monkeypatch
     assert [len(p or []) for p, _ in got] == [100, 12, 0]
     for index, (want, have) in enumerate(zip(single, got)):
         assert have == want, index
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.parametrize("arch", ["v4", "v41"])
+def test_cp_prefill_through_llm_over_nccl_is_bitwise_one_gpu(arch, tmp_path, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+    checkpoint = _checkpoint(arch, tmp_path)
+    gpu = dict(accelerator="nvidia", dtype="bfloat16", gpu_memory_utilization=0.3)
+    # the CP ranks first: their processes give their GPUs back when closed
+    got = _outputs(checkpoint, data_parallel_size=2, context_parallel_size=2, **gpu)
+    assert got == _outputs(checkpoint, **gpu)
