@@ -1,5 +1,6 @@
 """Host Engram tables in node shared memory: two ranks on one node (CPU processes over gloo)
-map one copy that the first rank filled, read-only, and neither holds a private copy.
+map one copy that the first rank filled, read-only, and neither holds a private copy; two ranks
+on different hosts (as the test lays them out) each fill and map their own.
 
 A table here is 32 MiB of FP8 rows (plus its scales), large next to the noise of a process's
 resident memory, so "no private copy" is a measurement: each rank's anonymous resident memory
@@ -23,6 +24,7 @@ from torch import nn
 from deepinfer import kernels
 from deepinfer.engine.checkpoint import loader
 from deepinfer.engine.checkpoint.loader import fill_tensors, load_into
+from deepinfer.engine.distributed import shared_tables
 from deepinfer.engine.distributed.shared_tables import (
     NodeTableShare,
     deferred_table_tensors,
@@ -56,9 +58,10 @@ def _dummy_fill(tables: dict[str, torch.Tensor]) -> None:
     fill_tensors(tables, None, config=None, load_format="dummy", seed=SEED)
 
 
-def _rank_main(rank: int, init_method: str, row_ids: torch.Tensor, results) -> None:
+def _rank_main(rank: int, init_method: str, row_ids: torch.Tensor, node: str, results) -> None:
     try:
         torch.set_num_threads(1)
+        shared_tables._node_key = lambda: node  # this child's host, as the test lays them out
         torch.distributed.init_process_group(
             "gloo", init_method=init_method, rank=rank, world_size=2
         )
@@ -86,13 +89,16 @@ def _rank_main(rank: int, init_method: str, row_ids: torch.Tensor, results) -> N
         results.put((rank, traceback.format_exc()))
 
 
-def _run_two_ranks(row_ids: torch.Tensor) -> dict[int, dict]:
+def _run_two_ranks(row_ids: torch.Tensor, nodes: tuple[str, str]) -> dict[int, dict]:
+    """Two forked ranks, rank ``r`` on host ``nodes[r]``; each one's report."""
     ctx = multiprocessing.get_context("fork")  # no CUDA here; fast to start
     results = ctx.Queue()
     init_method = f"tcp://127.0.0.1:{find_free_port()}"
     procs = [
-        ctx.Process(target=_rank_main, args=(rank, init_method, row_ids, results), daemon=True)
-        for rank in range(2)
+        ctx.Process(
+            target=_rank_main, args=(r, init_method, row_ids, nodes[r], results), daemon=True
+        )
+        for r in range(2)
     ]
     for proc in procs:
         proc.start()
@@ -111,22 +117,24 @@ def _run_two_ranks(row_ids: torch.Tensor) -> dict[int, dict]:
     return replies
 
 
-def test_two_ranks_of_a_node_map_one_read_only_copy_and_hold_no_private_one():
+@pytest.mark.parametrize("nodes", [("a", "a"), ("a", "b")], ids=["one-node", "two-nodes"])
+def test_the_ranks_of_a_node_map_one_read_only_copy_and_hold_no_private_one(nodes):
     torch.manual_seed(0)
     row_ids = torch.randint(0, ROWS, (17, 4))
-    replies = _run_two_ranks(row_ids)
+    replies = _run_two_ranks(row_ids, nodes)
     reference = _Tables()  # the same dummy fill, in this process's own memory
     _dummy_fill(dict(reference.state_dict()))
     want = kernels.engram_embedding_lookup(reference.table.weight, reference.table.scale, row_ids)
     table_bytes = ROWS * WIDTH + ROWS * WIDTH // 32
-    assert [replies[r]["is_leader"] for r in (0, 1)] == [True, False]
+    one_node = nodes[0] == nodes[1]
+    assert [replies[r]["is_leader"] for r in (0, 1)] == [True, not one_node]
     inodes = []
     for rank in (0, 1):
         reply = replies[rank]
-        assert reply["num_local_ranks"] == 2 and reply["num_bytes"] == table_bytes
-        assert torch.equal(
-            torch.from_numpy(reply["lookup"]), want
-        )  # the leader's fill, as each rank reads it
+        assert reply["num_local_ranks"] == (2 if one_node else 1)
+        assert reply["num_bytes"] == table_bytes
+        got = torch.from_numpy(reply["lookup"])
+        assert torch.equal(got, want.float())  # its node leader's fill, as this rank reads it
         names = {m.name: m for m in reply["mappings"]}
         assert sorted(names) == ["table.scale", "table.weight"]
         assert all(m.perms == "r--s" for m in names.values())  # read-only, shared
@@ -134,7 +142,7 @@ def test_two_ranks_of_a_node_map_one_read_only_copy_and_hold_no_private_one():
         inodes.append(sorted(m.inode for m in names.values()))
         assert reply["anon_growth"] < table_bytes // 8, f"rank {rank}: a private copy?"
         assert reply["shmem_growth"] >= table_bytes * 0.95
-    assert inodes[0] == inodes[1]  # one copy: the same files in both ranks
+    assert (inodes[0] == inodes[1]) == one_node  # one copy per node: the same files
 
 
 @pytest.mark.parametrize("quantized", [True, False], ids=["fp8-table", "float-table"])
