@@ -1,7 +1,9 @@
 """Context parallelism through ``LLM``: with batch-invariant kernels, two DP ranks that prefill
 long prompts as one CP group give the single-process outputs bit for bit: greedy and sampled
 tokens (``n = 2`` forking after a CP prefill too), their logprobs and the prompt logprobs; a
-short prompt in the same call runs on its rank as before. Each long prompt is prefilled in two
+short prompt in the same call runs on its rank as before. On V4.1 the engine speculates, and
+the drafts (their confidences) equal one process's too: the owner computes the prompt rows of
+the draft stages' window itself, seeding their rings. Each long prompt is prefilled in two
 CP chunks (``max_num_batched_tokens`` 32: chunks of up to 64 rows), tiny V4 and V4.1.
 
 ``DEEPINFER_CP_LLM_WIDE=1`` also runs four ranks: one CP group of 4, two groups of 2 (their
@@ -35,7 +37,7 @@ def _prompts() -> list[list[int]]:
 
 
 def _params() -> list[SamplingParams]:
-    common = dict(max_tokens=3, ignore_eos=True, logprobs=2)
+    common = dict(max_tokens=4, ignore_eos=True, logprobs=2)
     return [
         SamplingParams(temperature=0.0, prompt_logprobs=2, **common),
         SamplingParams(temperature=0.8, seq_seed=1, prompt_logprobs=0, **common),
@@ -50,12 +52,32 @@ def _outputs(checkpoint, **parallel) -> list:
     try:
         outs = llm.generate(prompt_token_ids=_prompts(), sampling_params=_params(), use_tqdm=False)
         # the long prompts' rows in chunks of up to C * max_num_batched_tokens
-        cp = parallel.get("context_parallel_size", 1)
-        chunks = sum(-(-(len(p) - 1) // (cp * 32)) for p in _prompts() if len(p) >= 64)
+        cp, tail = (
+            parallel.get("context_parallel_size", 1),
+            getattr(llm._core, "num_tail_tokens", 1),
+        )
+        chunks = sum(-(-(len(p) - tail) // (cp * 32)) for p in _prompts() if len(p) >= 64)
         assert getattr(llm._core, "num_context_chunks", chunks) == chunks
     finally:
         llm.close()
-    return [(o.prompt_logprobs, [(c.token_ids, c.logprobs) for c in o.outputs]) for o in outs]
+    return [
+        (o.prompt_logprobs, [(c.token_ids, c.logprobs) for c in o.outputs], _drafting(o.metrics))
+        for o in outs
+    ]
+
+
+def _drafting(metrics) -> tuple:
+    """What speculation did: the drafts verified and accepted, and each draft's confidence
+    (which the draft stages' windows decide, so the CP path must seed them as one process
+    does)."""
+    if metrics is None:
+        return ()
+    return (
+        metrics.num_verify_steps,
+        metrics.num_draft_tokens,
+        metrics.num_accepted_tokens,
+        metrics.draft_confidences,
+    )
 
 
 def _checkpoint(arch: str, directory):
@@ -65,21 +87,27 @@ def _checkpoint(arch: str, directory):
     )
 
 
-@pytest.fixture(scope="module", params=["v4", "v41"])
+# V4.1 speculates (DSpark, 2 drafts): the owner computes the draft window's prompt rows itself
+SPECULATION = dict(speculative_tokens=2, spec_varlen=False, return_draft_confidences=True)
+
+
+@pytest.fixture(scope="module", params=["v4", "v41-dspark"])
 def case(request, tmp_path_factory):
-    """(checkpoint, the single-process outputs with batch-invariant kernels)."""
-    checkpoint = _checkpoint(request.param, tmp_path_factory.mktemp(f"cp-llm-{request.param}"))
+    """(checkpoint, options, the single-process outputs with batch-invariant kernels)."""
+    arch = request.param.split("-")[0]
+    checkpoint = _checkpoint(arch, tmp_path_factory.mktemp(f"cp-llm-{arch}"))
+    options = SPECULATION if arch == "v41" else {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
-        return checkpoint, _outputs(checkpoint)
+        return checkpoint, options, _outputs(checkpoint, **options)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: "-".join(map(str, d.values())))
 def test_cp_prefill_through_llm_is_bitwise_one_process(case, layout, monkeypatch):
     monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
-    checkpoint, single = case
-    got = _outputs(checkpoint, **layout)
-    assert [len(p or []) for p, _ in got] == [100, 12, 0]
+    checkpoint, options, single = case
+    got = _outputs(checkpoint, **options, **layout)
+    assert [len(p or []) for p, _, _ in got] == [100, 12, 0]
     for index, (want, have) in enumerate(zip(single, got)):
         assert have == want, index
 

@@ -5,12 +5,14 @@ With ``context_parallel_size=C`` the DP ranks form groups of C consecutive ranks
 least ``cp_min_tokens`` tokens is given an owner as any request is (the least loaded rank) but
 waits in its group's queue instead of the owner's scheduler. Once every rank of the group can
 hold the prompt (blocks for its positions, a state slot; the owner one per sample), each
-reserves them and the group prefills the prompt's positions but the last, in chunks of at most
+reserves them and the group prefills the prompt's positions but the last (with speculative
+decoding, but the last ``sliding_window + drafts``: the owner's step seeds the draft stages'
+window rings with them), in chunks of at most
 ``C * max_num_batched_tokens`` rows, one chunk per step: each rank's ``SchedulerOutput`` of
 that step carries its :class:`~deepinfer.engine.core.scheduler_output.ContextPrefill`, which
 its executor runs before the step's own work. After the last chunk the request joins the
-owner's scheduler as running with all but its last prompt token computed (as a prefix-cache
-hit would), so the owner's ordinary step computes the last token and samples; the other ranks
+owner's scheduler as running with those positions computed (as a prefix-cache hit would), so
+the owner's ordinary step computes the rest of the prompt and samples; the other ranks
 free what they reserved. The prompt logprobs of the CP rows reach the request with that step.
 
 A CP request preempted later recomputes on its owner alone, as any request does.
@@ -52,8 +54,13 @@ class ContextParallelCore(DataParallelCore):
     """:class:`DataParallelCore` whose long prompts are prefilled by CP groups."""
 
     def __init__(self, schedulers, ranks, *, context_parallel_size: int, cp_min_tokens: int,
-                 **options) -> None:  # fmt: skip
+                 num_tail_tokens: int = 1, **options) -> None:  # fmt: skip
+        """``num_tail_tokens``: the last prompt positions the owner computes itself (with
+        speculative decoding the draft stages' window, whose rings its step seeds)."""
         super().__init__(schedulers, ranks, **options)
+        if num_tail_tokens < 1:
+            raise ValueError(f"num_tail_tokens={num_tail_tokens}: expected at least 1")
+        self.num_tail_tokens = num_tail_tokens
         if len(self.schedulers) % context_parallel_size:
             raise ValueError(
                 f"context_parallel_size={context_parallel_size}: expected a divisor of the "
@@ -70,7 +77,7 @@ class ContextParallelCore(DataParallelCore):
 
     def is_long(self, request: Request) -> bool:
         """Whether ``request`` is prefilled by its CP group."""
-        rows = request.num_prompt_tokens - 1
+        rows = request.num_prompt_tokens - self.num_tail_tokens
         return (
             request.num_prompt_tokens >= self.cp_min_tokens
             and rows >= ROWS_PER_RANK * self.cp
@@ -95,7 +102,7 @@ class ContextParallelCore(DataParallelCore):
         ):
             raise ValueError(f"request id {rid!r} is already in use")
         group = owner // self.cp
-        rows = request.num_prompt_tokens - 1
+        rows = request.num_prompt_tokens - self.num_tail_tokens
         size = self.cp * self.schedulers[owner].config.max_num_batched_tokens
         count = cdiv(rows, size)
         bounds = [rows * i // count for i in range(count + 1)]

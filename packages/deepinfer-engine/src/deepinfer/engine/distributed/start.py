@@ -108,7 +108,19 @@ def make_core(config: EngineConfig, scheduler_config: SchedulerConfig, loaded: L
     )
     if config.context_parallel_size > 1:
         cp, min_tokens = config.context_parallel_size, config.cp_min_tokens
+        num_drafts = getattr(ranks, "num_draft_tokens", 0)
+        tail = _draft_window(config, num_drafts) if num_drafts else 1
         return ContextParallelCore(
-            schedulers, ranks, context_parallel_size=cp, cp_min_tokens=min_tokens, **options
-        )
+            schedulers, ranks, context_parallel_size=cp, cp_min_tokens=min_tokens,
+            num_tail_tokens=tail, **options,
+        )  # fmt: skip
     return DataParallelCore(schedulers, ranks, **options)
+
+
+def _draft_window(config: EngineConfig, num_draft_tokens: int) -> int:
+    """Prompt positions whose taps the draft stages' window rings hold."""
+    from deepinfer.engine.checkpoint import resolve_model_path
+    from deepinfer.engine.model.config_parsing import load_config
+
+    path = resolve_model_path(config.model, weights=False)
+    return load_config(path).sliding_window + num_draft_tokens

@@ -126,15 +126,9 @@ def context_group(context_parallel_size: int) -> Communicator:
 
 def with_context_parallel(loaded: LoadedModel, config: EngineConfig) -> LoadedModel:
     """``loaded`` with its executor wrapped for CP prefills (the process group is formed);
-    refuses, in one line, what a CP prefill does not reproduce."""
+    refuses YoCo truncation, which a CP prefill does not apply, in one line."""
     cp = config.context_parallel_size
     executor = loaded.executor
-    if getattr(executor, "num_draft_tokens", 0):
-        raise ValueError(
-            f"context_parallel_size={cp}: speculative decoding does not run with context "
-            "parallelism yet (a CP prefill does not seed the draft windows); set "
-            "speculative_tokens=0"
-        )
     if getattr(executor.model, "truncation", None) is not None:
         raise ValueError(
             f"context_parallel_size={cp}: YoCo prefill truncation does not run with context "
