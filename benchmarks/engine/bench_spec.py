@@ -8,19 +8,24 @@ user = ``(decode_tokens - 1) / (t_full - t_first)``. Also reported: the mean acc
 (tokens emitted per verify step, bonus included, averaged over requests), drafts verified and
 accepted, and the step-cost curve the varlen planner measured at start-up (tokens -> ms).
 Prompts: Python snippets (the tiny model's domain) or ``--prompts-file`` (one per line),
-cycled to the batch size. ``--async on,off`` repeats every row with asynchronous scheduling on
+cycled to the batch size. Modes ``fixed-graphs`` and ``varlen-graphs`` turn on CUDA graphs for
+verification and drafting (``DEEPINFER_SPEC_GRAPHS=1``); ``graph_replays`` counts the row's
+verification and draft graph replays. ``--async on,off`` repeats every row with asynchronous scheduling on
 and off (same engine); ``--timeline`` adds, per row, ``step_timeline.py``'s steady-decode
 numbers (host ms per step, device busy and idle ms per step, busy fraction, idle gaps).
 
     python -m benchmarks.engine.bench_spec --out bench-out/spec.json          # GPU
     python -m benchmarks.engine.bench_spec --smoke --out bench-out/spec.json # CPU, seconds
     python -m benchmarks.engine.bench_spec --async on,off --timeline --out bench-out/spec.json
+    python -m benchmarks.engine.bench_spec --modes off,fixed,fixed-graphs,varlen,varlen-graphs \
+        --batches 1,8,64 --timeline --out bench-out/spec-graphs.json
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import sys
 import time
@@ -45,7 +50,14 @@ PROMPTS = [
     "try:\n    import json\nexcept ImportError:\n    ",
     "    return ",
 ]
-MODES = {"off": (0, False), "fixed": (None, False), "varlen": (None, True)}
+# mode -> (drafts: 0 or --k, confidence-scheduled, CUDA graphs for speculative steps)
+MODES = {
+    "off": (0, False, False),
+    "fixed": (None, False, False),
+    "varlen": (None, True, False),
+    "fixed-graphs": (None, False, True),
+    "varlen-graphs": (None, True, True),
+}
 
 
 def default_model() -> str:
@@ -68,7 +80,8 @@ def _timed(llm: LLM, prompts: list[list[int]], max_tokens: int):
 
 
 def _engine(args, mode: str) -> LLM:
-    k, varlen = MODES[mode]
+    k, varlen, graphs = MODES[mode]
+    os.environ["DEEPINFER_SPEC_GRAPHS"] = "1" if graphs else "0"  # read when the engine loads
     max_model_len = args.max_prompt_len + args.decode_tokens + 16
     max_batch = max(args.batches)
     blocks = max_batch * -(-max_model_len // args.block_size) + 8
@@ -114,6 +127,7 @@ def _mode_rows(args, mode: str) -> tuple[list[dict], dict | None]:
 
 def _row(llm: LLM, args, mode: str, spec, batch: int, setting: str) -> dict:
     prompts = _prompts(llm, args, batch)
+    replays_before = _graph_replays(llm)
     first, _ = _timed(llm, prompts, 1)
     full, outputs = _timed(llm, prompts, args.decode_tokens)
     decode_s = max(full - first, 1e-9)
@@ -126,11 +140,20 @@ def _row(llm: LLM, args, mode: str, spec, batch: int, setting: str) -> dict:
         "accept_len": statistics.mean(lengths) if lengths else 1.0,
         "drafts": sum(o.metrics.num_draft_tokens for o in outputs),
         "accepted": sum(o.metrics.num_accepted_tokens for o in outputs),
+        "graph_replays": _graph_replays(llm) - replays_before,
     }  # fmt: skip
     if args.timeline:
         timeline = step_timeline.measure(llm, prompts, args.decode_tokens)
         row.update({k: timeline[k] for k in TIMELINE})
     return row
+
+
+def _graph_replays(llm: LLM) -> int:
+    """Step and draft graph replays so far (0 without graphs)."""
+    runner = llm._core.executor
+    graphs = getattr(runner, "graphs", None)
+    drafts = getattr(getattr(runner, "drafter", None), "graphs", None)
+    return sum(g.num_replays for g in (graphs, drafts) if g is not None)
 
 
 TIMELINE = ["host_ms", "gpu_busy_ms", "idle_ms", "busy_frac", "max_gap_ms"]
@@ -185,7 +208,7 @@ def main(argv=None) -> dict:
     print(f"DSpark speculative decoding on {args.model} ({args.accelerator}, {args.dtype}), "
           f"{args.decode_tokens} tokens per request")  # fmt: skip
     columns = ["mode", "async", "batch", "k", "tok/s/user", "tok/s", "accept_len", "drafts",
-               "accepted"] + (TIMELINE if args.timeline else [])  # fmt: skip
+               "accepted", "graph_replays"] + (TIMELINE if args.timeline else [])  # fmt: skip
     print_table(rows, columns)
     for mode, curve in curves.items():
         points = ", ".join(f"{n}:{ms:.2f}" for n, ms in zip(curve["num_tokens"], curve["ms"]))
