@@ -165,8 +165,8 @@ class DecodeGraphs:
         return key
 
     def run(self, plan: StepPlan, rows: list[int]) -> torch.Tensor | None:
-        """Logits ``[T, vocab]`` fp32 of a qualifying decode step (valid until the next step),
-        or None: the caller runs the step eagerly."""
+        """Logits ``[T, vocab]`` fp32 of a qualifying decode or verification step (valid until
+        the next step), or None: the caller runs the step eagerly."""
         key = self.key(plan, rows)
         if key is None:
             return None
@@ -228,7 +228,7 @@ class DecodeGraphs:
         except Exception as error:  # noqa: BLE001 - any capture failure means: run eagerly
             self.failed.add(key)
             self.graphs.pop(key, None)
-            logger.warning("decode graph %s: capture failed, running eagerly (%s)", key, error)
+            logger.warning("step graph %s: capture failed, running eagerly (%s)", key, error)
             return False
         entry.graph, entry.logits = graph, out
         logger.info("captured the step graph of %d tokens, context %d, entries %s", *key)
