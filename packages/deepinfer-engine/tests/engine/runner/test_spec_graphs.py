@@ -130,7 +130,7 @@ def test_spec_graphs_equal_the_eager_speculative_loop(checkpoint, dspark_checkpo
 def test_spec_graphs_replay_on_the_gpu(monkeypatch, async_scheduling):
     """The embedded model with real captures: outputs equal the switch off, graphs replayed,
     and no replayed step synchronises with the host (``DEEPINFER_SYNC_GUARD=1``)."""
-    prompts, params = _prompts(), _params(longest=40)
+    prompts, params = _prompts(), _params(longest=64)
 
     def run(switch: str):
         monkeypatch.setenv("DEEPINFER_SPEC_GRAPHS", switch)
@@ -147,4 +147,5 @@ def test_spec_graphs_replay_on_the_gpu(monkeypatch, async_scheduling):
     assert runner.graphs is not None and runner.graphs.speculative
     assert runner.graphs.num_replays > 10, "verification graphs were not replayed"
     assert runner.drafter.graphs.num_replays > 10, "draft graphs were not replayed"
-    assert on == off
+    assert [r[:2] for r in on] == [r[:2] for r in off], "tokens or logprobs differ"
+    assert on == off, "accept counts or draft confidences differ: the drafter's graphs"
