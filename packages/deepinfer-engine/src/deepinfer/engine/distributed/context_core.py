@@ -7,8 +7,8 @@ waits in its group's queue instead of the owner's scheduler. Once every rank of 
 hold the prompt (blocks for its positions, a state slot; the owner one per sample), each
 reserves them and the group prefills the prompt's positions but the last (with speculative
 decoding, but the last ``sliding_window + drafts``: the owner's step seeds the draft stages'
-window rings with them), in chunks of at most
-``C * max_num_batched_tokens`` rows, one chunk per step: each rank's ``SchedulerOutput`` of
+window rings with them), in chunks of at most ``C * max(max_num_batched_tokens, 16)`` rows
+(every rank computes at least 16; a shorter prompt runs on its owner), one chunk per step: each rank's ``SchedulerOutput`` of
 that step carries its :class:`~deepinfer.engine.core.scheduler_output.ContextPrefill`, which
 its executor runs before the step's own work. After the last chunk the request joins the
 owner's scheduler as running with those positions computed (as a prefix-cache hit would), so
@@ -103,7 +103,8 @@ class ContextParallelCore(DataParallelCore):
             raise ValueError(f"request id {rid!r} is already in use")
         group = owner // self.cp
         rows = request.num_prompt_tokens - self.num_tail_tokens
-        size = self.cp * self.schedulers[owner].config.max_num_batched_tokens
+        budget = self.schedulers[owner].config.max_num_batched_tokens
+        size = self.cp * max(budget, ROWS_PER_RANK)
         count = cdiv(rows, size)
         bounds = [rows * i // count for i in range(count + 1)]
         ranks = range(group * self.cp, (group + 1) * self.cp)
