@@ -58,6 +58,8 @@ class TorchrunRanks:
         self.executor = executor
         self.control = control
         self.world_size = world_size
+        # drafts the ranks' executors propose (every rank's are configured alike)
+        self.num_draft_tokens = getattr(executor, "num_draft_tokens", 0)
 
     def execute(self, outputs: dict[int, SchedulerOutput]) -> dict[int, ModelRunnerOutput]:
         self._send(
