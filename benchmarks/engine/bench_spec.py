@@ -10,7 +10,9 @@ accepted, and the step-cost curve the varlen planner measured at start-up (token
 Prompts: Python snippets (the tiny model's domain) or ``--prompts-file`` (one per line),
 cycled to the batch size. Modes ``fixed-graphs`` and ``varlen-graphs`` turn on CUDA graphs for
 verification and drafting (``DEEPINFER_SPEC_GRAPHS=1``); ``graph_replays`` counts the row's
-verification and draft graph replays. ``--async on,off`` repeats every row with asynchronous scheduling on
+verification and draft graph replays. Every row runs its generation once untimed first, so
+the timed run is warm (its graphs captured, its kernels compiled) in every mode (not with
+``--smoke``). ``--async on,off`` repeats every row with asynchronous scheduling on
 and off (same engine); ``--timeline`` adds, per row, ``step_timeline.py``'s steady-decode
 numbers (host ms per step, device busy and idle ms per step, busy fraction, idle gaps).
 
@@ -127,6 +129,8 @@ def _mode_rows(args, mode: str) -> tuple[list[dict], dict | None]:
 
 def _row(llm: LLM, args, mode: str, spec, batch: int, setting: str) -> dict:
     prompts = _prompts(llm, args, batch)
+    if not args.smoke:  # untimed: the row's graphs captured, its kernels built
+        _timed(llm, prompts, args.decode_tokens)
     replays_before = _graph_replays(llm)
     first, _ = _timed(llm, prompts, 1)
     full, outputs = _timed(llm, prompts, args.decode_tokens)
