@@ -25,7 +25,7 @@ from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.model.mtp import DraftProposal
 from deepinfer.engine.model.mtp_heads import confidence_from_logits
-from deepinfer.engine.runner.async_step import sync_guard
+from deepinfer.engine.runner.async_step import device_index, sync_guard
 from deepinfer.engine.runner.draft_graphs import DraftGraphs
 from deepinfer.engine.runner.spec_sampling import processed_probs
 from deepinfer.engine.runner.speculation import REJECTION
@@ -186,20 +186,28 @@ class DraftPicker:
             self._pending_fed[b] = fed
             if fed < len(r.pending_tokens):
                 self.limits[b] = 0  # the matcher refused this step's tokens: no drafts
+        # grammar matchers, penalties and token bans read the earlier drafts on the host;
+        # otherwise the picks stay on the device until the proposal's one read
+        self.host_picks = any(r.grammar is not None or r.params.has_penalty
+                              or r.params.has_bans for r in requests)  # fmt: skip
 
     def __call__(self, logits: torch.Tensor, index: int) -> torch.Tensor:
         reqs = self.requests
         positions = [r.last_position + 2 + index for r in reqs]
         histories = [r.history + self.picked[b] for b, r in enumerate(reqs)]
         bitmask = self._bitmask(index, logits.shape[1])
-        tokens = torch.zeros(len(reqs), dtype=torch.long, device=logits.device)
         match = [b for b, r in enumerate(reqs) if r.mode != REJECTION]
         reject = [b for b, r in enumerate(reqs) if r.mode == REJECTION]
-        if match:
+        if not reject:
+            tokens = self._draw_match(logits, match, positions, histories, bitmask)
+        elif not match:
+            tokens = self._draw_rejection(logits, reject, positions, histories, bitmask)
+        else:
+            tokens = torch.zeros(len(reqs), dtype=torch.long, device=logits.device)
             tokens[match] = self._draw_match(logits, match, positions, histories, bitmask)
-        if reject:
             tokens[reject] = self._draw_rejection(logits, reject, positions, histories, bitmask)
-        self._record(tokens.tolist(), index)
+        if self.host_picks:
+            self._record(tokens.tolist(), index)
         return tokens
 
     def _bitmask(self, index: int, vocab_size: int) -> torch.Tensor | None:
@@ -214,7 +222,7 @@ class DraftPicker:
 
     def _draw_match(self, logits, rows, positions, histories, bitmask) -> torch.Tensor:
         result = sample(
-            logits[rows],
+            _take(logits, rows),
             [self.requests[b].params for b in rows],
             [positions[b] for b in rows],
             output_token_ids=[histories[b] for b in rows],
@@ -225,15 +233,14 @@ class DraftPicker:
 
     def _draw_rejection(self, logits, rows, positions, histories, bitmask) -> torch.Tensor:
         probs = processed_probs(
-            logits[rows],
+            _take(logits, rows),
             [self.requests[b].params for b in rows],
             [histories[b] for b in rows],
             None if bitmask is None else bitmask[rows],
         )
-        seeds = torch.tensor([self.requests[b].params.seq_seed for b in rows], dtype=torch.long)
-        where = torch.tensor([positions[b] for b in rows], dtype=torch.long)
-        device = logits.device
-        drawn = draw_categorical(probs, seeds.to(device), where.to(device), rng.STREAM_DRAFT)
+        seeds = device_index([self.requests[b].params.seq_seed for b in rows], logits.device)
+        where = device_index([positions[b] for b in rows], logits.device)
+        drawn = draw_categorical(probs, seeds, where, rng.STREAM_DRAFT)
         for i, b in enumerate(rows):
             self._probs[b].append(probs[i])
         return drawn
@@ -260,3 +267,8 @@ class DraftPicker:
         if not self._probs[b]:
             return None
         return torch.stack(self._probs[b][: self.limits[b]])
+
+
+def _take(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """``logits[rows]``; every row as is (indexing with a list copies it from the host)."""
+    return logits if len(rows) == logits.shape[0] else logits[rows]

@@ -273,7 +273,8 @@ class ModelRunner:
             anchor=e.tokens[-1],
             last_position=e.final_row_position,
             slot=seq.state_slot,
-            params=replace(params, seq_seed=seq.seed, seed=None),
+            # (a draft needs no logprobs: plain greedy requests then pick in the draft graph)
+            params=replace(params, seq_seed=seq.seed, seed=None, logprobs=None),
             mode=verify_mode(params, seq.has_user_seed, self.spec.acceptance),
             history=history,
             max_drafts=max_drafts,
