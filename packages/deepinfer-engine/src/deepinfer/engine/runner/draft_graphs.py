@@ -8,9 +8,10 @@ block token attends to the ``sliding_window`` ring rows of its request's main po
 the ``K`` rows of its block whatever the context length. The graph's outputs are the last
 stage's hidden rows (the confidence head reads them) and the base logits; the Markov head and
 the picking of each draft stay eager (:meth:`DSparkDraft.markov_decode`): draft ``i + 1``'s
-correction depends on draft ``i``, which the request's own sampling pipeline picks on the host
-(penalties over its history, grammar matchers advanced draft by draft, seeded draws), a
-``[B, vocab]`` correction and a pick per draft position, small next to the stages. When every
+correction depends on draft ``i``, which the request's own sampling pipeline picks (penalties
+over its history and grammar matchers advanced draft by draft on the host, seeded or rejection
+draws), a ``[B, vocab]`` correction and a pick per draft position, small next to the stages;
+the picks are read back once per proposal unless a grammar or penalty needs them. When every
 request of the proposal is plain greedy (no grammar, no logit processing: its pick is the
 argmax), the graph of that key (``greedy=True``) runs the Markov head and the picks too, and
 returns the drafts and their confidence logits: the whole proposal is one replay and one read.
