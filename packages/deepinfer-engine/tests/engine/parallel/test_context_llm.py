@@ -8,7 +8,8 @@ CP chunks (``max_num_batched_tokens`` 32: chunks of up to 64 rows), tiny V4 and 
 
 ``DEEPINFER_CP_LLM_WIDE=1`` also runs four ranks: one CP group of 4, two groups of 2 (their
 own process groups), and two groups of 2 whose ranks are also the four expert-parallel ranks
-(a rank whose group has no chunk takes part in the MoE exchanges of the chunk's step)."""
+(a rank whose group has no chunk takes part in the MoE exchanges of the chunk's step).
+``DEEPINFER_CP_TOKENS=4000`` makes the first prompt 4,000 tokens long."""
 
 from __future__ import annotations
 
@@ -31,9 +32,12 @@ if WIDE:
     ]
 
 
+LONG = int(os.environ.get("DEEPINFER_CP_TOKENS", "100"))
+
+
 def _prompts() -> list[list[int]]:
     g = torch.Generator().manual_seed(5)
-    return [torch.randint(3, 500, (n,), generator=g).tolist() for n in (100, 12, 70)]
+    return [torch.randint(3, 500, (n,), generator=g).tolist() for n in (LONG, 12, 70)]
 
 
 def _params() -> list[SamplingParams]:
@@ -46,7 +50,7 @@ def _params() -> list[SamplingParams]:
 
 
 def _outputs(checkpoint, **parallel) -> list:
-    options = dict(dtype="float32", max_model_len=128, max_num_batched_tokens=32)
+    options = dict(dtype="float32", max_model_len=LONG + 32, max_num_batched_tokens=32)
     options.update(speculative_tokens=0, cp_min_tokens=64)
     llm = LLM(str(checkpoint), **{**options, **parallel})
     try:
@@ -107,7 +111,7 @@ def test_cp_prefill_through_llm_is_bitwise_one_process(case, layout, monkeypatch
     monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
     checkpoint, options, single = case
     got = _outputs(checkpoint, **options, **layout)
-    assert [len(p or []) for p, _, _ in got] == [100, 12, 0]
+    assert [len(p or []) for p, _, _ in got] == [LONG, 12, 0]
     for index, (want, have) in enumerate(zip(single, got)):
         assert have == want, index
 

@@ -106,9 +106,12 @@ class ContextParallelExecutor:
         return getattr(self.executor, name)
 
 
-def context_group(context_parallel_size: int) -> Communicator:
+def context_group(context_parallel_size: int, timeout_s: float) -> Communicator:
     """This rank's CP group: ranks ``C * g .. C * g + C - 1`` of the default process group
-    (every rank forms every group, in the same order, as ``new_group`` requires)."""
+    (every rank forms every group, in the same order, as ``new_group`` requires), whose
+    collectives time out after ``timeout_s``."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     from deepinfer.parallel import TorchDistributedComm
@@ -116,9 +119,9 @@ def context_group(context_parallel_size: int) -> Communicator:
     world, rank, cp = dist.get_world_size(), dist.get_rank(), context_parallel_size
     if cp == world:
         return TorchDistributedComm()
-    mine = None
+    mine, timeout = None, timedelta(seconds=timeout_s)
     for first in range(0, world, cp):
-        group = dist.new_group(list(range(first, first + cp)))
+        group = dist.new_group(list(range(first, first + cp)), timeout=timeout)
         if first <= rank < first + cp:
             mine = group
     return TorchDistributedComm(mine)
@@ -134,4 +137,7 @@ def with_context_parallel(loaded: LoadedModel, config: EngineConfig) -> LoadedMo
             f"context_parallel_size={cp}: YoCo prefill truncation does not run with context "
             "parallelism; set yoco_prefill_truncation_mode='off'"
         )
-    return replace(loaded, executor=ContextParallelExecutor(executor, context_group(cp)))
+    return replace(
+        loaded,
+        executor=ContextParallelExecutor(executor, context_group(cp, config.distributed_timeout_s)),
+    )
