@@ -60,7 +60,8 @@ def _outputs(checkpoint, **parallel) -> list:
             parallel.get("context_parallel_size", 1),
             getattr(llm._core, "num_tail_tokens", 1),
         )
-        chunks = sum(-(-(len(p) - tail) // (cp * 32)) for p in _prompts() if len(p) >= 64)
+        rows = [len(p) - tail for p in _prompts() if len(p) >= 64]
+        chunks = sum(-(-n // (cp * 32)) for n in rows if n >= 16 * cp)  # 16 rows a rank
         assert getattr(llm._core, "num_context_chunks", chunks) == chunks
     finally:
         llm.close()
