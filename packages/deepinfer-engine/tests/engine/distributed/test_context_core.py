@@ -92,7 +92,7 @@ class Ranks:
         pass
 
 
-def _requests(num: int, seed: int) -> list[Request]:
+def _requests(num: int, seed: int, longest: int = 6) -> list[Request]:
     rng = random.Random(seed)
     requests = []
     for i in range(num):
@@ -100,7 +100,7 @@ def _requests(num: int, seed: int) -> list[Request]:
         prompt = [rng.randrange(VOCAB) for _ in range(length)]
         params = SamplingParams(
             temperature=0.0 if i % 2 == 0 else 0.8,
-            max_tokens=rng.randint(1, 6),
+            max_tokens=rng.randint(1, longest),
             ignore_eos=True,
             seq_seed=rng.randrange(1 << 40),
             n=1 if i % 5 else 2,
@@ -138,18 +138,25 @@ def _all_free(core) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("world_size", "cp", "every_rank_steps"), [(2, 2, False), (4, 2, False), (4, 2, True)]
+    ("world_size", "cp", "every_rank_steps", "num_blocks"),
+    # 50 blocks and longer outputs: ranks preempt requests, CP-prefilled ones among them, which
+    # recompute on their owner alone
+    [(2, 2, False, 120), (4, 2, False, 120), (4, 2, True, 120), (2, 2, False, 50)],
 )
-def test_long_prompts_give_one_engine_cores_outputs(world_size, cp, every_rank_steps):
-    single = build_engine_core(CONFIG, vocab_size=VOCAB)
-    for request in _requests(24, seed=world_size):
+def test_long_prompts_give_one_engine_cores_outputs(world_size, cp, every_rank_steps, num_blocks):
+    config = replace(CONFIG, num_blocks=num_blocks)
+    longest = 6 if num_blocks > 100 else 30
+    single = build_engine_core(config, vocab_size=VOCAB)
+    for request in _requests(24, world_size, longest):
         single.add_request(request)
     expected = _results(run_until_done(single))
-    core, ranks = _core(world_size, cp, every_rank_steps=every_rank_steps)
-    for request in _requests(24, seed=world_size):
+    core, ranks = _core(world_size, cp, config=config, every_rank_steps=every_rank_steps)
+    for request in _requests(24, world_size, longest):
         core.add_request(request)
     assert _results(run_until_done(core)) == expected
     assert core.num_context_chunks > 10 and _all_free(core)
+    if num_blocks < 100:
+        assert sum(s.num_preemptions for s in core.schedulers) > 0
     if every_rank_steps:  # ranks whose group had no chunk ran idle MoE exchanges
         assert all(step == list(range(world_size)) for step in ranks.steps)
         assert any(e.num_idle for e in ranks.executors)
