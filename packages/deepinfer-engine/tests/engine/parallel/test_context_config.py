@@ -47,3 +47,17 @@ def test_llm_refuses_cp_on_a_model_without_compressed_attention_before_any_proce
     (tmp_path / "config.json").write_text(json.dumps(window_only))
     with pytest.raises(ValueError, match="context_parallel_size=2: this model has no compressed"):
         LLM(str(tmp_path), accelerator="cpu", data_parallel_size=2, context_parallel_size=2)
+
+
+def test_yoco_truncation_is_refused_with_cp_when_a_rank_loads():
+    from types import SimpleNamespace
+
+    from deepinfer.engine.config import LoadedModel
+    from deepinfer.engine.runner.context_executor import with_context_parallel
+
+    model = SimpleNamespace(truncation=object())  # what load_executor sets when it is on
+    executor = SimpleNamespace(model=model, cache=None, num_draft_tokens=0)
+    loaded = LoadedModel(executor, None, 8, frozenset(), 64, num_blocks=2, num_state_slots=2)
+    config = EngineConfig(model="x", context_parallel_size=2, data_parallel_size=2)
+    with pytest.raises(ValueError, match="context_parallel_size=2: YoCo prefill truncation"):
+        with_context_parallel(loaded, config)
