@@ -82,23 +82,27 @@ class ContextParallelExecutor:
         logits = context_parallel_prefill(self.model, self.cache, batch, split, self.comm)
         if k is None:
             return
-        entries = self._prompt_logprobs(logits, split, chunk.token_ids, k)
-        if chunk.is_owner:
+        entries = self._prompt_logprobs(logits, split, chunk.token_ids, k, chunk.is_owner)
+        if entries is not None:
             self.kept.setdefault(chunk.request_id, []).extend(entries)
 
-    def _prompt_logprobs(self, logits, split: RowSplit, tokens: list[int], k: int):
+    def _prompt_logprobs(self, logits, split: RowSplit, tokens: list[int], k: int, keep: bool):
         """``{prompt token: logprob}`` plus the top ``k`` per row of the chunk, as the runner
-        reports prompt logprobs, from this rank's rows' ``logits`` and the other ranks'."""
+        reports prompt logprobs, from this rank's rows' ``logits`` and the other ranks' (every
+        rank takes part in the gathers; only ``keep`` builds the entries)."""
         gather = RowGather(self.comm, split, self.device)
         own = split.rows[self.comm.rank].long()
         targets = torch.tensor(tokens[1:], dtype=torch.long)[own].to(self.device)
         logprobs = torch.log_softmax(logits.float(), dim=-1)
-        chosen = gather(logprobs.gather(1, targets[:, None])[:, 0]).tolist()
-        entries = [{token: logprob} for token, logprob in zip(tokens[1:], chosen)]
+        scored = [gather(logprobs.gather(1, targets[:, None])[:, 0])]
         if k > 0:
             top = logprobs.topk(k, dim=-1)
-            indices, values = gather(top.indices).tolist(), gather(top.values).tolist()
-            for entry, ids, vals in zip(entries, indices, values):
+            scored += [gather(top.indices), gather(top.values)]
+        if not keep:
+            return None
+        entries = [{token: logprob} for token, logprob in zip(tokens[1:], scored[0].tolist())]
+        if k > 0:
+            for entry, ids, vals in zip(entries, scored[1].tolist(), scored[2].tolist()):
                 entry.update(zip(ids, vals))
         return entries
 
