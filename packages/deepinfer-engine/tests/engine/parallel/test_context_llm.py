@@ -3,8 +3,8 @@ long prompts as one CP group give the single-process outputs bit for bit: greedy
 tokens (``n = 2`` forking after a CP prefill too), their logprobs and the prompt logprobs; a
 short prompt in the same call runs on its rank as before. On V4.1 the engine speculates, and
 the drafts (their confidences) equal one process's too: the owner computes the prompt rows of
-the draft stages' window itself, seeding their rings. Each long prompt is prefilled in two
-CP chunks (``max_num_batched_tokens`` 32: chunks of up to 64 rows), tiny V4 and V4.1.
+the draft stages' window itself, seeding their rings. CP chunks are of up to 64 rows
+(``max_num_batched_tokens`` 32), so the 100-token prompt takes two; tiny V4 and V4.1.
 
 ``DEEPINFER_CP_LLM_WIDE=1`` also runs four ranks: one CP group of 4, two groups of 2 (their
 own process groups), and two groups of 2 whose ranks are also the four expert-parallel ranks
