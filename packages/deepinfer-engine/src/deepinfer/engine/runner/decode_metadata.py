@@ -79,6 +79,15 @@ def padded_count(count: int, limit: int) -> int:
     return min(1 << (count - 1).bit_length(), limit)
 
 
+def flat_views(fields: dict[str, tuple[int, tuple[int, ...]]], flat) -> dict:
+    """``name -> view`` of a flat buffer (numpy array or tensor) laid out as ``fields``
+    (``name -> (offset, shape)``)."""
+    return {
+        name: flat[offset : offset + int(np.prod(shape))].reshape(shape)
+        for name, (offset, shape) in fields.items()
+    }
+
+
 @dataclass
 class DecodeLayout:
     """Shapes and flat-buffer offsets of the fixed metadata of ``num_tokens`` token rows
@@ -120,11 +129,7 @@ class DecodeLayout:
         self.size += int(np.prod(shape))
 
     def views(self, flat):
-        """``name -> view`` of a flat buffer (numpy array or tensor) laid out as ``fields``."""
-        return {
-            name: flat[offset : offset + int(np.prod(shape))].reshape(shape)
-            for name, (offset, shape) in self.fields.items()
-        }
+        return flat_views(self.fields, flat)
 
     def fill(self, out: np.ndarray, input_ids, positions, block_tables, state_slots,
              cu_seqlens_q=None) -> None:  # fmt: skip

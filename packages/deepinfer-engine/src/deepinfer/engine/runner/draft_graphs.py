@@ -36,7 +36,7 @@ from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import AttentionMetadata
 from deepinfer.engine.model.mtp_window import check_ring
 from deepinfer.engine.runner.cuda_graphs import capture_graph, graph_batch_size
-from deepinfer.engine.runner.decode_metadata import SCRATCH_SLOT
+from deepinfer.engine.runner.decode_metadata import SCRATCH_SLOT, flat_views
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +65,7 @@ class DraftLayout:
             self.size += int(np.prod(shape))
 
     def views(self, flat):
-        return {
-            name: flat[offset : offset + int(np.prod(shape))].reshape(shape)
-            for name, (offset, shape) in self.fields.items()
-        }
+        return flat_views(self.fields, flat)
 
     def fill(self, out: np.ndarray, anchors, last_positions, slots) -> None:
         """Write the block of ``B <= num_requests`` requests into ``out``: request ``b``'s
