@@ -8,9 +8,10 @@ hold the prompt (blocks for its positions, a state slot; the owner one per sampl
 reserves them and the group prefills the prompt's positions but the last (with speculative
 decoding, but the last ``sliding_window + drafts``: the owner's step seeds the draft stages'
 window rings with them), in chunks of at most ``C * max(max_num_batched_tokens, 16)`` rows
-(every rank computes at least 16; a shorter prompt runs on its owner), one chunk per step: each rank's ``SchedulerOutput`` of
-that step carries its :class:`~deepinfer.engine.core.scheduler_output.ContextPrefill`, which
-its executor runs before the step's own work. After the last chunk the request joins the
+(every rank computes at least 16; a shorter prompt runs on its owner), one chunk per step:
+each rank's ``SchedulerOutput`` of that step carries its
+:class:`~deepinfer.engine.core.scheduler_output.ContextPrefill`, which its executor runs
+before the step's own work. After the last chunk the request joins the
 owner's scheduler as running with those positions computed (as a prefix-cache hit would), so
 the owner's ordinary step computes the rest of the prompt and samples; the other ranks
 free what they reserved. The prompt logprobs of the CP rows reach the request with that step.
