@@ -67,6 +67,8 @@ class FakeContextExecutor(HashModelExecutor):
                 out.prompt_logprobs[new.request_id] = kept + out.prompt_logprobs.get(
                     new.request_id, []
                 )
+        for request_id in so.finished_request_ids:
+            self.kept.pop(request_id, None)
         return out
 
 
@@ -182,13 +184,15 @@ def test_a_long_prompt_waits_for_room_and_one_that_never_fits_fails_on_its_owner
 
 
 def test_an_aborted_cp_request_finishes_alone_and_frees_its_reservation():
-    core, _ = _core(2, 2)
-    params = SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0)
+    core, ranks = _core(2, 2)
+    params = SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0, prompt_logprobs=0)
     core.add_request(Request("long", [7] * 100, params, seed=1))
     core.add_request(Request("other", [4] * 10, params, seed=2))
     core.step()  # the first of 4 chunks
     assert core.jobs[0][0].started
+    assert any("long" in e.kept for e in ranks.executors)  # the owner keeps its scores
     core.abort(["long"])
     finals = {u.request_id: u for u in run_until_done(core) if u.finished}
     assert finals["long"].finish_reason == "abort"
     assert finals["other"].finish_reason == "length" and _all_free(core)
+    assert all(not e.kept for e in ranks.executors)  # told to forget them

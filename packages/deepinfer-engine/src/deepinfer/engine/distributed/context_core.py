@@ -69,6 +69,8 @@ class ContextParallelCore(DataParallelCore):
             )
         self.cp = context_parallel_size
         self.cp_min_tokens = cp_min_tokens
+        # per rank: CP requests aborted after a chunk ran, for its executor to forget
+        self._dropped: list[set[str]] = [set() for _ in self.schedulers]
         self.jobs: list[deque[_Job]] = [deque() for _ in range(len(schedulers) // self.cp)]
         self.num_context_chunks = 0  # CP prefill chunks launched
         self._handed = False  # a request went to a scheduler after it scheduled this step
@@ -117,6 +119,8 @@ class ContextParallelCore(DataParallelCore):
         for queue in self.jobs:
             for job in [j for j in queue if j.request.group_id in group_ids]:
                 queue.remove(job)
+                if job.started:  # the owner's executor may keep its prompt logprobs
+                    self._dropped[job.owner].add(job.request.request_id)
                 self._release(job, keep_owner=False)
                 self.schedulers[job.owner].add_request(job.request)  # reported by its abort
         super().abort(group_ids)
@@ -138,6 +142,11 @@ class ContextParallelCore(DataParallelCore):
             chunks = {rank: chunks.get(rank, ContextPrefill()) for rank in range(len(outputs))}
         for rank, chunk in chunks.items():
             outputs[rank] = replace(outputs[rank], context_prefill=chunk)
+        for rank, dropped in enumerate(self._dropped):
+            if dropped:
+                finished = outputs[rank].finished_request_ids | dropped
+                outputs[rank] = replace(outputs[rank], finished_request_ids=finished)
+                dropped.clear()
         return super()._launch(outputs)
 
     def _update(self, outputs, results, check):

@@ -57,6 +57,8 @@ class ContextParallelExecutor:
                 out.prompt_logprobs[new.request_id] = kept + out.prompt_logprobs.get(
                     new.request_id, []
                 )
+        for request_id in so.finished_request_ids:  # aborted before its first own step
+            self.kept.pop(request_id, None)
         return out
 
     @torch.inference_mode()
