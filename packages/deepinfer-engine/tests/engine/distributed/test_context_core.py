@@ -18,6 +18,7 @@ from deepinfer.engine.core.scheduler import Scheduler
 from deepinfer.engine.distributed.context_core import ContextParallelCore
 from deepinfer.engine.testing.fake_executor import (
     HashModelExecutor,
+    LocalRanks,
     build_engine_core,
     run_until_done,
     token_logprob,
@@ -72,28 +73,6 @@ class FakeContextExecutor(HashModelExecutor):
         return out
 
 
-class Ranks:
-    """A RankGroup of fake CP executors (``launch``: steps run when collected, in order)."""
-
-    def __init__(self, world_size: int, config: SchedulerConfig = CONFIG) -> None:
-        self.world_size = world_size
-        self.executors = [
-            FakeContextExecutor(config.num_blocks, config.block_size, config.num_state_slots, VOCAB)
-            for _ in range(world_size)
-        ]
-        self.steps: list[list[int]] = []
-
-    def execute(self, outputs):
-        self.steps.append(sorted(outputs))
-        return {rank: self.executors[rank].execute(so) for rank, so in outputs.items()}
-
-    def end_call(self):
-        pass
-
-    def close(self):
-        pass
-
-
 def _requests(num: int, seed: int, longest: int = 6) -> list[Request]:
     rng = random.Random(seed)
     requests = []
@@ -123,7 +102,10 @@ def _results(updates) -> dict[str, tuple]:
 
 def _core(world_size, cp, config=CONFIG, **options):
     schedulers = [Scheduler(config) for _ in range(world_size)]
-    ranks = Ranks(world_size, config)
+    ranks = LocalRanks([
+        FakeContextExecutor(config.num_blocks, config.block_size, config.num_state_slots, VOCAB)
+        for _ in range(world_size)
+    ])  # fmt: skip
     options.setdefault("every_rank_steps", False)
     core = ContextParallelCore(
         schedulers, ranks, context_parallel_size=cp, cp_min_tokens=40, **options

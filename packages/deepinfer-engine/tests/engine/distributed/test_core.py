@@ -14,6 +14,7 @@ from deepinfer.engine.core.scheduler import Scheduler
 from deepinfer.engine.distributed.core import DataParallelCore, request_load
 from deepinfer.engine.testing.fake_executor import (
     HashModelExecutor,
+    LocalRanks,
     build_engine_core,
     run_until_done,
 )
@@ -31,35 +32,18 @@ CONFIG = SchedulerConfig(
 )
 
 
-class LocalRanks:
-    """A RankGroup of in-process fake executors that records which ranks each step reached."""
+class HashRanks(LocalRanks):
+    """Fake hash-model executors, one per rank (``fail_request_ids``: requests they fail)."""
 
     def __init__(self, world_size: int, fail_request_ids=()) -> None:
-        self.world_size = world_size
-        self.executors = [
-            HashModelExecutor(
-                CONFIG.num_blocks,
-                CONFIG.block_size,
-                CONFIG.num_state_slots,
-                VOCAB,
-                fail_request_ids=set(fail_request_ids),
-            )
+        super().__init__([
+            HashModelExecutor(CONFIG.num_blocks, CONFIG.block_size, CONFIG.num_state_slots, VOCAB,
+                              fail_request_ids=set(fail_request_ids))
             for _ in range(world_size)
-        ]
-        self.steps: list[list[int]] = []
-
-    def execute(self, outputs):
-        self.steps.append(sorted(outputs))
-        return {rank: self.executors[rank].execute(so) for rank, so in outputs.items()}
-
-    def end_call(self):
-        pass
-
-    def close(self):
-        pass
+        ])  # fmt: skip
 
 
-class LaunchingRanks(LocalRanks):
+class LaunchingRanks(HashRanks):
     """LocalRanks with ``launch``: steps run when collected, in the order they were sent."""
 
     def __init__(self, world_size: int) -> None:
@@ -113,7 +97,7 @@ def _tokens(updates) -> dict[str, list[int]]:
 
 
 def _core(world_size: int, every_rank_steps: bool = False, **kwargs):
-    ranks = LocalRanks(world_size, **kwargs)
+    ranks = HashRanks(world_size, **kwargs)
     schedulers = [Scheduler(CONFIG) for _ in range(world_size)]
     return DataParallelCore(schedulers, ranks, every_rank_steps=every_rank_steps), ranks
 
@@ -147,7 +131,7 @@ def test_asynchronous_steps_give_the_synchronous_tokens(every_rank_steps):
     if every_rank_steps:
         assert all(step == [0, 1] for step in ranks.steps)
     assert not ahead.has_unfinished_requests() and ahead.rank_loads() == [0, 0]
-    assert not DataParallelCore(schedulers, LocalRanks(2), every_rank_steps=False,
+    assert not DataParallelCore(schedulers, HashRanks(2), every_rank_steps=False,
                                 async_scheduling=True).async_scheduling  # fmt: skip
 
 
@@ -183,7 +167,7 @@ def test_a_failing_request_finishes_alone():
 
 def test_scheduler_count_must_match_the_ranks():
     with pytest.raises(ValueError, match="schedulers: expected one per rank"):
-        DataParallelCore([Scheduler(CONFIG)], LocalRanks(2), every_rank_steps=False)
+        DataParallelCore([Scheduler(CONFIG)], HashRanks(2), every_rank_steps=False)
 
 
 def test_a_layout_the_model_cannot_split_is_refused_before_any_process(tmp_path):

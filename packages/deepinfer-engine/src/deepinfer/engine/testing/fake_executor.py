@@ -295,6 +295,26 @@ def build_engine_core(
     return EngineCore(scheduler, executor, async_scheduling=async_scheduling)
 
 
+class LocalRanks:
+    """A RankGroup of in-process executors (one per rank) that records which ranks each step
+    reached: the data-parallel core's tests run it without processes."""
+
+    def __init__(self, executors: list[Any]) -> None:
+        self.executors = executors
+        self.world_size = len(executors)
+        self.steps: list[list[int]] = []
+
+    def execute(self, outputs: dict[int, Any]) -> dict[int, Any]:
+        self.steps.append(sorted(outputs))
+        return {rank: self.executors[rank].execute(so) for rank, so in outputs.items()}
+
+    def end_call(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def run_until_done(core: Any, max_steps: int = 100_000) -> list[Any]:
     """Step ``core`` until no request is unfinished; return every ``SequenceUpdate``."""
     updates = []
