@@ -75,11 +75,16 @@ def device_kernels(events, markers: bool = False) -> list:
             and (markers or not is_marker(e.name))]  # fmt: skip
 
 
-def group_times(events, on_cuda: bool, calls=None) -> dict[str, tuple[float, int]]:
+def marked_ops(events, calls: list[str]):
+    """:func:`~benchmarks.engine.op_markers.marker_groups` of the profile: the recorder's op
+    ``calls`` paired with their markers on the device timeline."""
+    return marker_groups(device_kernels(events, markers=True), calls)
+
+
+def group_times(events, on_cuda: bool, marked=None) -> dict[str, tuple[float, int]]:
     """Seconds and event count per owner: kernel time on CUDA, self CPU time on a CPU. With
-    ``calls`` (the recorder's op calls, their kernels marked on the device) an op's group is
-    every kernel between its markers, and kernels outside every op that no launch record owns
-    (Triton's) form their own group."""
+    ``marked`` (:func:`marked_ops`) an op's group is every kernel between its markers, and
+    kernels outside every op that no launch record owns (Triton's) form their own group."""
     groups: dict[str, tuple[float, int]] = {}
     cpu = torch.autograd.DeviceType.CPU
     for event in events:
@@ -91,33 +96,33 @@ def group_times(events, on_cuda: bool, calls=None) -> dict[str, tuple[float, int
         else:
             us = event.self_cpu_time_total
         owner = _owner(event)
-        if us > 0 and (calls is None or owner.startswith("torch ")):
+        if us > 0 and (marked is None or owner.startswith("torch ")):
             seconds, n = groups.get(owner, (0.0, 0))
             groups[owner] = (seconds + us * 1e-6, n + 1)
-    if calls is not None:
-        marked, _, outside = marker_groups(device_kernels(events, markers=True), calls)
+    if marked is not None:
+        ops, _, outside = marked
         unowned = outside - sum(seconds for seconds, _ in groups.values())
-        groups |= marked
+        groups |= ops
         if unowned > 1e-9:
             groups[UNOWNED] = (unowned, 0)
     return groups
 
 
-def top_kernels(events, count: int = 3, calls=None) -> dict[str, list[tuple[str, float]]]:
+def top_kernels(events, count: int = 3, marked=None) -> dict[str, list[tuple[str, float]]]:
     """Per owner, its ``count`` longest kernels by name with their total ms (CUDA); with
-    ``calls``, ops' kernels by their markers (as :func:`group_times`)."""
+    ``marked``, ops' kernels by their markers (as :func:`group_times`)."""
     by_owner: dict[str, dict[str, float]] = {}
     for event in events:
         owner = _owner(event)
-        if calls is not None and not owner.startswith("torch "):
+        if marked is not None and not owner.startswith("torch "):
             continue
         for kernel in getattr(event, "kernels", []):
             if kernel.name.startswith(OP_PREFIX):
                 continue
             names = by_owner.setdefault(owner, {})
             names[kernel.name] = names.get(kernel.name, 0.0) + kernel.duration * 1e-3
-    if calls is not None:
-        by_owner |= marker_groups(device_kernels(events, markers=True), calls)[1]
+    if marked is not None:
+        by_owner |= marked[1]
     return {owner: sorted(names.items(), key=lambda kv: -kv[1])[:count]
             for owner, names in by_owner.items()}  # fmt: skip
 
@@ -194,13 +199,13 @@ def profile_shape(llm, vocab: int, prompts: int, length: int, device: Device, re
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
     events = prof.events()
-    calls = recorder.calls if on_cuda else None
-    try:
-        groups = group_times(events, on_cuda, calls)
-    except ValueError as e:  # markers interleaved across streams: launch records only
-        print(f"op markers not used ({e}); Triton kernels stay unattributed")
-        calls = None
-        groups = group_times(events, on_cuda)
+    marked = None
+    if on_cuda:
+        try:
+            marked = marked_ops(events, recorder.calls)
+        except ValueError as e:  # markers interleaved across streams: launch records only
+            print(f"op markers not used ({e}); Triton kernels stay unattributed")
+    groups = group_times(events, on_cuda, marked)
     if on_cuda:
         spans = [(e.time_range.start, e.time_range.end) for e in device_kernels(events)]
         busy_s = device_gaps(spans)["busy_us"] * 1e-6
@@ -208,7 +213,7 @@ def profile_shape(llm, vocab: int, prompts: int, length: int, device: Device, re
     else:
         rest = ("host, outside torch ops", max(0.0, wall - sum(s for s, _ in groups.values())))
     rows = breakdown_rows(groups, recorder.work, wall, rest, op_host_times(events))
-    kernels = top_kernels(events, calls=calls) if on_cuda else {}
+    kernels = top_kernels(events, marked=marked) if on_cuda else {}
     for row in rows:
         if row["op"] in kernels:
             row["kernels_ms"] = kernels[row["op"]]

@@ -172,16 +172,17 @@ def test_marked_ops_own_the_kernels_between_their_markers() -> None:
     events = [linear, quant, cat, copy, *timeline]
     calls = ["linear", "rms_norm"]
     with pytest.raises(ValueError, match="2 op markers on the device for 3"):  # a call unmarked
-        prefill_breakdown.group_times(events, on_cuda=True, calls=calls + ["rms_norm"])
+        prefill_breakdown.marked_ops(events, calls + ["rms_norm"])
     # the rms_norm kernel at 30 ran between the two ops' markers: no op launched it
-    groups = prefill_breakdown.group_times(events, on_cuda=True, calls=calls)
+    marked = prefill_breakdown.marked_ops(events, calls)
+    groups = prefill_breakdown.group_times(events, on_cuda=True, marked=marked)
     assert groups == {
         "linear": (pytest.approx(22e-6), 2),
         "rms_norm": (pytest.approx(8e-6), 1),
         "torch aten::cat": (pytest.approx(5e-6), 1),
         UNOWNED: (pytest.approx(10e-6), 0),  # rms_norm_kernel (3) + triton_other (7)
     }
-    kernels = prefill_breakdown.top_kernels(events, calls=calls)
+    kernels = prefill_breakdown.top_kernels(events, marked=marked)
     assert kernels["linear"] == [("fp8_gemm_kernel", 0.02), ("abs_kernel", 0.002)]
     assert kernels["torch aten::cat"] == [("copy_kernel", 0.005)]
 
