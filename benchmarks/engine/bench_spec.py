@@ -120,6 +120,7 @@ def _mode_rows(args, mode: str) -> tuple[list[dict], dict | None]:
         step_timeline.set_async(llm, setting == "on")
         for batch in args.batches:
             rows.append(_row(llm, args, mode, spec, batch, setting))
+            print(rows[-1], flush=True)  # a row survives a time box that cuts the run
     del llm, runner
     gc.collect()
     if torch.cuda.is_available():

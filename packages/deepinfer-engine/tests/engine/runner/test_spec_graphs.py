@@ -4,7 +4,7 @@ scheduling, padded to a capture size) with the drafter seeded inside the step, a
 stages of every proposal on a padded block of requests.
 
 On CPU the fixed-shape forwards run eagerly (``capture=False``), installed in the runner as
-the loader installs the captured ones on CUDA with ``DEEPINFER_SPEC_GRAPHS=1``; the GPU test
+the loader installs the captured ones on CUDA unless ``DEEPINFER_SPEC_GRAPHS=0``; the GPU test
 captures and replays real graphs through that switch. GPU command:
 
     python -m pytest packages/deepinfer-engine/tests/engine/runner/test_spec_graphs.py -q -m gpu

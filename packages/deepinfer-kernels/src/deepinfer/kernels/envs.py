@@ -101,9 +101,9 @@ REGISTRY: dict[str, EnvVar] = {
         EnvVar(
             "DEEPINFER_SPEC_GRAPHS",
             _bool,
-            False,
-            "CUDA graphs for speculative steps (verification and the DSpark drafter); off "
-            "until validated on the H200",
+            True,
+            "CUDA graphs for speculative steps (verification and the DSpark drafter); 0 runs "
+            "them eagerly",
         ),
         EnvVar(
             "DEEPINFER_ENGRAM_FORCE_GPU_STORAGE",

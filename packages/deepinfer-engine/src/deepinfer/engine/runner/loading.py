@@ -85,7 +85,7 @@ def load_executor(config: EngineConfig) -> LoadedModel:
         path, model_config, config, spec is not None, device, dtype, expert_parallel
     )
     tokenizer = _load_tokenizer(path)
-    # speculative steps (verification, the drafter) take graphs only with DEEPINFER_SPEC_GRAPHS
+    # speculative steps (verification, the drafter) take graphs unless DEEPINFER_SPEC_GRAPHS=0
     wanted = not config.enforce_eager and (spec is None or envs.get("DEEPINFER_SPEC_GRAPHS"))
     use_graphs = wanted and DecodeGraphs.supports(model, device)
     graph_batch = min(config.max_num_seqs * (1 + max_draft),
