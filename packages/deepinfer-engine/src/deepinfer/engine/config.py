@@ -34,6 +34,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 LOAD_FORMATS = ("auto", "dummy")
 SPEC_ACCEPTANCE = ("auto", "seed_exact", "rejection")
 NUMERICS = ("model", "float")
+REMEASURE = "remeasure"  # spec_cost_curve: measure the curve again instead of reading it back
 # Parameters that are gone, with what replaces them (named in the error).
 REMOVED_PARAMETERS = {
     "quant_simulation": "numerics ('model', the default: the roundings the model defines; "
@@ -166,7 +167,8 @@ class EngineConfig:
     )
     spec_cost_curve: Any = param(
         None,
-        "the ``deepinfer.spec.StepCostCurve`` that planning uses; None measures one at start-up.",
+        "the ``deepinfer.spec.StepCostCurve`` that planning uses; None: the one stored for this "
+        "GPU, model and configuration, else measured at start-up; ``'remeasure'``: measured.",
         checks.cost_curve,
         cli=False,
     )

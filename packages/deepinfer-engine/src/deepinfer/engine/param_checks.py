@@ -76,5 +76,7 @@ def draft_count(name: str, value: Any) -> None:
 
 
 def cost_curve(name: str, value: Any) -> None:
-    if value is not None and not callable(getattr(value, "costs", None)):
-        raise ValueError(f"{name}={value!r}: expected a deepinfer.spec.StepCostCurve or None")
+    if value is not None and value != "remeasure" and not callable(getattr(value, "costs", None)):
+        raise ValueError(
+            f"{name}={value!r}: expected a deepinfer.spec.StepCostCurve, 'remeasure' or None"
+        )

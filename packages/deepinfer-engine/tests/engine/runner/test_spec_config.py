@@ -11,6 +11,7 @@ import pytest
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.frontend.llm import LLM
 from deepinfer.engine.model.cache import cache_footprint
+from deepinfer.engine.runner import cost_profile
 from deepinfer.engine.runner.cost_profile import profile_sizes
 from deepinfer.engine.testing import make_random_checkpoint, tiny_v4_config
 from deepinfer.sampling import SamplingParams
@@ -71,13 +72,23 @@ def test_state_slots_count_the_draft_rings(dspark_checkpoint):
     assert per_slot > 0
 
 
-def test_varlen_measures_a_step_cost_curve(dspark_checkpoint, monkeypatch):
+def test_varlen_measures_a_step_cost_curve(dspark_checkpoint, monkeypatch, tmp_path):
     monkeypatch.setenv("DEEPINFER_ENABLE_MTP_VARLEN", "1")
     monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(tmp_path))
+    measured = []
+    real = cost_profile.measure_step_cost_curve
+    monkeypatch.setattr(cost_profile, "measure_step_cost_curve",
+                        lambda *a, **k: measured.append(1) or real(*a, **k))  # fmt: skip
     llm = _engine(dspark_checkpoint, speculative_tokens=3, max_num_seqs=3)
     curve = llm._core.executor.spec.cost_curve
     assert curve.num_tokens == tuple(profile_sizes(12)) == (1, 2, 4, 8, 12)
     assert all(b >= a > 0 for a, b in zip(curve.cost, curve.cost[1:]))
+    assert len(list((tmp_path / "cost_curves").iterdir())) == 1 and len(measured) == 1
+    again = _engine(dspark_checkpoint, speculative_tokens=3, max_num_seqs=3)
+    assert again._core.executor.spec.cost_curve == curve and len(measured) == 1  # read back
+    _engine(dspark_checkpoint, speculative_tokens=3, max_num_seqs=3, spec_cost_curve="remeasure")
+    assert len(measured) == 2
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     prompts = [[30, 31, 32], [40, 41, 42, 43, 44]]
     got = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)

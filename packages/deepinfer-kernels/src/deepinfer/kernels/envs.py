@@ -133,13 +133,15 @@ REGISTRY: dict[str, EnvVar] = {
             "DEEPINFER_CACHE_DIR",
             str,
             None,
-            "where measured facts are kept (step-cost curves); unset: ~/.cache/deepinfer",
+            "where measured facts are kept (step-cost curves in cost_curves/); unset: "
+            "$XDG_CACHE_HOME/deepinfer, else ~/.cache/deepinfer",
         ),
         EnvVar(
             "DEEPINFER_REMEASURE_STEP_COST",
             _bool,
             False,
-            "measure the speculation planner's step-cost curve again instead of reusing it",
+            "measure the speculation planner's step-cost curve again instead of reusing the "
+            "stored one (as LLM(spec_cost_curve='remeasure'))",
         ),
         EnvVar(
             "DEEPINFER_SYNC_GUARD",

@@ -1,10 +1,13 @@
 """The step-cost curve confidence-scheduled verification plans with, measured at start-up.
 
-Dummy steps of ``T`` tokens laid out as verification would lay them out (sequences of
-``K + 1`` rows each, on a scratch cache), for ``T`` = 1, 2, 4, ... up to the largest step
-verification can make (every running sequence verifying ``K`` drafts, within the token
-budget). Timed warm: every size runs twice first (kernel compilation and autotuning happen
-there, not in the timings), then the median of a few runs per size.
+Dummy verification steps of ``T`` tokens (sequences of ``K + 1`` rows each) for ``T`` = 1, 2,
+4, ... up to the largest step verification can make (every running sequence verifying ``K``
+drafts, within the token budget), run the way the runner runs them: with step graphs
+(``graphs``, the runner's :class:`DecodeGraphs` over its own cache, before any request holds a
+block or slot), each size replays its graph, captured on its first run; a size the graphs do
+not take, and every size without graphs, runs the eager forward. Timed warm: every size runs
+twice first (capture, kernel compilation and autotuning happen there, not in the timings),
+then the median of a few runs per size, each from the host's launch to the device's end.
 ``StepCostCurve.from_samples`` makes the medians non-decreasing. The drafter's own cost does
 not depend on how many drafts are verified, so it is left out (the planner's ``fixed_cost`` is
 0). :func:`step_cost_curve` measures once per GPU, model and configuration and keeps the
@@ -20,7 +23,9 @@ import torch
 
 from deepinfer.engine.model.cache import CacheLayout, ModelCache
 from deepinfer.engine.model.metadata import ForwardBatch
+from deepinfer.engine.runner.batch_plan import StepPlan
 from deepinfer.engine.runner.cost_cache import cached_step_cost_curve, curve_key
+from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
 from deepinfer.engine.version import __version__
 from deepinfer.kernels import envs
 from deepinfer.spec import StepCostCurve
@@ -43,26 +48,29 @@ def measure_step_cost_curve(
     block_size: int,
     dtype: torch.dtype,
     device: torch.device,
+    graphs: DecodeGraphs | None = None,
     runs: int = 5,
 ) -> StepCostCurve:
     """Milliseconds per target step as a function of its token count (see the module doc)."""
     width = num_draft_tokens + 1
-    max_seqs = -(-max_tokens // width)
     blocks_per_seq = -(-width // block_size)
-    layout = CacheLayout(
-        max_seqs * blocks_per_seq + 1, max_seqs + 1, block_size, max_draft=num_draft_tokens
-    )
-    cache = ModelCache(model.config, layout, dtype=dtype, device=device)
-    vocab = model.config.vocab_size
-    batches = {
-        t: _dummy_batch(vocab, t, width, blocks_per_seq, device) for t in profile_sizes(max_tokens)
+    if graphs is not None:  # the runner's cache: the steps write where its graphs read
+        cache = graphs.cache
+    else:
+        max_seqs = -(-max_tokens // width)
+        layout = CacheLayout(max_seqs * blocks_per_seq + 1, max_seqs + 1, block_size,
+                             max_draft=num_draft_tokens)  # fmt: skip
+        cache = ModelCache(model.config, layout, dtype=dtype, device=device)
+    plans = {
+        t: dummy_verify_plan(model.config.vocab_size, t, width, blocks_per_seq, cache.layout)
+        for t in profile_sizes(max_tokens)
     }
-    for _ in range(2):  # warm every size before timing any
-        for batch in batches.values():
-            _time_step(model, batch, cache, device)
+    for _ in range(2):  # warm every size (graphs captured) before timing any
+        for plan in plans.values():
+            _time_step(model, plan, cache, graphs, device)
     samples = {
-        tokens: [_time_step(model, batch, cache, device) for _ in range(runs)]
-        for tokens, batch in batches.items()
+        tokens: [_time_step(model, plan, cache, graphs, device) for _ in range(runs)]
+        for tokens, plan in plans.items()
     }
     return StepCostCurve.from_samples(samples)
 
@@ -75,45 +83,83 @@ def step_cost_curve(
     block_size: int,
     dtype: torch.dtype,
     device: torch.device,
+    graphs: DecodeGraphs | None = None,
+    remeasure: bool = False,
 ) -> StepCostCurve:
     """:func:`measure_step_cost_curve`, or the curve an earlier run measured with the same
-    device, model and configuration (``DEEPINFER_REMEASURE_STEP_COST=1`` measures again)."""
+    device, model and configuration (``remeasure`` or ``DEEPINFER_REMEASURE_STEP_COST=1``
+    measures again)."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     config = hashlib.sha256(repr(model.config).encode()).hexdigest()[:16]
+    replays = graphs is not None and graphs.capture
     key = curve_key(
         device=name, model=config, dtype=dtype, drafts=num_draft_tokens, max_tokens=max_tokens,
-        block_size=block_size, batch_invariant=envs.batch_invariant(),
-        version=__version__,
+        block_size=block_size, batch_invariant=envs.batch_invariant(), version=__version__,
+        graph_tokens=graphs.max_batch_size if replays else 0,
     )  # fmt: skip
     settings = dict(num_draft_tokens=num_draft_tokens, max_tokens=max_tokens,
-                    block_size=block_size, dtype=dtype, device=device)  # fmt: skip
-    return cached_step_cost_curve(key, lambda: measure_step_cost_curve(model, **settings))
+                    block_size=block_size, dtype=dtype, device=device, graphs=graphs)  # fmt: skip
+    return cached_step_cost_curve(
+        key, lambda: measure_step_cost_curve(model, **settings), remeasure=remeasure
+    )
 
 
-def _dummy_batch(vocab: int, tokens: int, width: int, blocks_per_seq: int, device):
+def dummy_verify_plan(
+    vocab: int, tokens: int, width: int, blocks_per_seq: int, layout: CacheLayout
+) -> StepPlan:
+    """A verification step of ``tokens`` rows: sequences of ``width`` rows (the last one
+    shorter) from position 0, random token ids, blocks and state slots from 1 up (wrapping
+    around within ``layout``: only the timing matters)."""
     lengths = [width] * (tokens // width) + ([tokens % width] if tokens % width else [])
     n = len(lengths)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    positions = torch.cat([torch.arange(k) for k in lengths])
-    tables = torch.arange(1, n * blocks_per_seq + 1, dtype=torch.int32).view(n, blocks_per_seq)
+    cu = [0]
+    for length in lengths:
+        cu.append(cu[-1] + length)
+    blocks = [1 + i % (layout.num_blocks - 1) for i in range(n * blocks_per_seq)]
     gen = torch.Generator().manual_seed(tokens)
+    return StepPlan(
+        request_ids=[f"profile-{b}" for b in range(n)],
+        input_ids=torch.randint(0, vocab, (tokens,), generator=gen).tolist(),
+        positions=[p for length in lengths for p in range(length)],
+        cu_seqlens_q=cu,
+        seq_lens=lengths,
+        block_tables=[blocks[b * blocks_per_seq : (b + 1) * blocks_per_seq] for b in range(n)],
+        state_slots=[1 + b % (layout.num_slots - 1) for b in range(n)],
+        is_fresh=[True] * n,
+        num_drafts=[length - 1 for length in lengths],
+        sample_rows=list(range(tokens)),
+        sample_positions=[p + 1 for length in lengths for p in range(length)],
+        sample_requests=[b for b, length in enumerate(lengths) for _ in range(length)],
+        sample_seeds=[0] * tokens,
+        prompt_logprob_rows=[],
+        prompt_logprob_targets=[],
+        prompt_logprob_requests=[],
+        images=[],
+    )
+
+
+def _batch(plan: StepPlan, device: torch.device) -> ForwardBatch:
+    long = dict(dtype=torch.long, device=device)
     return ForwardBatch(
-        input_ids=torch.randint(0, vocab, (tokens,), generator=gen).to(device),
-        positions=positions.to(device),
-        cu_seqlens_q=cu.to(device),
-        seq_lens=torch.tensor(lengths).to(device),
-        block_tables=tables.to(device),
-        state_slots=torch.arange(1, n + 1).to(device),
-        logits_indices=torch.arange(tokens).to(device),
+        input_ids=torch.tensor(plan.input_ids, **long),
+        positions=torch.tensor(plan.positions, **long),
+        cu_seqlens_q=torch.tensor(plan.cu_seqlens_q, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(plan.seq_lens, **long),
+        block_tables=torch.tensor(plan.block_tables, dtype=torch.int32, device=device),
+        state_slots=torch.tensor(plan.state_slots, **long),
+        logits_indices=torch.arange(plan.num_tokens, **long),
     )
 
 
 @torch.inference_mode()
-def _time_step(model, batch: ForwardBatch, cache: ModelCache, device) -> float:
+def _time_step(model, plan: StepPlan, cache: ModelCache, graphs, device) -> float:
+    """Milliseconds of one step: its graph's replay when ``graphs`` take it, else eager."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    model(batch, cache)
+    logits = graphs.run(plan, plan.sample_rows) if graphs is not None else None
+    if logits is None:
+        model(_batch(plan, device), cache)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return (time.perf_counter() - start) * 1e3

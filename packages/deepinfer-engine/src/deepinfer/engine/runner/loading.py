@@ -8,8 +8,8 @@ streaming load, or ``load_format="dummy"``) -> profile one forward of
 ``max_num_batched_tokens`` tokens to measure activation memory -> size the cache from what is
 left of ``gpu_memory_utilization`` (a RAM budget on CPU; state slots then hold every ring at
 ``window + K`` rows plus the draft stages' rings) -> allocate it -> with confidence-scheduled
-verification and no given curve, measure the step-cost curve (or reuse the one an earlier
-run stored for this GPU, model and configuration).
+verification and no given curve, measure the step-cost curve on the step graphs (or reuse the
+one an earlier run stored for this GPU, model and configuration).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from deepinfer.engine.checkpoint.index import read_checkpoint_index
 from deepinfer.engine.checkpoint.inventory_vision import checked_image_settings
 from deepinfer.engine.checkpoint.loader import fill_tensors, load_into
 from deepinfer.engine.checkpoint.model_loader import bind_engram_from_tokenizer
-from deepinfer.engine.config import EngineConfig, LoadedModel
+from deepinfer.engine.config import REMEASURE, EngineConfig, LoadedModel
 from deepinfer.engine.distributed.shared_tables import host_tables_deferred, node_table_share
 from deepinfer.engine.model.cache import CacheLayout, ModelCache, cache_footprint
 from deepinfer.engine.model.config import ModelConfig
@@ -122,7 +122,7 @@ def load_executor(config: EngineConfig) -> LoadedModel:
             draft_graphs = DraftGraphs(model, cache, spec.num_draft_tokens,
                                        max_requests=graph_requests, pool=graphs.pool)  # fmt: skip
         drafter = DSparkDraftSource(model, cache, spec.num_draft_tokens, draft_graphs)
-        spec = _with_cost_curve(spec, model, config, device, dtype)
+        spec = _with_cost_curve(spec, model, config, device, dtype, graphs)
         logger.info(
             "speculative decoding: DSpark, %d drafts per step, %s verification, acceptance %s",
             spec.num_draft_tokens,
@@ -222,10 +222,15 @@ def _build_and_fill(
     return model.eval()
 
 
-def _with_cost_curve(spec: SpecConfig, model, config: EngineConfig, device, dtype) -> SpecConfig:
-    """Confidence-scheduled verification needs a step-cost curve: the given one, or measured."""
-    if not spec.varlen or spec.cost_curve is not None:
-        return spec
+def _with_cost_curve(
+    spec: SpecConfig, model, config: EngineConfig, device, dtype, graphs: DecodeGraphs | None
+) -> SpecConfig:
+    """Confidence-scheduled verification needs a step-cost curve: the given one, else the one
+    stored for this GPU, model and configuration, else (or with ``spec_cost_curve=
+    "remeasure"``) measured on the step graphs."""
+    remeasure = spec.cost_curve == REMEASURE
+    if not spec.varlen or not (spec.cost_curve is None or remeasure):
+        return replace(spec, cost_curve=None) if remeasure else spec
     max_tokens = min(
         config.max_num_batched_tokens,
         config.max_num_seqs * (spec.num_draft_tokens + 1),
@@ -238,6 +243,8 @@ def _with_cost_curve(spec: SpecConfig, model, config: EngineConfig, device, dtyp
         block_size=config.block_size,
         dtype=dtype,
         device=device,
+        graphs=graphs,
+        remeasure=remeasure,
     )
     logger.info("step-cost curve (tokens -> ms): %s", dict(zip(curve.num_tokens, curve.cost)))
     return replace(spec, cost_curve=curve)
