@@ -161,7 +161,10 @@ def _child(tokens: int, cp: int, args) -> dict:
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         return {"tokens": tokens, "cp": cp, "error": f"exit {proc.returncode}: " + " | ".join(tail)}
-    return json.loads(lines[-1][len(CASE) :])
+    result = json.loads(lines[-1][len(CASE) :])
+    print(f"case {tokens} tokens CP={cp}: peak {result['peak_bytes_max'] / 2**30:.2f} GiB",
+          flush=True)  # fmt: skip
+    return result
 
 
 def main(argv=None) -> dict:

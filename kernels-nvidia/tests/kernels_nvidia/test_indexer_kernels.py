@@ -56,6 +56,25 @@ def test_select_topk_picks_the_same_set(width, k):
     assert (picked_scores[:, :-1] >= picked_scores[:, 1:]).all()  # descending (ties any order)
 
 
+def test_wide_rows_sort_in_blocks_of_rows_with_the_same_result(monkeypatch):
+    """Rows wider than the kernel takes are sorted a block of rows at a time (bounded memory
+    for long prompts); the picks equal the reference's, row for row."""
+    from deepinfer.kernels_nvidia import indexer_topk
+
+    g = torch.Generator().manual_seed(7)
+    rows, width, k = 7, 20000, 512
+    cand = make_candidates(g, rows=rows, width=width, num_keys=10 * width).to(DEVICE)
+    scores = (torch.randn(rows, width, generator=g) * 10).round().to(DEVICE)  # many ties
+    scores = scores.masked_fill(cand < 0, float("-inf"))
+    monkeypatch.setattr(indexer_topk, "SORT_BLOCK_ELEMENTS", 2 * width)  # blocks of 2 rows
+    sorted_rows, sort_rows = [], indexer_topk._topk_rows
+    monkeypatch.setattr(indexer_topk, "_topk_rows",
+                        lambda s, c, n: sorted_rows.append(len(s)) or sort_rows(s, c, n))  # fmt: skip
+    got = backend.ops["select_topk"](scores, cand, k)
+    assert sorted_rows == [2, 2, 2, 1]
+    assert torch.equal(got, kernels.OPS["select_topk"].reference(scores, cand, k))
+
+
 def test_select_topk_ties_and_short_rows():
     """Equal scores at the threshold fill exactly the places left; short rows pad with -1."""
     scores = torch.tensor([[3.0, 1.0, 1.0, 1.0, 0.5, 2.0], [1.0, -float("inf"), 2.0, 0, 0, 0]])

@@ -16,6 +16,7 @@ from deepinfer.kernels_nvidia.indexer_select import _ordered_key, launch_select
 from deepinfer.kernels_nvidia.registry import implements
 
 TOPK_MAX_CANDIDATES = 16384  # widest row the register-resident top-k kernel takes
+SORT_BLOCK_ELEMENTS = 1 << 27  # scores per sort of the wide-row path (~1.5 GiB of sort output)
 # Radix digits of 4, 5 and 6 bits measured within noise of each other; 16 warps, since 8 and 32
 # spill registers.
 SELECT_DIGIT = 5  # radix digit bits per pass (histograms of 2**SELECT_DIGIT bins)
@@ -72,7 +73,20 @@ def _winner_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _topk_torch(scores, candidates, k):
-    """Wide rows: a stable descending sort (ties by column, like the kernel)."""
+    """Wide rows: a stable descending sort (ties by column, like the kernel), over blocks of
+    rows of at most ``SORT_BLOCK_ELEMENTS`` scores (the sort's values and int64 indices would
+    otherwise triple the scores' memory: 48 GiB for a 131,072-token prompt's 32,768 entries)."""
+    rows = scores.shape[0]
+    step = max(1, SORT_BLOCK_ELEMENTS // max(1, scores.shape[-1]))
+    if scores.dim() == 2 and rows > step:
+        return torch.cat(
+            [_topk_rows(scores[i : i + step], candidates[i : i + step], k)
+             for i in range(0, rows, step)]
+        )  # fmt: skip
+    return _topk_rows(scores, candidates, k)
+
+
+def _topk_rows(scores, candidates, k):
     width = min(k, scores.shape[-1])
     order = torch.sort(scores, dim=-1, descending=True, stable=True)
     values, indices = order.values[..., :width], order.indices[..., :width]
