@@ -34,6 +34,7 @@ class RunnerSequence:
     images: tuple[Any, ...] = ()  # V4.1 images of the prompt (frontend ImageInput)
     # the sampling parameters of a row drawn with a given seed (built once, not every step)
     row_params: dict[int, Any] = field(default_factory=dict)
+    draft_params: Any = None  # those its drafts are picked with (built once, by the runner)
 
 
 @dataclass

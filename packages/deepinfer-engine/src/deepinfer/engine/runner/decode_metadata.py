@@ -185,10 +185,13 @@ class DecodeLayout:
         kept = _kept(tk.writes, p, tk.end, k.state_rows)
         v[prefix + "state_write_dst"][:] = kept * k.state_rows + p % k.state_rows
         counts = (p + 1) // r
-        entries = np.arange(self.context // r)[None, :]
-        visible = _arena_rows(tk.tables, np.broadcast_to(entries, (len(p), entries.shape[1])), r,
+        # columns past the longest count are all -1: only the others are looked up
+        cols = int(counts.max())
+        entries = np.arange(cols)[None, :]
+        visible = _arena_rows(tk.tables, np.broadcast_to(entries, (len(p), cols)), r,
                               self.cache_layout)  # fmt: skip
-        v[prefix + "visible"][:] = np.where(entries < counts[:, None], visible, -1)
+        v[prefix + "visible"][:, :cols] = np.where(entries < counts[:, None], visible, -1)
+        v[prefix + "visible"][:, cols:] = -1
         v[prefix + "visible_count"][:] = counts
         if not count:
             return

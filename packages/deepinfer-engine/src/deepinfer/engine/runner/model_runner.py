@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -127,7 +128,8 @@ class ModelRunner:
         if plan.prompt_logprob_rows:
             self._prompt_logprobs(plan, logits[prompt_at], out)
         if plan.sample_rows:
-            emitted = self.verifier.sample_and_verify(plan, so, logits[sample_at], out.errors)
+            sampled = logits if sample_at == list(range(len(rows))) else logits[sample_at]
+            emitted = self.verifier.sample_and_verify(plan, so, sampled, out.errors)
             self._record(emitted, so, verifying, out)
             if self.drafter is not None:
                 self._propose([e for e in emitted if e.request_id not in so.fork_seeds], out)
@@ -273,11 +275,20 @@ class ModelRunner:
             anchor=e.tokens[-1],
             last_position=e.final_row_position,
             slot=seq.state_slot,
-            # (a draft needs no logprobs: plain greedy requests then pick in the draft graph)
-            params=replace(params, seq_seed=seq.seed, seed=None, logprobs=None),
+            params=_draft_params(seq),
             mode=verify_mode(params, seq.has_user_seed, self.spec.acceptance),
             history=history,
             max_drafts=max_drafts,
             grammar=grammar,
             pending_tokens=list(e.tokens),
         )
+
+
+def _draft_params(seq) -> Any:
+    """The parameters a sequence's drafts are picked with, built once per sequence: its own
+    with its seed, and no logprobs (a pick needs none: plain greedy requests then pick in the
+    draft graph)."""
+    if seq.draft_params is None:
+        seq.draft_params = replace(seq.sampling_params, seq_seed=seq.seed, seed=None,
+                                   logprobs=None)  # fmt: skip
+    return seq.draft_params

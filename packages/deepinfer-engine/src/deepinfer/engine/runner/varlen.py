@@ -33,11 +33,12 @@ def trim_verification(
     if not verifying:
         return so
     counts = [len(so.scheduled_spec_token_ids[r]) for r in verifying]
-    confidences = torch.zeros(len(verifying), max(counts), dtype=torch.float32)
-    for b, (request_id, n) in enumerate(zip(verifying, counts)):
+    width, rows = max(counts), []
+    for request_id, n in zip(verifying, counts):
         proposal = proposals.get(request_id)
-        known = proposal.confidences[:n] if proposal is not None else []
-        confidences[b, :n] = torch.tensor(list(known) + [1.0] * (n - len(known)))
+        known = list(proposal.confidences[:n]) if proposal is not None else []
+        rows.append(known + [1.0] * (n - len(known)) + [0.0] * (width - n))
+    confidences = torch.tensor(rows, dtype=torch.float32)  # one tensor, not one per request
     verify_tokens = sum(counts) + len(verifying)
     other = so.total_num_scheduled_tokens - verify_tokens
     plan = plan_verification(

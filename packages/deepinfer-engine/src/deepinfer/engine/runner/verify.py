@@ -9,7 +9,8 @@ mask after drafts ``< j`` (the matcher is advanced tentatively and rolled back),
 RNG key (seed, position).
 
 Then per request: ``greedy`` / ``seed_exact`` sample every row with the sampler and accept the
-longest prefix of drafts equal to those samples (``accept_greedy`` / ``accept_seed_exact``);
+longest prefix of drafts equal to those samples (the rule of ``accept_greedy`` /
+``accept_seed_exact``, applied to the sampled tokens the step reads back anyway);
 ``rejection`` computes the processed target distribution ``p`` of every row and runs
 ``accept_rejection`` against the kept draft distributions ``q``. A request emits its accepted
 drafts plus the final token.
@@ -29,7 +30,7 @@ from deepinfer.engine.runner.grammar import GrammarManager
 from deepinfer.engine.runner.spec_sampling import processed_probs
 from deepinfer.engine.runner.speculation import GREEDY, REJECTION, verify_mode
 from deepinfer.sampling import allocate_token_bitmask, sample
-from deepinfer.spec import PAD_TOKEN_ID, accept_greedy, accept_rejection, accept_seed_exact
+from deepinfer.spec import PAD_TOKEN_ID, accept_rejection
 
 
 @dataclass
@@ -103,7 +104,7 @@ class Verifier:
         if not groups:
             return groups, None
         result = sample(
-            logits[_row_index(groups, logits.device)],
+            _group_rows(groups, logits),
             [p for g in groups for p in g.params],
             [plan.sample_positions[g.first + j] for g in groups for j in range(g.count)],
             output_token_ids=[h for g in groups for h in g.histories],
@@ -166,18 +167,17 @@ class Verifier:
     def _match(self, plan, groups, logits) -> list[Emitted]:
         params = [p for g in groups for p in g.params]
         result = sample(
-            logits[_row_index(groups, logits.device)],
+            _group_rows(groups, logits),
             params,
             [plan.sample_positions[g.first + j] for g in groups for j in range(g.count)],
             output_token_ids=[h for g in groups for h in g.histories],
             bitmask=_stack_masks(groups, logits.shape[1]),
         )
-        tokens = result.token_ids
+        host = result.token_ids.tolist()  # the step's one read of its tokens
         logprobs = logprob_dicts(result, params)
-        accepted = _accept_by_match(groups, tokens)
-        host = tokens.tolist()
         out, at = [], 0
-        for g, a in zip(groups, accepted):
+        for g in groups:
+            a = _accepted_prefix(g.drafts, host[at : at + g.count])
             rows = range(at, at + (g.count if g.is_fork else a + 1))
             lps = [logprobs[r] for r in rows]
             emitted_tokens = [host[r] for r in rows]
@@ -187,7 +187,7 @@ class Verifier:
 
     def _reject(self, plan, groups, logits) -> list[Emitted]:
         probs = processed_probs(
-            logits[_row_index(groups, logits.device)],
+            _group_rows(groups, logits),
             [p for g in groups for p in g.params],
             [h for g in groups for h in g.histories],
             _stack_masks(groups, logits.shape[1]),
@@ -267,33 +267,23 @@ def _stack_masks(groups: list[RequestRows], vocab_size: int) -> torch.Tensor | N
     return mask
 
 
-def _row_index(groups: list[RequestRows], device) -> torch.Tensor:
-    return device_index([g.first + j for g in groups for j in range(g.count)], device)
+def _group_rows(groups: list[RequestRows], logits: torch.Tensor) -> torch.Tensor:
+    """The groups' rows of ``logits``: all of them as they are when the groups hold every row
+    in order (the usual case: no index to copy to the device and gather with)."""
+    rows = [g.first + j for g in groups for j in range(g.count)]
+    if rows == list(range(logits.shape[0])):
+        return logits
+    return logits[device_index(rows, logits.device)]
 
 
-def _accept_by_match(groups: list[RequestRows], tokens: torch.Tensor) -> list[int]:
-    """Accepted drafts per group (0 without drafts): one padded call per mode."""
-    accepted = [0] * len(groups)
-    host = tokens.cpu()
-    starts, at = [], 0
-    for g in groups:
-        starts.append(at)
-        at += g.count
-    for mode, accept in ((GREEDY, accept_greedy), ("seed_exact", accept_seed_exact)):
-        chosen = [i for i, g in enumerate(groups) if g.drafts and g.mode == mode]
-        if not chosen:
-            continue
-        width = max(len(groups[i].drafts) for i in chosen)
-        drafts = torch.full((len(chosen), width), PAD_TOKEN_ID, dtype=torch.long)
-        target = torch.full((len(chosen), width + 1), PAD_TOKEN_ID, dtype=torch.long)
-        for k, i in enumerate(chosen):
-            g = groups[i]
-            drafts[k, : len(g.drafts)] = torch.tensor(g.drafts)
-            target[k, : g.count] = host[starts[i] : starts[i] + g.count]
-        counts = torch.tensor([len(groups[i].drafts) for i in chosen])
-        result = accept(drafts, counts, target)
-        for k, i in enumerate(chosen):
-            accepted[i] = int(result.num_accepted[k])
+def _accepted_prefix(drafts: list[int], targets: list[int]) -> int:
+    """How many leading drafts equal the token sampled at their row (``accept_by_match``'s
+    rule: greedy and seed-exact acceptance), on the host."""
+    accepted = 0
+    for draft, target in zip(drafts, targets):
+        if draft != target or draft == PAD_TOKEN_ID:
+            break
+        accepted += 1
     return accepted
 
 

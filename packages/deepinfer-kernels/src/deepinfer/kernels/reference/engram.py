@@ -58,7 +58,8 @@ def engram_gate(
     inv_rms_h = torch.rsqrt(h.square().mean(-1) + eps)
     inv_rms_k = torch.rsqrt(k.square().mean(-1) + eps)
     weights = q_weight.float() * k_weight.float()  # [nc, D]
-    dot = (h * weights * k).sum(-1) * inv_rms_h * inv_rms_k * dim**-0.5  # [T, nc]
+    # the two statistics multiply first, as in the public V4.1 port (same fp32 rounding)
+    dot = (h * weights * k).sum(-1) * (inv_rms_h * inv_rms_k) * dim**-0.5  # [T, nc]
     # signed square root; the clamp sits on the magnitude, so dot == 0 gives +sqrt(1e-6)
     gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(1e-6).sqrt(), dot))
     mixed = (h + gate[..., None] * value.float()[:, None, :]).to(hidden.dtype)
