@@ -89,6 +89,47 @@ def test_hc_coefficients_sinkhorn_and_directions():
     torch.testing.assert_close(head, torch.sigmoid(m[:, :nc] * scale[0] + base[:nc]) + 1e-6)
 
 
+def test_hc_coefficients_fp32_order_is_the_ports():
+    """Bitwise: the flat streams are normalised, then projected (the public V4 / V4.1
+    transformers ports' order); scaling the projection instead rounds differently."""
+    nc, d, t = 4, 64, 64
+    h, eps = randn(t, nc, d), 1e-20
+    fn, base, scale = randn((2 + nc) * nc, nc * d, scale=0.05), randn((2 + nc) * nc), randn(3)
+    pre, post, comb = K.hc_mix_coefficients(
+        h, fn, base, scale, norm_eps=eps, hc_eps=1e-6, sinkhorn_iters=20
+    )
+    flat = h.flatten(1)
+    m = F.linear(flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + eps), fn)
+    assert torch.equal(pre, torch.sigmoid(m[:, :nc] * scale[0] + base[:nc]) + 1e-6)
+    assert torch.equal(post, 2 * torch.sigmoid(m[:, nc : 2 * nc] * scale[1] + base[nc : 2 * nc]))
+    c = torch.softmax((m[:, 2 * nc :] * scale[2] + base[2 * nc :]).view(t, nc, nc), -1) + 1e-6
+    c = c / (c.sum(-2, keepdim=True) + 1e-6)
+    for _ in range(19):
+        c = c / (c.sum(-1, keepdim=True) + 1e-6)
+        c = c / (c.sum(-2, keepdim=True) + 1e-6)
+    assert torch.equal(comb, c)
+    scaled = (flat @ fn.T) * torch.rsqrt(flat.square().mean(-1, keepdim=True) + eps)
+    assert not torch.equal(scaled, m)  # the order is visible in fp32 (so the test can fail)
+
+
+def test_engram_gate_fp32_order_is_the_ports():
+    """Bitwise: the two RMS statistics multiply together before they scale the dot product,
+    as in the public V4.1 transformers port."""
+    t, nc, d, eps = 64, 4, 64, 1e-20
+    h, key, value = randn(t, nc, d), randn(t, nc, d), randn(t, d)
+    qw, kw = randn(nc, d) + 1, randn(nc, d) + 1
+    mask = torch.ones(t, dtype=torch.bool)
+    got = K.engram_gate(h, key, value, qw, kw, mask, eps)
+    rstd = torch.rsqrt(h.square().mean(-1) + eps) * torch.rsqrt(key.square().mean(-1) + eps)
+    total = (h * (qw * kw) * key).sum(-1)
+    dot = total * rstd * d**-0.5
+    gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(1e-6).sqrt(), dot))
+    assert torch.equal(got, h + gate[..., None] * value[:, None, :])
+    chained = total * torch.rsqrt(h.square().mean(-1) + eps)
+    chained = chained * torch.rsqrt(key.square().mean(-1) + eps) * d**-0.5
+    assert not torch.equal(chained, dot)  # the order is visible in fp32
+
+
 def test_compress_pool_softmax_per_channel_and_missing_slots():
     kv, score = randn(3, 8, 5), randn(3, 8, 5)
     score[0, :4] = float("-inf")  # the first window's previous-window slots do not exist

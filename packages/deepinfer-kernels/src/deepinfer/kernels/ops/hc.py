@@ -31,7 +31,9 @@ def hc_mix_coefficients(
 
     x:     ``[T, nc, D]`` the residual streams (any float dtype).
     fn:    ``[(2 + nc) * nc, nc * D]`` fp32; base ``[(2 + nc) * nc]`` fp32; scale ``[3]`` fp32.
-    ``m = (flat(x) @ fn^T) * rsqrt(mean(flat(x)^2) + norm_eps)``;
+    ``m = (flat(x) * rsqrt(mean(flat(x)^2) + norm_eps)) @ fn^T`` (the reference normalises
+    first, as the public transformers ports do; scaling the projection instead differs by one
+    rounding);
     ``pre = sigmoid(m[:nc] s0 + b) + hc_eps``; ``post = 2 sigmoid(m[nc:2nc] s1 + b)``;
     ``comb = softmax_k(m[2nc:] s2 + b as [j, k]) + hc_eps``, then a column normalisation
     (``/ (sum_j + hc_eps)``) and ``sinkhorn_iters - 1`` rounds of row then column

@@ -6,9 +6,12 @@ import torch
 
 
 def _mixes(x: torch.Tensor, fn: torch.Tensor, norm_eps: float) -> torch.Tensor:
+    # Normalise the flat streams, then project: the fp32 order of the public transformers ports
+    # (V4 and V4.1). DeepSeek's V4 inference scales the projection instead, ``(x @ fn^T) * r``:
+    # the same value up to one rounding of each mix.
     flat = x.flatten(-2).float()
-    rms = torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
-    return (flat @ fn.float().t()) * rms
+    flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
+    return flat @ fn.float().t()
 
 
 def hc_mix_coefficients(
