@@ -57,8 +57,8 @@ def test_select_topk_picks_the_same_set(width, k):
 
 
 def test_wide_rows_sort_in_blocks_of_rows_with_the_same_result(monkeypatch):
-    """Rows wider than the kernel takes are sorted a block of rows at a time (bounded memory
-    for long prompts); the picks equal the reference's, row for row."""
+    """The sort for rows wider than two selections take runs a block of rows at a time
+    (bounded memory for long prompts); the picks equal the reference's, row for row."""
     from deepinfer.kernels_nvidia import indexer_topk
 
     g = torch.Generator().manual_seed(7)
@@ -70,8 +70,25 @@ def test_wide_rows_sort_in_blocks_of_rows_with_the_same_result(monkeypatch):
     sorted_rows, sort_rows = [], indexer_topk._topk_rows
     monkeypatch.setattr(indexer_topk, "_topk_rows",
                         lambda s, c, n: sorted_rows.append(len(s)) or sort_rows(s, c, n))  # fmt: skip
-    got = backend.ops["select_topk"](scores, cand, k)
+    got = indexer_topk._topk_torch(scores, cand, k)
     assert sorted_rows == [2, 2, 2, 1]
+    assert torch.equal(got, kernels.OPS["select_topk"].reference(scores, cand, k))
+
+
+@pytest.mark.parametrize("width,k", [(16385, 7), (32800, 300)], ids=str)
+def test_wide_rows_take_two_selections_with_the_sorts_result(monkeypatch, width, k):
+    """Rows wider than the kernel takes: each segment's k best, then the best of those; ties
+    (many, from rounded scores) still go to the lowest column, as in one stable sort."""
+    from deepinfer.kernels_nvidia import indexer_topk
+
+    g = torch.Generator().manual_seed(width)
+    rows = 3
+    cand = make_candidates(g, rows=rows, width=width, num_keys=10 * width).to(DEVICE)
+    scores = (torch.randn(rows, width, generator=g) * 4).round().to(DEVICE)
+    scores[2, : width // 2] = float("-inf")  # a row whose first segment is all holes
+    scores = scores.masked_fill(cand < 0, float("-inf"))
+    monkeypatch.setattr(indexer_topk, "_topk_torch", None)  # the sort is not taken
+    got = backend.ops["select_topk"](scores, cand, k)
     assert torch.equal(got, kernels.OPS["select_topk"].reference(scores, cand, k))
 
 

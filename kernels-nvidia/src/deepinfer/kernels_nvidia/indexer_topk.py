@@ -2,7 +2,8 @@
 
 Selection (``select_topk``): the radix-select kernel of :mod:`.indexer_select` (one program
 per row; the result equals a stable descending sort's first k). Rows wider than
-``TOPK_MAX_CANDIDATES`` use torch's stable sort. ``candidate_block_mask`` keeps the earlier
+``TOPK_MAX_CANDIDATES`` take two selections (each segment's k best, then the best of those)
+while the segments' winners fit one row; beyond that, torch's stable sort. ``candidate_block_mask`` keeps the earlier
 binary-search kernel (winners in column order).
 """
 
@@ -99,28 +100,60 @@ def _topk_rows(scores, candidates, k):
 
 @implements("select_topk")
 def select_topk(scores, candidates, k, *, digit=None, cap=None, num_warps=None):
-    """Rows up to ``TOPK_MAX_CANDIDATES`` wide: the Triton radix select of
-    :mod:`.indexer_select` (winners ordered in the same kernel); wider rows: torch's stable
-    sort. The keywords override the launch (benchmark sweeps); none changes the result.
+    """The Triton radix select of :mod:`.indexer_select` (winners ordered in the same kernel);
+    rows wider than ``TOPK_MAX_CANDIDATES``: two selections (:func:`_select_wide`), or torch's
+    stable sort when the segments' winners would not fit one row. The keywords override the launch (benchmark sweeps); none changes the result.
     ``+inf`` / NaN scores are not expected (the scores are finite or ``-inf``)."""
     if scores.shape != candidates.shape or scores.dim() != 2:
         raise ValueError(
             f"candidates: expected shape {tuple(scores.shape)}, got {tuple(candidates.shape)}"
         )
     rows, width = scores.shape
-    if width > TOPK_MAX_CANDIDATES or scores.dtype != torch.float32:
+    if scores.dtype != torch.float32:
         return _topk_torch(scores, candidates, k)
     if rows == 0 or k == 0:
         return torch.empty(rows, k, dtype=torch.int64, device=scores.device)
     if width == 0:  # nothing visible yet (a step before the first compressed entry): all holes
         return torch.full((rows, k), -1, dtype=torch.int64, device=scores.device)
+    launch = dict(digit=digit or SELECT_DIGIT, cap=cap or SELECT_CAP, num_warps=num_warps)
+    if width > TOPK_MAX_CANDIDATES:
+        segments = -(-width // TOPK_MAX_CANDIDATES)
+        if k * segments > TOPK_MAX_CANDIDATES:
+            return _topk_torch(scores, candidates, k)
+        step = max(1, SORT_BLOCK_ELEMENTS // width)  # rows per block: bounded padded copies
+        return torch.cat(
+            [_select_wide(scores[i : i + step], candidates[i : i + step], k, launch)
+             for i in range(0, rows, step)]
+        )  # fmt: skip
+    return _select(scores, candidates, k, launch)
+
+
+def _select(scores, candidates, k, launch):
     scores = scores if scores.stride(1) == 1 else scores.contiguous()
     candidates = candidates if candidates.stride(1) == 1 else candidates.contiguous()
-    block_c = triton.next_power_of_2(max(width, 16))
-    return launch_select(
-        scores, candidates, k, digit=digit or SELECT_DIGIT, cap=cap or SELECT_CAP,
-        num_warps=num_warps or min(SELECT_WARPS, max(4, block_c // 1024)),
-    )  # fmt: skip
+    block_c = triton.next_power_of_2(max(scores.shape[1], 16))
+    warps = launch["num_warps"] or min(SELECT_WARPS, max(4, block_c // 1024))
+    return launch_select(scores, candidates, k, digit=launch["digit"], cap=launch["cap"],
+                         num_warps=warps)  # fmt: skip
+
+
+def _select_wide(scores, candidates, k, launch):
+    """Rows wider than the kernel takes, in two selections with the same result as one: each
+    segment of ``TOPK_MAX_CANDIDATES`` columns gives its k best in stable descending order,
+    then the k best of the segments' winners, laid side by side in segment order. Equal
+    scores stay in column order at both stages, so ties still go to the lowest column."""
+    rows, width = scores.shape
+    seg = TOPK_MAX_CANDIDATES
+    segments = -(-width // seg)
+    padded = torch.nn.functional.pad(scores, (0, segments * seg - width), value=-float("inf"))
+    local = torch.arange(seg, device=scores.device).expand(rows * segments, seg)
+    first = _select(padded.view(rows * segments, seg), local, k, launch)  # [R * S, k], -1 holes
+    column = first + (torch.arange(rows * segments, device=scores.device) % segments)[:, None] * seg
+    column = torch.where(first < 0, -1, column).view(rows, segments * k)
+    best = padded.view(rows, segments * seg).gather(1, column.clamp(min=0))
+    best = best.masked_fill(column < 0, -float("inf"))
+    picked = _select(best, column, k, launch)  # columns of the row's k best
+    return torch.where(picked < 0, -1, candidates.gather(1, picked.clamp(min=0)).long())
 
 
 @implements("candidate_block_mask")
