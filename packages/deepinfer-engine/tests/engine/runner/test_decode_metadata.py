@@ -112,3 +112,23 @@ def test_verification_fixed_metadata_is_the_eager_one_padded():
     # entries complete at the first token, inside the drafts and at the last draft
     _check_verification(tiny_v4_config(hca_ratio=8), 16, [3, 37, 10], [4, 5, 1])
     _check_verification(tiny_v41_config(vision=False), 16, [1, 20, 33], [3, 5, 2])
+
+
+def test_a_refilled_buffer_equals_a_fresh_one():
+    """The graphs share one host buffer: a short step after a long one leaves nothing of it
+    (the visible lists are looked up only up to the step's longest count, the rest set to -1)."""
+    config = parse_config(tiny_v41_config(vision=False))
+    layout = CacheLayout(num_blocks=24, num_slots=6, block_size=16)
+    fixed = DecodeLayout(config, layout, config.sliding_window, num_tokens=4, context=64)
+    tables = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    long_step = ([7, 8, 9], [60, 61, 40], tables, [1, 2], [0, 2, 3])
+    short_step = ([3, 4], [2, 5], tables, [2, 1], [0, 1, 2])
+    used = np.full(fixed.size, 12345, dtype=np.int64)
+    fixed.fill(used, *long_step)
+    visible = [name for name in fixed.fields if name.endswith("visible")]
+    assert all((fixed.views(used)[name][:, 6:] >= 0).any() for name in visible)
+    fixed.fill(used, *short_step)  # positions up to 5: at most 6 entries of any ratio
+    assert all((fixed.views(used)[name][:, 6:] == -1).all() for name in visible)
+    fresh = np.zeros(fixed.size, dtype=np.int64)
+    fixed.fill(fresh, *short_step)
+    assert np.array_equal(used, fresh)
