@@ -17,6 +17,12 @@ What this code shares with the ``transformers`` main-branch ``deepseek_v41`` por
   source's top-k shared by the layers after them; the candidate pre-filter (block max, newest
   block forced, later index sources masked); router ``gate_temp``, ``1e-20`` normalisation,
   ``bias_vl`` present on every router.
+- fp32 order: on CPU every reference op but attention rounds as the port does (mHC normalises
+  the flat streams before projecting; the Engram gate multiplies its two RMS statistics
+  first). The port's attention sums over its call's dense key axis (all prefill tokens, then
+  all entries, masked), ours over each row's index list; with the sums taken over the port's
+  axis the whole prefill is bit-identical to the port (``benchmarks/fidelity/v41_port_parity``,
+  ``port_layout``). The port's own axis depends on how the sequence is split into calls.
 """
 
 from __future__ import annotations
