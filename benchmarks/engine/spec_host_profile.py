@@ -155,7 +155,8 @@ def measure(args, batch: int, varlen: bool) -> dict:
         "forward_ms_per_step": round(forward_ms, 2),
         "accept_len": round(statistics.mean(a for a in accepted if a is not None), 2),
     }  # fmt: skip
-    row["aten_ops_per_step"] = round(_ops_per_step(llm, clock, prompts, args), 1)
+    if not args.no_ops:
+        row["aten_ops_per_step"] = round(_ops_per_step(llm, clock, prompts, args), 1)
     if args.profile:
         clock.profiler = cProfile.Profile()
         _run(llm, clock, prompts, args.decode_tokens)
@@ -197,6 +198,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--profile", type=int, default=0, help="print the top N functions")
+    parser.add_argument("--no-ops", action="store_true", help="skip counting the aten ops")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

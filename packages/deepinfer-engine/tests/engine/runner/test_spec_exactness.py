@@ -6,6 +6,7 @@ trace in what later positions see."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -119,6 +120,34 @@ def test_oracle_drafts_accept_exactly_what_they_match(dspark_checkpoint, kind):
             for g, w, t in zip(got.outputs[0].logprobs, want.outputs[0].logprobs,
                                want.outputs[0].token_ids):  # fmt: skip
                 assert g[t] == pytest.approx(w[t], abs=1e-5)
+
+
+def test_penalties_and_bans_see_each_rows_drafts(dspark_checkpoint):
+    """Rows of a verification step apply penalties and ``min_tokens`` bans over the generated
+    tokens plus the drafts before them; plain rows in the same step share one history. Greedy
+    and seeded requests with penalties, bans or neither, mixed in one batch, with oracle drafts
+    (long accepted runs): the tokens of a run without speculation."""
+    prompts = _prompts(12, longest=30)
+
+    def settings(i: int) -> dict:
+        sampled = dict(temperature=1.0, seed=40 + i) if i % 2 == 0 else dict(temperature=0)
+        if i % 3 == 0:
+            return dict(repetition_penalty=1.3, presence_penalty=0.8, frequency_penalty=0.5,
+                        **sampled)  # fmt: skip
+        if i % 3 == 1:  # banned for the first 6 tokens, then stops on any of them
+            return dict(min_tokens=6, stop_token_ids=tuple(range(20, 250, 3)), **sampled)
+        return sampled
+
+    params = [SamplingParams(max_tokens=12, ignore_eos=True, **settings(i)) for i in range(12)]
+    plain = _run(_engine(dspark_checkpoint, speculative_tokens=0), prompts, params)
+    reference = {str(i): p + o.outputs[0].token_ids for i, (p, o) in enumerate(zip(prompts, plain))}
+    spec = _run(_oracle_engine(dspark_checkpoint, reference, _corrupt), prompts, params)
+    assert _tokens(spec) == _tokens(plain)
+    assert sum(o.metrics.num_accepted_tokens for o in spec) > 30, "too few accepted drafts"
+    unpenalised = _run(_engine(dspark_checkpoint, speculative_tokens=0), prompts,
+                       [replace(p, repetition_penalty=1.0, presence_penalty=0.0,
+                                frequency_penalty=0.0) for p in params])  # fmt: skip
+    assert _tokens(unpenalised) != _tokens(plain), "the penalties changed nothing"
 
 
 def test_rejected_drafts_never_become_visible(dspark_checkpoint):

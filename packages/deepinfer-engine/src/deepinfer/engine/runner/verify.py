@@ -145,6 +145,8 @@ class Verifier:
     def _fill_rows(self, plan: StepPlan, g: RequestRows) -> None:
         seq = self.sequences[g.request_id]
         generated = seq.token_ids[seq.num_prompt_tokens :]
+        # only penalties and bans read a row's history: other rows share one list, uncopied
+        counted = seq.sampling_params.has_penalty or seq.sampling_params.has_bans
         for j in range(g.count):
             seed = plan.sample_seeds[g.first + j]
             params = seq.row_params.get(seed)
@@ -153,7 +155,8 @@ class Verifier:
                     seq.sampling_params, seq_seed=seed, seed=None
                 )
             g.params.append(params)
-            g.histories.append(generated if g.is_fork else generated + g.drafts[:j])
+            own = counted and not g.is_fork
+            g.histories.append(generated + g.drafts[:j] if own else generated)
         state = self.grammar.state(g.request_id) if self.grammar is not None else None
         if state is None:
             return
