@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from deepinfer.engine.frontend.llm import LLM
+from deepinfer.engine.runner.cost_profile import profile_sizes
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
 from deepinfer.engine.runner.draft_graphs import DraftGraphs
 from deepinfer.sampling import SamplingParams
@@ -149,3 +150,28 @@ def test_spec_graphs_replay_on_the_gpu(monkeypatch, async_scheduling):
     assert runner.drafter.graphs.num_replays > 10, "draft graphs were not replayed"
     assert [r[:2] for r in on] == [r[:2] for r in off], "tokens or logprobs differ"
     assert on == off, "accept counts or draft confidences differ: the drafter's graphs"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_the_planner_curve_is_measured_on_the_step_graphs(monkeypatch, tmp_path):
+    """Confidence scheduling without a given curve measures it at load by replaying the
+    verification graphs (each size captured, then replayed: warm), stores it, and the dummy
+    steps it ran on the engine's own cache change no output: an engine given the same curve
+    (nothing measured) emits the same tokens, logprobs, accept counts and confidences."""
+    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(tmp_path))
+    settings = dict(accelerator="nvidia", max_model_len=256, gpu_memory_utilization=0.3,
+                    max_num_seqs=NUM_PROMPTS, spec_varlen=True,
+                    return_draft_confidences=True)  # fmt: skip
+    measured = LLM(str(EMBEDDED), spec_cost_curve="remeasure", **settings)
+    runner = measured._core.executor
+    curve, k = runner.spec.cost_curve, runner.spec.num_draft_tokens
+    sizes = profile_sizes(NUM_PROMPTS * (k + 1))
+    assert curve.num_tokens == tuple(sizes) and len(list((tmp_path / "cost_curves").iterdir()))
+    # two warm-up runs (the first captures) and five timed runs per size, all replays
+    assert runner.graphs.num_replays >= 7 * len(sizes), runner.graphs.num_replays
+    prompts, params = _prompts(), _params(longest=48)
+    got = measured.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    given = LLM(str(EMBEDDED), spec_cost_curve=curve, **settings)
+    want = given.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    assert _records(got) == _records(want)
