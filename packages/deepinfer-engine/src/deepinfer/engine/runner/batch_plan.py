@@ -156,12 +156,14 @@ def build_step_plan(state: RunnerState, scheduler_output: SchedulerOutput) -> St
 
 
 def _add_request(lists, b, seq: RunnerSequence, num_new, drafts, seeds) -> None:
-    tokens = seq.token_ids + list(drafts)
+    known = len(seq.token_ids)  # then the drafts (not copied with the whole sequence)
     start = seq.num_computed_tokens
     end = start + num_new
     first_row = lists["cu_seqlens_q"][-1]
     lists["request_ids"].append(seq.request_id)
-    lists["input_ids"].extend(tokens[start:end])
+    lists["input_ids"].extend(seq.token_ids[start:end])
+    if end > known:
+        lists["input_ids"].extend(list(drafts)[max(start - known, 0) : end - known])
     lists["positions"].extend(range(start, end))
     lists["cu_seqlens_q"].append(first_row + num_new)
     lists["seq_lens"].append(end)
@@ -178,7 +180,7 @@ def _add_request(lists, b, seq: RunnerSequence, num_new, drafts, seeds) -> None:
             lists["prompt_logprob_rows"].append(first_row + position - 1 - start)
             lists["prompt_logprob_targets"].append(seq.token_ids[position])
             lists["prompt_logprob_requests"].append(b)
-    if end < len(tokens):
+    if end < known + len(drafts):
         return  # a prefill chunk that does not reach the end samples nothing
     last_row = first_row + num_new - 1
     if seeds:
