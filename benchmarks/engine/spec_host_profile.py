@@ -5,15 +5,17 @@ fixed-shape verification and draft forwards installed as the loader installs the
 graphs on CUDA, here run eagerly (``capture=False``, as the CPU tests do). Every
 ``EngineCore.step`` of a greedy generation is timed, and so is every call of the two
 fixed-shape forwards (``DecodeGraphs._forward``, ``DraftGraphs._forward``: on a GPU one graph
-replay each). Host ms per step = (step time - forward time) over the steady steps of a
-``--decode-tokens`` run (a ``max_tokens=1`` run's steps, the prefill, subtracted). Everything
-else the step does (scheduling, input preparation, verification bookkeeping, draft picks,
-output processing, and the small sampling and acceptance ops that a GPU only launches) counts
-as host time. ``aten_ops_per_step``: the aten ops the steady steps run outside the two forwards
-(each a dispatch through torch; on a GPU those on device tensors are kernel launches or copies). ``--profile N`` prints the N
-most frequent of those ops and cProfile's top N functions of a further run, by own and by
-cumulative time, with the two forwards' subtrees left out, and writes the profile to
-``spec_host_profile.prof`` (``pstats``).
+replay each), by the main thread's CPU time (one torch thread; far less moved by other
+processes on a shared machine than wall time, which ``--wall`` takes instead). Host ms per
+step = (step time - forward time) over the steady steps of a ``--decode-tokens`` run (a
+``max_tokens=1`` run's steps, the prefill, subtracted). Everything else the step does
+(scheduling, input preparation, verification bookkeeping, draft picks, output processing, and
+the small sampling and acceptance ops that a GPU only launches) counts as host time.
+``aten_ops_per_step``: the aten ops the steady steps run outside the two forwards (each a
+dispatch through torch; on a GPU those on device tensors are kernel launches or copies).
+``--profile N`` prints the N most frequent of those ops and cProfile's top N functions of a
+further run, by own and by cumulative time, with the two forwards' subtrees left out, and
+writes the profile to ``spec_host_profile.prof`` (``pstats``).
 
     python -m benchmarks.engine.spec_host_profile --batches 1,8,64 --out bench-out/host.json
 """
@@ -58,22 +60,24 @@ class _OpCounter(TorchDispatchMode):
 
 
 class _Clock:
-    """Wall time of the engine steps and of the fixed-shape forwards inside them; the profiler
-    and op counter, when on, are paused inside the forwards."""
+    """Time of the engine steps and of the fixed-shape forwards inside them (``now``: the main
+    thread's CPU time by default, robust to other processes on a shared machine, or wall time);
+    the profiler and op counter, when on, are paused inside the forwards."""
 
-    def __init__(self) -> None:
+    def __init__(self, now=time.thread_time) -> None:
+        self.now = now
         self.steps, self.step_s, self.forward_s = 0, 0.0, 0.0
         self.profiler: cProfile.Profile | None = None
         self.counter: _OpCounter | None = None
 
     def wrap_step(self, inner):
         def step():
-            start = time.perf_counter()
+            start = self.now()
             try:
                 return inner()
             finally:
                 self.steps += 1
-                self.step_s += time.perf_counter() - start
+                self.step_s += self.now() - start
 
         return step
 
@@ -83,11 +87,11 @@ class _Clock:
                 self.profiler.disable()
             if self.counter is not None:
                 self.counter.paused = True
-            start = time.perf_counter()
+            start = self.now()
             try:
                 return inner(*args, **kwargs)
             finally:
-                self.forward_s += time.perf_counter() - start
+                self.forward_s += self.now() - start
                 if self.counter is not None:
                     self.counter.paused = False
                 if self.profiler is not None:
@@ -135,7 +139,7 @@ def _run(llm, clock: _Clock, prompts, max_tokens: int):
 
 
 def measure(args, batch: int, varlen: bool) -> dict:
-    clock = _Clock()
+    clock = _Clock(time.perf_counter if args.wall else time.thread_time)
     llm = _engine(args, batch, varlen)
     _install(llm, batch, args.k, clock)
     prompts = _prompts(llm, batch)
@@ -199,6 +203,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--profile", type=int, default=0, help="print the top N functions")
     parser.add_argument("--no-ops", action="store_true", help="skip counting the aten ops")
+    parser.add_argument("--wall", action="store_true", help="wall time, not the thread's CPU time")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
