@@ -157,10 +157,13 @@ def check_case(
 
 
 def patch_triton_interpreter() -> None:
-    """Make ``TRITON_INTERPRET=1`` compute bf16 ``tl.dot`` correctly.
+    """Make ``TRITON_INTERPRET=1`` compute bf16 and fp32 ``tl.dot`` as a GPU does.
 
-    The interpreter multiplies bf16 bit patterns as integers (triton#11584); upcast bf16 dot
-    operands to fp32 first. Call before kernel modules are imported.
+    The interpreter multiplies bf16 bit patterns as integers (triton#11584): bf16 operands are
+    upcast to fp32 first. A bf16 or fp32 tile product is then summed in float64 and rounded
+    once: numpy's BLAS picks its micro-kernel, and with it the summation order, by a row's
+    place in the tile, so a row's result would depend on which rows share its tile (a GPU's
+    tile order does not). Call before kernel modules are imported.
     """
     import numpy as np
     from triton.runtime import interpreter as interp
@@ -173,13 +176,14 @@ def patch_triton_interpreter() -> None:
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         import triton.language as tl
 
-        if a.dtype.scalar == tl.bfloat16 or b.dtype.scalar == tl.bfloat16:
+        wide = (tl.bfloat16, tl.float32)
+        if a.dtype.scalar in wide and b.dtype.scalar in wide:
 
             def up(h):
                 if h.dtype.scalar != tl.bfloat16:
-                    return h.data.astype(np.float32)
+                    return h.data.astype(np.float64)
                 bits = h.data.view(np.uint16).astype(np.uint32) << 16
-                return bits.view(np.float32)
+                return bits.view(np.float32).astype(np.float64)
 
             res = np.matmul(up(a), up(b)).astype(d.data.dtype) + d.data
             return interp.TensorHandle(res, d.dtype.scalar)
