@@ -242,10 +242,15 @@ def _dequant(engram):
 
 @pytest.mark.parametrize("quantized", [False, True])
 def test_forward_matches_the_spec_formula(quantized):
+    """fp32 against the formula in float64. The inputs are seeded: the 2e-5 tolerance is about
+    an ulp of the outputs here (values near 190), and on about 6% of random inputs a gate near
+    zero, where sqrt(|dot|) is steep, turns the dot's fp32 rounding into 2-8e-5 (measured over
+    200 seeds), so unseeded inputs made this test fail at random."""
     engram, cfg = _engram(quantized, 3, torch.float32)
     _randomise(engram, quantized)
-    hidden = torch.randn(6, 4, 64)
-    row_ids = torch.randint(0, 310, (6, 4))
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(6, 4, 64, generator=g)
+    row_ids = torch.randint(0, 310, (6, 4), generator=g)
     mask = torch.tensor([True, False, True, True, False, True])
     got = engram(hidden, row_ids, mask)
     rows = engram.embed(row_ids, torch.float32)
