@@ -5,12 +5,13 @@ fixed-shape verification and draft forwards installed as the loader installs the
 graphs on CUDA, here run eagerly (``capture=False``, as the CPU tests do). Every
 ``EngineCore.step`` of a greedy generation is timed, and so is every call of the two
 fixed-shape forwards (``DecodeGraphs._forward``, ``DraftGraphs._forward``: on a GPU one graph
-replay each), by the main thread's CPU time (one torch thread; far less moved by other
-processes on a shared machine than wall time, which ``--wall`` takes instead). Host ms per
-step = (step time - forward time) over the steady steps of a ``--decode-tokens`` run (a
-``max_tokens=1`` run's steps, the prefill, subtracted). Everything else the step does
-(scheduling, input preparation, verification bookkeeping, draft picks, output processing, and
-the small sampling and acceptance ops that a GPU only launches) counts as host time.
+replay each) and of the model's eager forward (the prefill), by the main thread's CPU time
+(one torch thread; far less moved by other processes on a shared machine than wall time,
+which ``--wall`` takes instead). Host ms per step = (step time - forward time) over the steady
+steps of a ``--decode-tokens`` run (a ``max_tokens=1`` run's steps, the prefill, subtracted).
+Everything else the step does (scheduling, input preparation, verification bookkeeping, draft
+picks, output processing, and the small sampling and acceptance ops that a GPU only launches)
+counts as host time.
 ``aten_ops_per_step``: the aten ops the steady steps run outside the two forwards (each a
 dispatch through torch; on a GPU those on device tensors are kernel launches or copies).
 ``--profile N`` prints the N most frequent of those ops and cProfile's top N functions of a
@@ -66,7 +67,7 @@ class _Clock:
 
     def __init__(self, now=time.thread_time) -> None:
         self.now = now
-        self.steps, self.step_s, self.forward_s = 0, 0.0, 0.0
+        self.steps, self.step_s, self.forward_s, self.depth = 0, 0.0, 0.0, 0
         self.profiler: cProfile.Profile | None = None
         self.counter: _OpCounter | None = None
 
@@ -83,6 +84,12 @@ class _Clock:
 
     def wrap_forward(self, inner):
         def forward(*args, **kwargs):
+            self.depth += 1
+            if self.depth > 1:  # inside a timed forward already
+                try:
+                    return inner(*args, **kwargs)
+                finally:
+                    self.depth -= 1
             if self.profiler is not None:
                 self.profiler.disable()
             if self.counter is not None:
@@ -91,6 +98,7 @@ class _Clock:
             try:
                 return inner(*args, **kwargs)
             finally:
+                self.depth -= 1
                 self.forward_s += self.now() - start
                 if self.counter is not None:
                     self.counter.paused = False
@@ -115,6 +123,8 @@ def _install(llm: LLM, batch: int, k: int, clock: _Clock) -> None:
     drafts = DraftGraphs(runner.model, runner.cache, k, max_requests=batch, capture=False)
     for g in (graphs, drafts):
         g._forward = clock.wrap_forward(g._forward)
+    # the eager forward of the prefill steps (on a GPU real work too, not host time)
+    runner.model.forward_step = clock.wrap_forward(runner.model.forward_step)
     runner.graphs, runner.drafter.graphs = graphs, drafts
     llm._core.step = clock.wrap_step(llm._core.step)
 
