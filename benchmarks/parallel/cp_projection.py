@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import environment, write_json
+from benchmarks.parallel.bench_context import _memory_kb
 
 REPO = Path(__file__).resolve().parents[2]
 CASE = "CASE "  # prefix of a child's result line
@@ -92,7 +93,7 @@ class _Peak:
         else:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # reset VmHWM
-            self.base = _status_kb("VmRSS") * 1024
+            self.base = _memory_kb("VmRSS") * 1024
         self.start = time.perf_counter()
         return self
 
@@ -101,16 +102,8 @@ class _Peak:
             torch.cuda.synchronize(self.device)
             self.bytes = torch.cuda.max_memory_allocated(self.device) - self.base
         else:
-            self.bytes = _status_kb("VmHWM") * 1024 - self.base
+            self.bytes = _memory_kb("VmHWM") * 1024 - self.base
         self.seconds = time.perf_counter() - self.start
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
 
 
 @torch.inference_mode()
