@@ -4,7 +4,9 @@ confidence-scheduled (varlen), at several batch sizes, through ``LLM.generate``.
 For each mode an engine is built on ``--model`` (default: ``examples/tiny_model/checkpoint`` if
 it exists, else ``examples/default_model``); for each batch size ``b`` the same ``b`` prompts
 run greedy with ``max_tokens=1`` and with ``max_tokens=--decode-tokens``; decode tokens/s per
-user = ``(decode_tokens - 1) / (t_full - t_first)``. Also reported: the mean accepted length
+user = ``(decode_tokens - 1) / (t_full - t_first)``. Batch 1 runs each of the first ``--solo``
+prompts alone in turn and averages their decode times (one prompt's accept length is not the
+model's). Also reported: the mean accepted length
 (tokens emitted per verify step, bonus included, averaged over requests), drafts verified and
 accepted, and the step-cost curve the varlen planner measured at start-up (tokens -> ms).
 Prompts: Python snippets (the tiny model's domain) or ``--prompts-file`` (one per line),
@@ -130,12 +132,19 @@ def _mode_rows(args, mode: str) -> tuple[list[dict], dict | None]:
 
 def _row(llm: LLM, args, mode: str, spec, batch: int, setting: str) -> dict:
     prompts = _prompts(llm, args, batch)
+    # batch 1: each of the first --solo prompts alone in turn (one prompt's accept length is
+    # not the model's), the decode time summed
+    groups = [[p] for p in _prompts(llm, args, args.solo)] if batch == 1 else [prompts]
     if not args.smoke:  # untimed: the row's graphs captured, its kernels built
-        _timed(llm, prompts, args.decode_tokens)
+        _timed(llm, groups[0], args.decode_tokens)
     replays_before = _graph_replays(llm)
-    first, _ = _timed(llm, prompts, 1)
-    full, outputs = _timed(llm, prompts, args.decode_tokens)
-    decode_s = max(full - first, 1e-9)
+    decode_s, outputs = 0.0, []
+    for group in groups:
+        first, _ = _timed(llm, group, 1)
+        full, out = _timed(llm, group, args.decode_tokens)
+        decode_s += max(full - first, 1e-9)
+        outputs += out
+    decode_s /= len(groups)  # per group of `batch` requests
     lengths = [o.metrics.mean_accepted_length for o in outputs]
     lengths = [x for x in lengths if x is not None]
     row = {
@@ -178,6 +187,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--dtype", default=None)
+    parser.add_argument("--solo", type=int, default=len(PROMPTS),
+                        help="batch-1 rows: prompts timed alone in turn (their mean)")  # fmt: skip
     parser.add_argument("--async", dest="async_modes", default="on",
                         help="asynchronous scheduling: on, off or on,off (each row per setting)")  # fmt: skip
     parser.add_argument("--timeline", action="store_true",
@@ -188,12 +199,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.smoke:
         args.accelerator, args.batches, args.decode_tokens = "cpu", "1,2", 6
         args.max_prompt_len, args.k, args.block_size = 8, min(args.k, 3), 16
+        args.solo = min(args.solo, 2)
     args.model = args.model or default_model()
     args.batches = [int(b) for b in str(args.batches).split(",")]
     args.modes = [m for m in args.modes.split(",") if m]
     args.async_modes = [a for a in args.async_modes.split(",") if a]
     if any(a not in ("on", "off") for a in args.async_modes):
         parser.error(f"--async {','.join(args.async_modes)}: expected on, off or on,off")
+    if args.solo < 1:
+        parser.error(f"--solo {args.solo}: expected >= 1 prompts for the batch-1 rows")
     unknown = [m for m in args.modes if m not in MODES]
     if unknown:
         parser.error(f"--modes: unknown {unknown}; expected some of {', '.join(MODES)}")
