@@ -54,6 +54,14 @@ def device_index(rows: list[int], device) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.long).to(device, non_blocking=True)
 
 
+def take_rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """``x[rows]``: ``x`` itself when ``rows`` are all its rows in order (the usual case: no
+    index to copy and gather with), else gathered through :func:`device_index`."""
+    if rows == list(range(x.shape[0])):
+        return x
+    return x[device_index(rows, x.device)]
+
+
 class PendingStep:
     """A step in flight; ``finish(host tokens as a list)`` builds its output, once."""
 

@@ -22,10 +22,10 @@ import time
 import torch
 
 from deepinfer.engine.model.cache import CacheLayout, ModelCache
-from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.runner.batch_plan import StepPlan
 from deepinfer.engine.runner.cost_cache import cached_step_cost_curve, curve_key
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
+from deepinfer.engine.runner.model_runner import step_batch
 from deepinfer.engine.version import __version__
 from deepinfer.kernels import envs
 from deepinfer.spec import StepCostCurve
@@ -138,19 +138,6 @@ def dummy_verify_plan(
     )
 
 
-def _batch(plan: StepPlan, device: torch.device) -> ForwardBatch:
-    long = dict(dtype=torch.long, device=device)
-    return ForwardBatch(
-        input_ids=torch.tensor(plan.input_ids, **long),
-        positions=torch.tensor(plan.positions, **long),
-        cu_seqlens_q=torch.tensor(plan.cu_seqlens_q, dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(plan.seq_lens, **long),
-        block_tables=torch.tensor(plan.block_tables, dtype=torch.int32, device=device),
-        state_slots=torch.tensor(plan.state_slots, **long),
-        logits_indices=torch.arange(plan.num_tokens, **long),
-    )
-
-
 @torch.inference_mode()
 def _time_step(model, plan: StepPlan, cache: ModelCache, graphs, device) -> float:
     """Milliseconds of one step: its graph's replay when ``graphs`` take it, else eager."""
@@ -159,7 +146,7 @@ def _time_step(model, plan: StepPlan, cache: ModelCache, graphs, device) -> floa
     start = time.perf_counter()
     logits = graphs.run(plan, plan.sample_rows) if graphs is not None else None
     if logits is None:
-        model(_batch(plan, device), cache)
+        model(step_batch(plan, plan.sample_rows, device), cache)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return (time.perf_counter() - start) * 1e3

@@ -38,7 +38,7 @@ from deepinfer.engine.core.scheduler_output import (
 )
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import ForwardBatch
-from deepinfer.engine.runner.async_step import PendingStep, device_index, read_back, sync_guard
+from deepinfer.engine.runner.async_step import PendingStep, read_back, sync_guard, take_rows
 from deepinfer.engine.runner.batch_plan import RunnerState, StepPlan, build_step_plan
 from deepinfer.engine.runner.cache_ops import copy_blocks, copy_slots, reset_slot
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
@@ -114,9 +114,7 @@ class ModelRunner:
         if plan.sample_rows and not plan.prompt_logprob_rows and self._defers(plan):
             with sync_guard(self.device, self._replays_graph(plan, rows)):
                 logits = self._forward(plan, rows)
-                # (indexing with a list copies it from pageable host memory: a host sync)
-                every_row = sample_at == list(range(len(rows)))
-                sampled = logits if every_row else logits[device_index(sample_at, logits.device)]
+                sampled = take_rows(logits, sample_at)
                 groups, tokens = self.verifier.launch_plain(plan, so, sampled, out.errors)
                 if tokens is not None:
                     finish = partial(self._finish_plain, plan, so, groups, verifying, out)
@@ -126,9 +124,9 @@ class ModelRunner:
         with sync_guard(self.device, self._replays_graph(plan, rows)):
             logits = self._forward(plan, rows)
         if plan.prompt_logprob_rows:
-            self._prompt_logprobs(plan, logits[prompt_at], out)
+            self._prompt_logprobs(plan, take_rows(logits, prompt_at), out)
         if plan.sample_rows:
-            sampled = logits if sample_at == list(range(len(rows))) else logits[sample_at]
+            sampled = take_rows(logits, sample_at)
             emitted = self.verifier.sample_and_verify(plan, so, sampled, out.errors)
             self._record(emitted, so, verifying, out)
             if self.drafter is not None:
@@ -204,20 +202,11 @@ class ModelRunner:
                 self.grammar.advance(request_id, new_tokens, errors)
 
     def _batch(self, plan: StepPlan, rows: list[int]) -> ForwardBatch:
-        long = dict(dtype=torch.long, device=self.device)
-        return ForwardBatch(
-            input_ids=torch.tensor(plan.input_ids, **long),
-            positions=torch.tensor(plan.positions, **long),
-            cu_seqlens_q=torch.tensor(plan.cu_seqlens_q, dtype=torch.int32, device=self.device),
-            seq_lens=torch.tensor(plan.seq_lens, **long),
-            block_tables=torch.tensor(plan.block_tables, dtype=torch.int32, device=self.device),
-            state_slots=torch.tensor(plan.state_slots, **long),
-            logits_indices=torch.tensor(rows, **long),
-            **image_fields(self.model, plan.images, self.device),
-            prompt_lens=torch.tensor(
-                [len(self.state.sequences[r].token_ids) for r in plan.request_ids], **long
-            ),
-        )
+        lengths = [len(self.state.sequences[r].token_ids) for r in plan.request_ids]
+        return step_batch(
+            plan, rows, self.device, **image_fields(self.model, plan.images, self.device),
+            prompt_lens=torch.tensor(lengths, dtype=torch.long, device=self.device),
+        )  # fmt: skip
 
     def _prompt_logprobs(self, plan: StepPlan, logits: torch.Tensor, out: ModelRunnerOutput):
         """``{prompt token: logprob}`` plus the top-k alternatives, per prompt position."""
@@ -282,6 +271,22 @@ class ModelRunner:
             grammar=grammar,
             pending_tokens=list(e.tokens),
         )
+
+
+def step_batch(plan: StepPlan, rows: list[int], device, **extra: Any) -> ForwardBatch:
+    """``plan``'s model inputs on ``device``, logits for ``rows`` (``extra``: further
+    :class:`ForwardBatch` fields: images, prompt lengths)."""
+    long = dict(dtype=torch.long, device=device)
+    return ForwardBatch(
+        input_ids=torch.tensor(plan.input_ids, **long),
+        positions=torch.tensor(plan.positions, **long),
+        cu_seqlens_q=torch.tensor(plan.cu_seqlens_q, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(plan.seq_lens, **long),
+        block_tables=torch.tensor(plan.block_tables, dtype=torch.int32, device=device),
+        state_slots=torch.tensor(plan.state_slots, **long),
+        logits_indices=torch.tensor(rows, **long),
+        **extra,
+    )
 
 
 def _draft_params(seq) -> Any:

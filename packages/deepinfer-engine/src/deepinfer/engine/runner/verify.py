@@ -24,13 +24,13 @@ from typing import Any
 import torch
 
 from deepinfer.engine.core.scheduler_output import SchedulerOutput, SpecDecodeStats
-from deepinfer.engine.runner.async_step import device_index
+from deepinfer.engine.runner.async_step import take_rows
 from deepinfer.engine.runner.batch_plan import RunnerSequence, StepPlan
 from deepinfer.engine.runner.grammar import GrammarManager
 from deepinfer.engine.runner.spec_sampling import processed_probs
 from deepinfer.engine.runner.speculation import GREEDY, REJECTION, verify_mode
 from deepinfer.sampling import allocate_token_bitmask, sample
-from deepinfer.spec import PAD_TOKEN_ID, accept_rejection
+from deepinfer.spec import PAD_TOKEN_ID, accept_rejection, matched_prefix
 
 
 @dataclass
@@ -180,7 +180,7 @@ class Verifier:
         logprobs = logprob_dicts(result, params)
         out, at = [], 0
         for g in groups:
-            a = _accepted_prefix(g.drafts, host[at : at + g.count])
+            a = matched_prefix(g.drafts, host[at : at + g.count])
             rows = range(at, at + (g.count if g.is_fork else a + 1))
             lps = [logprobs[r] for r in rows]
             emitted_tokens = [host[r] for r in rows]
@@ -271,23 +271,8 @@ def _stack_masks(groups: list[RequestRows], vocab_size: int) -> torch.Tensor | N
 
 
 def _group_rows(groups: list[RequestRows], logits: torch.Tensor) -> torch.Tensor:
-    """The groups' rows of ``logits``: all of them as they are when the groups hold every row
-    in order (the usual case: no index to copy to the device and gather with)."""
-    rows = [g.first + j for g in groups for j in range(g.count)]
-    if rows == list(range(logits.shape[0])):
-        return logits
-    return logits[device_index(rows, logits.device)]
-
-
-def _accepted_prefix(drafts: list[int], targets: list[int]) -> int:
-    """How many leading drafts equal the token sampled at their row (``accept_by_match``'s
-    rule: greedy and seed-exact acceptance), on the host."""
-    accepted = 0
-    for draft, target in zip(drafts, targets):
-        if draft != target or draft == PAD_TOKEN_ID:
-            break
-        accepted += 1
-    return accepted
+    """The groups' rows of ``logits``, in group order."""
+    return take_rows(logits, [g.first + j for g in groups for j in range(g.count)])
 
 
 def _rejection_logprobs(probs: torch.Tensor, tokens: list[int], num_top: int | None):
