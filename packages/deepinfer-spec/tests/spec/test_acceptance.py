@@ -9,6 +9,7 @@ from deepinfer.spec import (
     accept_greedy,
     accept_rejection,
     accept_seed_exact,
+    matched_prefix,
 )
 
 VOCAB = 11
@@ -192,3 +193,16 @@ def test_shape_errors_name_the_argument():
             torch.tensor([1, 2]),
             torch.tensor([0, 0]),
         )
+
+
+def test_matched_prefix_counts_what_accept_by_match_accepts():
+    """The host-list form gives each request the count of the batched one (pad drafts too)."""
+    g = torch.Generator().manual_seed(5)
+    drafts, counts = _random_batch(g, 64, 5)
+    drafts[::7, 1] = PAD_TOKEN_ID
+    target = torch.randint(0, 3, (64, 6), generator=g)  # small range: long matches happen
+    drafts[:, :3] = torch.where(torch.rand(64, 3, generator=g) < 0.7, target[:, :3], drafts[:, :3])
+    want = accept_greedy(drafts, counts, target).num_accepted.tolist()
+    got = [matched_prefix(drafts[b, : counts[b]].tolist(), target[b].tolist()) for b in range(64)]
+    assert got == want
+    assert max(want) >= 2  # the case exercises matches, not only first-draft misses

@@ -14,6 +14,7 @@ from deepinfer.spec.acceptance import (
     accept_rejection,
     accept_seed_exact,
     draw_categorical,
+    matched_prefix,
 )
 from deepinfer.spec.cost import StepCostCurve
 from deepinfer.spec.layout import (
@@ -52,6 +53,7 @@ __all__ = [
     "cu_from_counts",
     "cu_num_verify_tokens",
     "draw_categorical",
+    "matched_prefix",
     "pad_drafts",
     "pad_verify_rows",
     "padded_to_varlen",

@@ -9,7 +9,8 @@ All three take a padded batch (see :mod:`deepinfer.spec.layout`):
   ``j`` (computed from the committed tokens plus drafts ``0 .. j-1``); row ``n_b`` is the bonus
   row used when every draft is accepted.
 
-and return an :class:`AcceptanceResult`. Every function is a handful of batched tensor ops on the
+and return an :class:`AcceptanceResult` (:func:`matched_prefix`: one request's match count on
+host lists). Every function is a handful of batched tensor ops on the
 inputs' device: no host synchronisation, no Python loop over requests, and each request's result
 depends only on its own rows (batch invariant).
 
@@ -23,6 +24,7 @@ request had committed before this step) and ``a_b`` the accepted count.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -133,6 +135,18 @@ def accept_by_match(
     num_accepted = _count_accepted_prefix(is_accepted)
     final_tokens = target_tokens.gather(1, num_accepted[:, None]).squeeze(1)
     return _assemble_output(draft_tokens, num_accepted, final_tokens)
+
+
+def matched_prefix(drafts: Sequence[int], targets: Sequence[int]) -> int:
+    """:func:`accept_by_match`'s accepted count for one request, on host lists (for a caller
+    that holds the target's tokens on the host already): how many leading ``drafts`` equal
+    ``targets`` at their row; a :data:`~deepinfer.spec.layout.PAD_TOKEN_ID` draft never does."""
+    accepted = 0
+    for draft, target in zip(drafts, targets):
+        if draft != target or draft == PAD_TOKEN_ID:
+            break
+        accepted += 1
+    return accepted
 
 
 def accept_greedy(
