@@ -1,4 +1,5 @@
 import random
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +42,51 @@ def test_streamed_deltas_join_to_the_full_text_without_garbage(kind):
         assert all(REPLACEMENT_CHAR not in d for d in deltas)
         assert "".join(deltas) == tok.decode(out)
         assert "".join(deltas) == out_text
+
+
+EMBEDDED = Path(__file__).resolve().parents[5] / "examples" / "tiny_model" / "checkpoint"
+
+
+def _two_decode_deltas(tokenizer, prompt, tokens, skip):
+    """The deltas of the plain prefix / read offsets method: two decodes per token (the window
+    restarts at the read offset after every emit), the reference for the one-decode window."""
+    ids, deltas = list(prompt), []
+    read = len(ids)
+    start = max(read - 5, 0)
+    for token in tokens:
+        ids.append(token)
+        prefix = tokenizer.decode(ids[start:read], skip_special_tokens=skip)
+        full = tokenizer.decode(ids[start:], skip_special_tokens=skip)
+        if len(full) <= len(prefix) or full.endswith(REPLACEMENT_CHAR):
+            deltas.append("")
+            continue
+        deltas.append(full[len(prefix) :])
+        start, read = read, len(ids)
+    return deltas
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_deltas_of_random_ids_match_two_decodes_and_the_full_decode(skip):
+    """Random ids of the embedded tokenizer (specials, split UTF-8 bytes and all): the deltas
+    equal the two-decode method's; after a text prompt they join to the full decode of the
+    ids, less a trailing character still incomplete (held back)."""
+    from deepinfer.engine.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(EMBEDDED)
+    rng = random.Random(7)
+    text_prompt = tok.encode("A prompt, then random ids:")
+    for trial in range(300):
+        random_prompt = [rng.randrange(tok.vocab_size) for _ in range(rng.randrange(12))]
+        prompt = text_prompt if trial % 2 else random_prompt
+        out = [rng.randrange(tok.vocab_size) for _ in range(rng.randrange(1, 40))]
+        detok = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip)
+        deltas = [detok.append(t) for t in out]
+        assert deltas == _two_decode_deltas(tok, prompt, out, skip)
+        if prompt is text_prompt:
+            full, joined = tok.decode(out, skip_special_tokens=skip), "".join(deltas)
+            held_back = full[len(joined) :]
+            assert full.startswith(joined)
+            assert not held_back or held_back.endswith(REPLACEMENT_CHAR)
 
 
 def _request(params, *, prompt=(10, 11), eos=1, tokenizer=None):
