@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from deepinfer.engine.core.request import Request
@@ -27,7 +28,7 @@ class ExecutorView:
     preempted_ids: set[str] = field(default_factory=set)
 
     def describe(
-        self, request: Request, replaced: list[tuple[int, int]]
+        self, request: Request, replaced: Sequence[tuple[int, int]]
     ) -> NewRequestData | CachedRequestData:
         """The diff for a scheduled request; marks it as known up to its current state.
 
@@ -36,9 +37,9 @@ class ExecutorView:
         """
         known = self._known.get(request.request_id)
         num_tokens = request.num_tokens + request.num_placeholders
-        self._known[request.request_id] = _Known(num_tokens, len(request.block_ids))
         if known is None:
             assert request.state_slot is not None and not request.num_placeholders
+            self._known[request.request_id] = _Known(num_tokens, len(request.block_ids))
             return NewRequestData(
                 request_id=request.request_id,
                 token_ids=list(request.all_token_ids),
@@ -51,13 +52,16 @@ class ExecutorView:
                 has_user_seed=request.has_user_seed,
                 images=request.images,
             )
-        return CachedRequestData(
+        num_known_blocks = known.num_blocks
+        data = CachedRequestData(
             request_id=request.request_id,
             new_token_ids=request.all_token_ids[known.num_tokens :],
-            new_block_ids=request.block_ids[known.num_blocks :],
-            replaced_block_ids=[(i, b) for i, b in replaced if i < known.num_blocks],
+            new_block_ids=request.block_ids[num_known_blocks:],
+            replaced_block_ids=[(i, b) for i, b in replaced if i < num_known_blocks],
             num_computed_tokens=request.num_computed_tokens,
         )
+        known.num_tokens, known.num_blocks = num_tokens, len(request.block_ids)
+        return data
 
     def forget(self, request_id: str, *, preempted: bool) -> None:
         if self._known.pop(request_id, None) is None:

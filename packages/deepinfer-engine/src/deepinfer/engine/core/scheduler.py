@@ -51,7 +51,6 @@ from deepinfer.engine.core.updates import (
     mark_in_flight,
     resolve_in_flight,
     sequence_update,
-    with_spec_stats,
 )
 
 
@@ -144,14 +143,16 @@ class Scheduler:
             if num_new == 0:
                 index += 1
                 continue
-            while not self._can_allocate(request, num_new):
+            needed = self._blocks_needed(request, num_new)
+            while not self.block_manager.can_allocate(needed[0] + needed[1]):
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted = True
                 if victim is request:
                     break
+                needed = self._blocks_needed(request, num_new)  # a victim may have shared one
             else:
-                self._allocate(request, num_new, replaced, block_copies)
+                self._allocate(request, needed, replaced, block_copies)
                 scheduled[request.request_id] = num_new
                 budget -= num_new
                 index += 1
@@ -176,7 +177,8 @@ class Scheduler:
                     break
                 num_new = budget
             num_new = fit_to_image_spans(request, num_new)
-            if num_new == 0 or not self._can_allocate(request, num_new):
+            needed = self._blocks_needed(request, num_new)
+            if num_new == 0 or not self.block_manager.can_allocate(needed[0] + needed[1]):
                 break
             self.waiting.popleft()
             request.state_slot = self.state_slots.allocate()
@@ -187,7 +189,7 @@ class Scheduler:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = self.clock()
             self.running.append(request)
-            self._allocate(request, num_new, replaced, block_copies)
+            self._allocate(request, needed, replaced, block_copies)
             scheduled[request.request_id] = num_new
             budget -= num_new
 
@@ -201,22 +203,20 @@ class Scheduler:
 
     def _blocks_needed(self, request: Request, num_new: int) -> tuple[int, bool]:
         """(new blocks to append, whether the first block written is shared: copy on write)."""
-        end = request.num_computed_tokens + num_new + self.config.num_lookahead_tokens
-        end = min(end, self.config.max_model_len + self.config.num_lookahead_tokens)
-        num_append = max(0, self.block_manager.num_blocks_for_tokens(end) - len(request.block_ids))
-        first = request.num_computed_tokens // self.config.block_size
+        config = self.config
+        end = min(request.num_computed_tokens + num_new, config.max_model_len)
+        num_blocks = cdiv(end + config.num_lookahead_tokens, config.block_size)
+        num_append = max(0, num_blocks - len(request.block_ids))
+        first = request.num_computed_tokens // config.block_size
         shared = (
             first < len(request.block_ids)
             and self.block_manager.ref_count(request.block_ids[first]) > 1
         )
         return num_append, shared
 
-    def _can_allocate(self, request: Request, num_new: int) -> bool:
-        num_append, shared = self._blocks_needed(request, num_new)
-        return self.block_manager.can_allocate(num_append + int(shared))
-
-    def _allocate(self, request, num_new, replaced, block_copies) -> None:
-        num_append, shared = self._blocks_needed(request, num_new)
+    def _allocate(self, request, needed: tuple[int, bool], replaced, block_copies) -> None:
+        """Take the blocks ``_blocks_needed`` counted (a private copy of a shared one first)."""
+        num_append, shared = needed
         if shared:
             first = request.num_computed_tokens // self.config.block_size
             old = request.block_ids[first]
@@ -225,7 +225,8 @@ class Scheduler:
             request.block_ids[first] = new
             block_copies.append((old, new))
             replaced.setdefault(request.request_id, []).append((first, new))
-        request.block_ids.extend(self.block_manager.allocate(num_append))
+        if num_append:
+            request.block_ids.extend(self.block_manager.allocate(num_append))
 
     def _fail_if_never_fits(self, request: Request) -> bool:
         """Fail (and dequeue) a request whose tokens need more blocks than the whole pool."""
@@ -273,7 +274,7 @@ class Scheduler:
             request = self.requests[request_id]
             if request.num_placeholders:
                 from_previous.add(request_id)
-            data = self._view.describe(request, replaced.get(request_id, []))
+            data = self._view.describe(request, replaced.get(request_id, ()))
             (new_requests if isinstance(data, NewRequestData) else cached_requests).append(data)
             num_known = request.num_tokens + request.num_placeholders - request.num_computed_tokens
             if num_new > num_known:
@@ -303,60 +304,59 @@ class Scheduler:
     ) -> list[SequenceUpdate]:
         """Apply one step's results; return what changed per sequence (finished ones too)."""
         updates: list[SequenceUpdate] = []
-        for request_id, num_new in scheduler_output.num_scheduled_tokens.items():
+        now = self.clock()
+        for request_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(request_id)
             if request is None or request.is_finished:
                 continue  # aborted after scheduling
             if request_id in runner_output.errors:
                 self._finish(request, FINISH_ERROR, error=runner_output.errors[request_id])
                 continue
-            updates.extend(self._apply_step(request, num_new, scheduler_output, runner_output))
+            updates.extend(self._apply_step(request, scheduler_output, runner_output, now))
         updates, self._pending_updates = updates + self._pending_updates, []
         self.running = [r for r in self.running if not r.is_finished]
         return updates
 
-    def _apply_step(self, request, num_new, scheduler_output, runner_output):
+    def _apply_step(self, request, scheduler_output, runner_output, now):
         request_id = request.request_id
-        sampled = runner_output.sampled_token_ids.get(request_id, [])
-        logprobs = runner_output.logprobs.get(request_id, [])
-        num_drafts = len(scheduler_output.scheduled_spec_token_ids.get(request_id, []))
-        num_rejected = num_drafts + 1 - len(sampled) if num_drafts and sampled else 0
-        if request.status is RequestStatus.RUNNING:  # (else preempted since: recomputes)
-            request.num_computed_tokens -= num_rejected
+        sampled = runner_output.sampled_token_ids.get(request_id)
+        is_running = request.status is RequestStatus.RUNNING  # (else preempted since: recomputes)
+        drafts = scheduler_output.scheduled_spec_token_ids.get(request_id)
+        if drafts and sampled and is_running:
+            request.num_computed_tokens -= len(drafts) + 1 - len(sampled)  # rejected drafts
         request.spec_token_ids = []
-        if request.status is RequestStatus.RUNNING:  # a preempted one recomputes them
-            request.prompt_logprobs.extend(runner_output.prompt_logprobs.get(request_id, []))
+        prompt_logprobs = runner_output.prompt_logprobs.get(request_id)
+        if prompt_logprobs and is_running:  # a preempted one recomputes them
+            request.prompt_logprobs.extend(prompt_logprobs)
         if not sampled:
             return []
         resolve_in_flight(request)
-        now = self.clock()
+        logprobs = runner_output.logprobs.get(request_id, [])
         if request_id in scheduler_output.fork_seeds:
-            if request.status is not RequestStatus.RUNNING:
+            if not is_running:
                 return []  # preempted before its fork: the recompute forks again
             sequences = [request, *self._fork(request)]
             return [
                 self._append_sampled(seq, [tok], logprobs[k : k + 1], now)
                 for k, (seq, tok) in enumerate(zip(sequences, sampled))
             ]
-        update = self._append_sampled(request, sampled, logprobs, now)
-        stats = runner_output.spec_stats.get(request_id)
-        if stats is not None:
-            update = with_spec_stats(update, stats)
-        drafts = runner_output.draft_token_ids.get(request_id)
-        if drafts:
+        stats = runner_output.spec_stats.get(request_id)  # (None: no drafts verified)
+        update = self._append_sampled(request, sampled, logprobs, now, stats)
+        new_drafts = runner_output.draft_token_ids.get(request_id)
+        if new_drafts:
             request.speculates = True
         # drafts follow the newest token: stale once a later step of the request is in flight
-        if drafts and request.status is RequestStatus.RUNNING and not request.num_placeholders:
+        if new_drafts and request.status is RequestStatus.RUNNING and not request.num_placeholders:
             room = self.config.max_model_len - request.num_tokens
-            request.spec_token_ids = list(drafts[: max(0, room)])
+            request.spec_token_ids = list(new_drafts[: max(0, room)])
         return [update]
 
-    def _append_sampled(self, request, token_ids, logprobs, now) -> SequenceUpdate:
-        previous_text_len = request.text.length
-        appended, stop = append_tokens(request, token_ids, logprobs, self.config.max_model_len, now)
+    def _append_sampled(self, request, token_ids, logprobs, now, stats=None) -> SequenceUpdate:
+        previous_len, max_len = request.text.length, self.config.max_model_len
+        appended, stop = append_tokens(request, token_ids, logprobs, max_len, now)
         if stop is not None:
             self.mark_finished(request, stop.finish_reason, stop_reason=stop.stop_reason)
-        return sequence_update(request, appended, logprobs[: len(appended)], previous_text_len)
+        return sequence_update(request, appended, logprobs[: len(appended)], previous_len, stats)
 
     def _fork(self, parent: Request) -> list[Request]:
         """Fork ``parent`` into its samples; they run right after it in the running order."""

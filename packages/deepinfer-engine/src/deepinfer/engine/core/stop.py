@@ -64,12 +64,15 @@ def apply_stop_string(request: Request, previous_text_len: int) -> StopDecision 
     return StopDecision(FINISH_STOP, stop)
 
 
+_LENGTH_STOP = StopDecision(FINISH_LENGTH)
+
+
 def length_stop(request: Request, max_model_len: int) -> StopDecision | None:
     """``max_tokens`` reached, or the sequence filled ``max_model_len``."""
-    if request.num_output_tokens >= request.stop_conditions.max_tokens:
-        return StopDecision(FINISH_LENGTH)
-    if request.num_tokens >= max_model_len:
-        return StopDecision(FINISH_LENGTH)
+    num_tokens = len(request.all_token_ids)
+    num_output = num_tokens - request.num_prompt_tokens
+    if num_output >= request.stop_conditions.max_tokens or num_tokens >= max_model_len:
+        return _LENGTH_STOP
     return None
 
 
@@ -78,15 +81,19 @@ def check_new_token(request: Request, token_id: int, max_model_len: int) -> Stop
 
     ``token_id`` must already be in ``request.all_token_ids``. Token stops win over a stop
     string completed by the same token; a stop string wins over the length limits (its text
-    cut is what the user asked for).
+    cut is what the user asked for). Runs for every generated token: the checks a request
+    cannot meet (a token in no stop set, no stop strings) are skipped before any call.
     """
-    token_stop = is_token_stop(request, token_id)
-    if token_stop is not None:
-        return token_stop
-    previous_text_len = request.text.length
+    cond = request.stop_conditions
+    if token_id in cond.stop_token_ids or token_id in request.eos_token_ids:
+        token_stop = is_token_stop(request, token_id)
+        if token_stop is not None:
+            return token_stop
     if request.detokenizer is not None:
+        previous_text_len = request.text.length
         request.text.append(request.detokenizer.append(token_id))
-    string_stop = apply_stop_string(request, previous_text_len)
-    if string_stop is not None:
-        return string_stop
+        if cond.stop:
+            string_stop = apply_stop_string(request, previous_text_len)
+            if string_stop is not None:
+                return string_stop
     return length_stop(request, max_model_len)

@@ -20,6 +20,8 @@ class TextBuffer:
         """The last ``num_chars`` characters (all of them if fewer)."""
         if num_chars <= 0:
             return ""
+        if self._chunks and len(self._chunks[-1]) >= num_chars:  # the usual one-token tail
+            return self._chunks[-1][-num_chars:]
         parts, collected = [], 0
         for chunk in reversed(self._chunks):
             parts.append(chunk)

@@ -25,29 +25,18 @@ def append_tokens(
     """
     if request.first_token_time is None:
         request.first_token_time = now
-    appended: list[int] = []
-    for position, token_id in enumerate(token_ids):
-        request.all_token_ids.append(token_id)
-        appended.append(token_id)
-        if position < len(logprobs):
-            request.output_logprobs.append(logprobs[position])
+    all_token_ids = request.all_token_ids
+    decision = None
+    num_appended = 0
+    for token_id in token_ids:
+        all_token_ids.append(token_id)
+        num_appended += 1
         decision = check_new_token(request, token_id, max_model_len)
         if decision is not None:
-            return appended, decision
-    return appended, None
-
-
-def with_spec_stats(update: SequenceUpdate, stats: SpecDecodeStats) -> SequenceUpdate:
-    """``update`` with one verify step's counts; accepted drafts past a stop are not counted
-    (the last emitted token is the step's final token)."""
-    num_emitted = len(update.new_token_ids)
-    return replace(
-        update,
-        num_verify_steps=1,
-        num_draft_tokens=stats.num_draft_tokens,
-        num_accepted_tokens=max(0, min(stats.num_accepted_tokens, num_emitted - 1)),
-        draft_confidences=stats.draft_confidences,
-    )
+            break
+    if logprobs:
+        request.output_logprobs.extend(logprobs[:num_appended])
+    return token_ids[:num_appended], decision
 
 
 def sequence_update(
@@ -55,13 +44,24 @@ def sequence_update(
     new_token_ids: list[int],
     new_logprobs: list[dict[int, float]],
     previous_text_len: int | None = None,
+    spec_stats: SpecDecodeStats | None = None,
 ) -> SequenceUpdate:
-    """The update reporting ``request``'s new tokens and text and, if it finished, how."""
+    """The update reporting ``request``'s new tokens and text and, if it finished, how.
+
+    ``spec_stats``: the step's verification counts; accepted drafts past a stop are not
+    counted (the last emitted token is the step's final token).
+    """
     finished = request.is_finished
     text_length = request.text.length
     if previous_text_len is None:
         previous_text_len = text_length
     new_text = request.text.tail(text_length - previous_text_len)
+    if spec_stats is None:
+        num_verify_steps, num_drafts, num_accepted, confidences = 0, 0, 0, None
+    else:
+        num_verify_steps, num_drafts = 1, spec_stats.num_draft_tokens
+        num_accepted = max(0, min(spec_stats.num_accepted_tokens, len(new_token_ids) - 1))
+        confidences = spec_stats.draft_confidences
     return SequenceUpdate(
         request_id=request.request_id,
         group_id=request.group_id,
@@ -76,6 +76,10 @@ def sequence_update(
         text_length=text_length,
         prompt_logprobs=request.prompt_logprobs if finished and request.index == 0 else None,
         num_preemptions=request.num_preemptions,
+        num_verify_steps=num_verify_steps,
+        num_draft_tokens=num_drafts,
+        num_accepted_tokens=num_accepted,
+        draft_confidences=confidences,
     )
 
 
