@@ -116,7 +116,8 @@ def test_verification_fixed_metadata_is_the_eager_one_padded():
 
 def test_a_refilled_buffer_equals_a_fresh_one():
     """The graphs share one host buffer: a short step after a long one leaves nothing of it
-    (the visible lists are looked up only up to the step's longest count, the rest set to -1)."""
+    (the visible lists are looked up only up to the step's longest count, the rest set to -1),
+    also as a refill (which writes -1 only where the previous fill looked entries up)."""
     config = parse_config(tiny_v41_config(vision=False))
     layout = CacheLayout(num_blocks=24, num_slots=6, block_size=16)
     fixed = DecodeLayout(config, layout, config.sliding_window, num_tokens=4, context=64)
@@ -131,4 +132,8 @@ def test_a_refilled_buffer_equals_a_fresh_one():
     assert all((fixed.views(used)[name][:, 6:] == -1).all() for name in visible)
     fresh = np.zeros(fixed.size, dtype=np.int64)
     fixed.fill(fresh, *short_step)
+    assert np.array_equal(used, fresh)
+    # a refill rewrites only the columns its previous fill of the buffer set
+    fixed.fill(used, *long_step)
+    fixed.fill(used, *short_step, refill=True)
     assert np.array_equal(used, fresh)

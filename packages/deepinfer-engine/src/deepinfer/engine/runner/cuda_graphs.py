@@ -112,6 +112,8 @@ class DecodeGraphs:
         self.kinds = compression_kinds(model.config, cache.layout.max_draft)
         self._logits: torch.Tensor | None = None
         self._inputs: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._filled: tuple | None = None  # the key whose layout last filled the host buffer
+        self._shape: tuple = (None, None, None)  # (plan, rows, its shape key): the last asked
 
     @staticmethod
     def input_elements(config, cache_layout: CacheLayout, max_batch_size: int,
@@ -147,6 +149,16 @@ class DecodeGraphs:
 
     def key(self, plan: StepPlan, rows: list[int]) -> tuple | None:
         """The graph key of ``plan``, or None when the step must run eagerly."""
+        if self._shape[0] is not plan or self._shape[1] is not rows:  # asked twice a step
+            self._shape = (plan, rows, self._shape_key(plan, rows))
+        key = self._shape[2]
+        if key is None or key in self.failed:
+            return None
+        if key not in self.graphs and len(self.graphs) >= self.max_graphs:
+            return None  # (past max_graphs new shapes run eagerly: bounded graph memory)
+        return key
+
+    def _shape_key(self, plan: StepPlan, rows: list[int]) -> tuple | None:
         t = plan.num_tokens
         if not 0 < t <= self.max_batch_size or plan.prompt_logprob_rows or len(rows) != t:
             return None  # (every row sampled: one token, or the last one and its drafts, each)
@@ -159,10 +171,7 @@ class DecodeGraphs:
         emits = emitting(self.kinds, plan.positions)
         if self.padding:
             emits = tuple(padded_count(e, size) for e in emits)
-        key = (size, context_bucket(longest, self.min_context), emits)
-        if key in self.failed or (key not in self.graphs and len(self.graphs) >= self.max_graphs):
-            return None  # (past max_graphs new shapes run eagerly: bounded graph memory)
-        return key
+        return (size, context_bucket(longest, self.min_context), emits)
 
     def run(self, plan: StepPlan, rows: list[int]) -> torch.Tensor | None:
         """Logits ``[T, vocab]`` fp32 of a qualifying decode or verification step (valid until
@@ -171,8 +180,10 @@ class DecodeGraphs:
         if key is None:
             return None
         entry = self.graphs.get(key) or self._new(key)
+        refill, self._filled = self._filled == key, None  # the shared buffer's last layout
         entry.layout.fill(entry.host_view, plan.input_ids, plan.positions, plan.block_tables,
-                          plan.state_slots, plan.cu_seqlens_q)  # fmt: skip
+                          plan.state_slots, plan.cu_seqlens_q, refill=refill)  # fmt: skip
+        self._filled = key
         entry.device.copy_(entry.host, non_blocking=True)
         if not self.capture:
             return self._forward(entry)[: plan.num_tokens]

@@ -32,6 +32,7 @@ reads nor the order it reads them in:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,7 +84,7 @@ def flat_views(fields: dict[str, tuple[int, tuple[int, ...]]], flat) -> dict:
     """``name -> view`` of a flat buffer (numpy array or tensor) laid out as ``fields``
     (``name -> (offset, shape)``)."""
     return {
-        name: flat[offset : offset + int(np.prod(shape))].reshape(shape)
+        name: flat[offset : offset + math.prod(shape)].reshape(shape)
         for name, (offset, shape) in fields.items()
     }
 
@@ -108,6 +109,11 @@ class DecodeLayout:
     def __post_init__(self) -> None:
         c, t = self.config, self.num_tokens
         self.kinds = compression_kinds(c, self.cache_layout.max_draft)
+        self._filled: tuple[np.ndarray, dict] | None = None  # the last buffer and its views
+        self._visible_cols: dict[str, int] = {}  # per kind: visible columns the last fill wrote
+        if self.ring_size < c.sliding_window:
+            raise ValueError(f"ring_size={self.ring_size}: expected at least the sliding "
+                             f"window {c.sliding_window}")  # fmt: skip
         if self.emits is None:
             self.emits = (t,) * len(self.kinds)
         w = c.sliding_window
@@ -126,55 +132,64 @@ class DecodeLayout:
 
     def _add(self, name: str, shape: tuple[int, ...]) -> None:
         self.fields[name] = (self.size, shape)
-        self.size += int(np.prod(shape))
+        self.size += math.prod(shape)
 
     def views(self, flat):
         return flat_views(self.fields, flat)
 
     def fill(self, out: np.ndarray, input_ids, positions, block_tables, state_slots,
-             cu_seqlens_q=None) -> None:  # fmt: skip
+             cu_seqlens_q=None, *, refill: bool = False) -> None:  # fmt: skip
         """Write one step into ``out`` (int64 ``[size]``): sequence ``b`` has the tokens
         ``cu_seqlens_q[b] .. cu_seqlens_q[b+1]`` (None: one token each) of ``input_ids`` at
         consecutive ``positions``, ``block_tables[b]`` (padded rows) and state slot
-        ``state_slots[b]``; rows past the step's tokens are padding."""
-        c, n, v = self.config, self.num_tokens, self.views(out)
+        ``state_slots[b]``; rows past the step's tokens are padding. ``refill``: ``out`` holds
+        this layout's previous fill, nothing else wrote it since (the ``-1`` columns of the
+        visible lists that fill left are not written again)."""
+        n, v = self.num_tokens, self._views(out)
         p = np.asarray(positions, dtype=np.int64)
         t = len(p)
         if not 0 < t <= n or int(p.max()) + 1 > self.context:
             raise ValueError(f"step of {t} tokens up to position {int(p.max())} "
                              f"does not fit {n} tokens of context {self.context}")  # fmt: skip
+        if not refill:
+            self._visible_cols = {}
         cu = np.arange(t + 1) if cu_seqlens_q is None else np.asarray(cu_seqlens_q, np.int64)
-        seq = np.repeat(np.arange(len(cu) - 1), np.diff(cu))
+        # each row's sequence; padding rows copy row 0, as one-token sequences of sequence 0
+        seq = np.zeros(n, dtype=np.int64)
+        seq[:t] = np.repeat(np.arange(len(cu) - 1), np.diff(cu))
         rows = np.arange(n)
-        pad = np.zeros(n - t, dtype=np.int64)  # padding rows copy row 0, as one-token sequences
-        ids = np.concatenate([np.asarray(input_ids, dtype=np.int64), pad + int(input_ids[0])])
+        real = rows < t
+        ids = np.asarray(input_ids, dtype=np.int64)
         slots = np.asarray(state_slots, dtype=np.int64)
-        s = np.concatenate([slots[seq], pad + slots[0]])
-        first = np.concatenate([cu[:-1][seq], rows[t:]])  # the step row of its sequence's first
-        start = np.concatenate([p[cu[:-1]][seq], pad + p[0]])  # and that token's position
-        end = np.concatenate([p[cu[1:] - 1][seq] + 1, pad + p[0] + 1])  # seq_lens
-        p = np.concatenate([p, pad + p[0]])
+        s = slots[seq]
+        first = np.where(real, cu[seq], rows)  # the step row of its sequence's first token
+        start = p[cu[seq]]  # and that token's position
+        end = p[cu[seq + 1] - 1] + 1  # seq_lens
+        p = np.concatenate([p, np.full(n - t, p[0])])
         tables = np.asarray(block_tables, dtype=np.int64).reshape(len(cu) - 1, -1)
-        tables = np.concatenate([tables[seq], np.repeat(tables[:1], n - t, axis=0)])
         # where each row's writes go: its own slot, the scratch slot for padding rows
-        writes = np.where(rows < t, s, SCRATCH_SLOT)
-        v["input_ids"][:] = ids
+        writes = np.where(real, s, SCRATCH_SLOT)
+        v["input_ids"][:t] = ids
+        v["input_ids"][t:] = ids[0]
         v["positions"][:] = p
         v["seq_lens"][:] = p + 1
         v["state_slots"][:] = s
         v["write_slots"][:] = writes
         v["rows"][:] = rows
         v["cu_seqlens_q"][:] = np.arange(n + 1)
-        ring, w = self.ring_size, c.sliding_window
-        q = p[:, None] - w + 1 + np.arange(w)
-        # positions before the sequence's step from the ring, the step's own from its rows
-        in_ring = np.where(q >= 0, s[:, None] * ring + q % ring, -1)
-        step_row = self.cache_layout.num_slots * ring + first[:, None] + q - start[:, None]
-        v["window_indices"][:] = np.where(q >= start[:, None], step_row, in_ring)
+        ring = self.ring_size
+        step_base = self.cache_layout.num_slots * ring
+        _window_rows(v["window_indices"], p, s, start, first, ring, step_base)
         v["window_write_dst"][:] = _kept(writes, p, end, ring) * ring + p % ring
-        tokens = _Tokens(p, s, writes, start, first, end, tables, t)
+        tokens = _Tokens(p, s, writes, start, first, end, seq, tables, t)
         for k, count in zip(self.kinds, self.emits, strict=True):
             self._fill_kind(v, f"{k.ratio}.{int(k.overlap)}.", k, count, tokens)
+
+    def _views(self, out: np.ndarray) -> dict:
+        """``views(out)``, kept for the next fill of the same buffer."""
+        if self._filled is None or self._filled[0] is not out:
+            self._filled = (out, self.views(out))
+        return self._filled[1]
 
     def _fill_kind(self, v, prefix: str, k: _Kind, count: int, tk: _Tokens) -> None:
         r, p, s, t = k.ratio, tk.positions, tk.slots, tk.num_real
@@ -185,13 +200,13 @@ class DecodeLayout:
         kept = _kept(tk.writes, p, tk.end, k.state_rows)
         v[prefix + "state_write_dst"][:] = kept * k.state_rows + p % k.state_rows
         counts = (p + 1) // r
-        # columns past the longest count are all -1: only the others are looked up
-        cols = int(counts.max())
-        entries = np.arange(cols)[None, :]
-        visible = _arena_rows(tk.tables, np.broadcast_to(entries, (len(p), cols)), r,
-                              self.cache_layout)  # fmt: skip
-        v[prefix + "visible"][:, :cols] = np.where(entries < counts[:, None], visible, -1)
-        v[prefix + "visible"][:, cols:] = -1
+        # columns past the longest count are all -1: only the others are looked up, per
+        # sequence, and those a refill's previous fill left at -1 are not written again
+        visible, cols = v[prefix + "visible"], int(counts.max())
+        entries = _sequence_rows(tk.tables, cols, r, self.cache_layout)[tk.seq]
+        visible[:, :cols] = np.where(np.arange(cols) < counts[:, None], entries, -1)
+        visible[:, cols : self._visible_cols.get(prefix, visible.shape[1])] = -1
+        self._visible_cols[prefix] = cols
         v[prefix + "visible_count"][:] = counts
         if not count:
             return
@@ -204,7 +219,7 @@ class DecodeLayout:
         src = np.where(q >= start, base + tk.first[emits][:, None] + q - start,
                        se[:, None] * k.state_rows + q % k.state_rows)  # fmt: skip
         src = np.where(q < 0, -1, src)
-        dst = _arena_rows(tk.tables[emits], entry[:, None], r, self.cache_layout)[:, 0]
+        dst = _arena_rows(tk.tables[tk.seq[emits]], entry[:, None], r, self.cache_layout)[:, 0]
         pad = np.zeros(count - len(emits), dtype=np.int64)  # padding entries: the first again,
         v[prefix + "emit_src"][:] = np.concatenate([src, src[pad]])  # written to the null row
         v[prefix + "emit_positions"][:] = np.concatenate([entry, entry[pad]]) * r
@@ -252,7 +267,8 @@ class DecodeLayout:
 class _Tokens:
     """Per token row of a filled step: position, state slot, the slot its writes go to, the
     position and step row of its sequence's first token in the step, its sequence's length
-    after the step, its block table; ``num_real`` rows are the step's (the rest padding)."""
+    after the step, its sequence; ``tables``: the block table of each sequence; ``num_real``
+    rows are the step's (the rest padding)."""
 
     positions: np.ndarray
     slots: np.ndarray
@@ -260,8 +276,28 @@ class _Tokens:
     start: np.ndarray
     first: np.ndarray
     end: np.ndarray
+    seq: np.ndarray
     tables: np.ndarray
     num_real: int
+
+
+def _window_rows(out: np.ndarray, positions, slots, start, first, ring: int, step_base: int):
+    """Write ``out[n, w]``: each token's window (positions ``p - w + 1 .. p``) as rows of
+    ``[ring rows of all slots | the step's rows]``: from its slot's ring before its sequence's
+    first token in the step (at position ``start``, step row ``first``), from the step's rows
+    from there on, -1 before position 0."""
+    w = out.shape[1]
+    oldest, cols = positions - w + 1, np.arange(w)
+    # q % ring for q = oldest + j: one rotation per row (w <= ring), no division per element
+    np.add((oldest % ring)[:, None], cols, out=out)
+    out -= ring * (out >= ring)
+    out += (slots * ring)[:, None]
+    if oldest.min() < 0:
+        out[oldest[:, None] + cols < 0] = -1
+    # the step's own tokens are at most its longest sequence's count of last columns
+    last = min(w, int((positions - start).max()) + 1)
+    offset = (oldest - start)[:, None] + cols[w - last :]  # q - start
+    np.copyto(out[:, w - last :], offset + (step_base + first)[:, None], where=offset >= 0)
 
 
 def _kept(writes: np.ndarray, positions: np.ndarray, ends: np.ndarray, ring: int) -> np.ndarray:
@@ -279,6 +315,17 @@ def _arena_rows(tables: np.ndarray, entries: np.ndarray, ratio: int, lay: CacheL
     ids = np.take_along_axis(tables, np.minimum(block, width - 1), axis=1)
     ids = np.where(block < width, ids, 0)
     return ids * per_block + entries % per_block
+
+
+def _sequence_rows(tables: np.ndarray, cols: int, ratio: int, lay: CacheLayout) -> np.ndarray:
+    """``[sequences, cols]``: arena rows of entries ``0 .. cols - 1`` of each sequence, as
+    :func:`_arena_rows` gives them (blocks past the table: the null block)."""
+    per_block = lay.block_size // ratio
+    need = -(-cols // per_block) - tables.shape[1]
+    if need > 0:
+        tables = np.pad(tables, ((0, 0), (0, need)))
+    rows = tables[:, :, None] * per_block + np.arange(per_block)
+    return rows.reshape(len(tables), -1)[:, :cols]
 
 
 def context_bucket(max_seq_len: int, minimum: int) -> int:
