@@ -8,6 +8,7 @@ import torch
 from deepinfer.spec import (
     StepCostCurve,
     plan_verification,
+    plan_verify_counts,
     split_verify_slots,
     survival_probabilities,
 )
@@ -62,6 +63,49 @@ def test_plan_is_optimal_on_small_random_instances(instance):
     gain = sum(float(survival[b, : int(n)].sum()) for b, n in enumerate(lengths))
     assert plan.expected_tokens == pytest.approx(batch + gain, rel=1e-9)
     assert plan.cost == pytest.approx(curve(plan.num_step_tokens) + fixed_cost)
+
+
+def _tensor_plan(confidences, counts, curve, num_other):
+    """The plan in tensor ops: float32 survivals, their float64 cumulative sum best first,
+    the first maximum of the objective, split by :func:`split_verify_slots`."""
+    survival = survival_probabilities(confidences, counts)
+    live = torch.arange(confidences.shape[1])[None, :] < counts[:, None]
+    gains = torch.sort(survival[live], descending=True, stable=True).values.double()
+    expected = confidences.shape[0] + torch.cat([torch.zeros(1, dtype=torch.float64),
+                                                 gains.cumsum(0)])  # fmt: skip
+    base = num_other + confidences.shape[0]
+    costs = torch.tensor([curve(base + m) for m in range(len(expected))], dtype=torch.float64)
+    m = int(torch.argmax(expected / costs))
+    lengths = split_verify_slots(confidences, counts, m).tolist()
+    return lengths, base + m, float(expected[m]), float(costs[m])
+
+
+@pytest.mark.parametrize("instance", range(30))
+def test_host_plan_is_the_tensor_plan_bit_for_bit(instance):
+    generator = torch.Generator().manual_seed(300 + instance)
+    batch, max_drafts = 1 + 7 * instance, 1 + instance % 6
+    confidences = torch.rand(batch, max_drafts, generator=generator)
+    if instance % 3 == 0:  # exact ties, certain and impossible drafts
+        confidences = (confidences * 4).round() / 4
+    counts = torch.randint(0, max_drafts + 1, (batch,), generator=generator)
+    curve = _random_curve(generator, 8 * batch)
+    num_other = instance % 4
+    want = _tensor_plan(confidences, counts, curve, num_other)
+    ragged = [row[:n] for row, n in zip(confidences.tolist(), counts.tolist())]
+    plan = plan_verify_counts(ragged, counts.tolist(), curve, num_other_tokens=num_other)
+    got = (plan.num_verify_drafts, plan.num_step_tokens, plan.expected_tokens, plan.cost)
+    assert got == want
+    tensor = plan_verification(confidences, counts, curve, num_other_tokens=num_other)
+    assert tensor.num_verify_drafts.tolist() == want[0] and tensor.cost == want[3]
+
+
+def test_host_plan_breaks_ties_by_request():
+    # equal survivals at each position; a step of 4 + 6 tokens costs as much as one of 4
+    stairs = StepCostCurve((10, 11), (1.0, 2.0), staircase=True)
+    plan = plan_verify_counts([[0.75] * 3] * 4, [3] * 4, stairs)
+    assert plan.num_verify_drafts == [2, 2, 1, 1]
+    with pytest.raises(ValueError, match="confidences"):
+        plan_verify_counts([[0.5, float("nan")]], [2], stairs)
 
 
 def test_split_takes_the_highest_survival_pairs_as_prefixes():
@@ -141,6 +185,8 @@ def test_cost_curve_interpolates_clamps_and_extrapolates():
     assert StepCostCurve((8,), (2.0,))(100) == pytest.approx(2.0)
     many = torch.tensor([1, 3, 9, 40])
     assert curve.costs(many).tolist() == pytest.approx([curve(int(n)) for n in many])
+    for c in (curve, stairs, StepCostCurve((8,), (2.0,))):  # walked in order: one call's floats
+        assert c.cost_range(0, 40) == [c(n) for n in range(40)]
 
 
 @pytest.mark.parametrize(

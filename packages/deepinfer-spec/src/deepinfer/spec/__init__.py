@@ -32,6 +32,7 @@ from deepinfer.spec.layout import (
 from deepinfer.spec.planner import (
     VerifyPlan,
     plan_verification,
+    plan_verify_counts,
     split_verify_slots,
     survival_probabilities,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "pad_verify_rows",
     "padded_to_varlen",
     "plan_verification",
+    "plan_verify_counts",
     "split_verify_slots",
     "survival_probabilities",
     "varlen_to_padded",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -67,28 +68,37 @@ class StepCostCurve:
 
     def __call__(self, num_tokens: int) -> float:
         """Cost of a step with ``num_tokens`` tokens."""
-        return float(self.costs(torch.tensor([num_tokens]))[0])
+        return self.cost_range(num_tokens, 1)[0]
+
+    def cost_range(self, first: int, count: int) -> list[float]:
+        """Costs of steps of ``first, first + 1, ..., first + count - 1`` tokens, in plain float
+        arithmetic (a host planner asks for every candidate size of every step): per segment
+        ``cost[i-1] + (n - num_tokens[i-1]) / span * (cost[i] - cost[i-1])`` for ``n`` in
+        ``(num_tokens[i-1], num_tokens[i]]``."""
+        xs, ys = self.num_tokens, self.cost
+        out: list[float] = []
+        n, end = first, first + count
+        while n < end and n <= xs[-1]:
+            upper = bisect_left(xs, n)
+            stop = min(end, xs[upper] + 1)  # the sizes this segment prices
+            if self.staircase or upper == 0:  # (below the first point: its cost)
+                out += [float(ys[upper])] * (stop - n)
+            else:
+                x0, y0, dy = xs[upper - 1], ys[upper - 1], ys[upper] - ys[upper - 1]
+                span = xs[upper] - x0
+                out += [y0 + (k - x0) / span * dy for k in range(n, stop)]
+            n = stop
+        if n < end:  # past the last point: the last segment's slope, never decreasing
+            if len(xs) == 1:
+                return out + [float(ys[-1])] * (end - n)
+            slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
+            out += [ys[-1] + slope * (k - xs[-1]) for k in range(n, end)]
+        return out
 
     def costs(self, num_tokens: torch.Tensor) -> torch.Tensor:
         """Vectorised cost, float64 tensor of ``num_tokens``' shape (a CPU integer tensor)."""
-        xs = torch.tensor(self.num_tokens, dtype=torch.float64)
-        ys = torch.tensor(self.cost, dtype=torch.float64)
-        query = num_tokens.to(torch.float64)
-        upper = torch.searchsorted(xs, query).clamp(max=len(xs) - 1)
-        if self.staircase:
-            return torch.where(query > xs[-1], self._extrapolate(xs, ys, query), ys[upper])
-        lower = (upper - 1).clamp(min=0)
-        span = (xs[upper] - xs[lower]).clamp(min=1.0)
-        weight = ((query - xs[lower]) / span).clamp(0.0, 1.0)
-        inside = ys[lower] + weight * (ys[upper] - ys[lower])
-        return torch.where(query > xs[-1], self._extrapolate(xs, ys, query), inside)
-
-    @staticmethod
-    def _extrapolate(xs: torch.Tensor, ys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
-        if len(xs) == 1:
-            return ys[-1].expand_as(query)
-        slope = ((ys[-1] - ys[-2]) / (xs[-1] - xs[-2])).clamp(min=0.0)
-        return ys[-1] + slope * (query - xs[-1])
+        values = [self(n) for n in num_tokens.reshape(-1).tolist()]  # (sizes in any order)
+        return torch.tensor(values, dtype=torch.float64).reshape(num_tokens.shape)
 
 
 __all__ = ["StepCostCurve"]

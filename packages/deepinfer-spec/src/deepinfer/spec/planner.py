@@ -16,7 +16,11 @@ last step's confidences and redo the split on the device with the live ones.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from itertools import accumulate
+from operator import mul
 
 import torch
 
@@ -28,13 +32,14 @@ class VerifyPlan:
     """The plan for one step.
 
     num_verify_drafts: ``[B]`` int64, drafts request ``b`` verifies (a prefix of its drafts);
-        it sends ``num_verify_drafts[b] + 1`` rows to the target.
+        it sends ``num_verify_drafts[b] + 1`` rows to the target (a list from
+        :func:`plan_verify_counts`).
     num_step_tokens: tokens in the step: other tokens + ``B`` + ``sum(num_verify_drafts)``.
     expected_tokens: ``B`` + sum of the survival of the verified drafts.
     cost: the curve's cost of the step plus the fixed cost.
     """
 
-    num_verify_drafts: torch.Tensor
+    num_verify_drafts: torch.Tensor | list[int]
     num_step_tokens: int
     expected_tokens: float
     cost: float
@@ -133,20 +138,55 @@ def plan_verification(
 
     Maximises ``(B + sum of the m best survivals) / (cost(num_other + B + m) + fixed_cost)``
     over ``m`` by one sorted cumulative sum (the smallest ``m`` wins ties), then splits the
-    ``m`` slots with :func:`split_verify_slots`. Deterministic for fixed inputs.
+    ``m`` slots as :func:`split_verify_slots` does. Deterministic for fixed inputs; computed on
+    host lists by :func:`plan_verify_counts`.
     """
     _check_plan_inputs(confidences, num_draft_tokens)
+    rows = confidences.detach().cpu().to(torch.float32).tolist()
+    counts = num_draft_tokens.detach().cpu().to(torch.int64).tolist()
+    plan = plan_verify_counts(
+        rows, counts, cost_curve, num_other_tokens=num_other_tokens, fixed_cost=fixed_cost,
+        max_num_step_tokens=max_num_step_tokens,
+    )  # fmt: skip
+    return replace(plan, num_verify_drafts=torch.tensor(plan.num_verify_drafts, dtype=torch.int64))
+
+
+def plan_verify_counts(
+    confidences: Sequence[Sequence[float]],
+    num_draft_tokens: Sequence[int],
+    cost_curve: StepCostCurve,
+    *,
+    num_other_tokens: int = 0,
+    fixed_cost: float = 0.0,
+    max_num_step_tokens: int | None = None,
+) -> VerifyPlan:
+    """:func:`plan_verification` on host lists, in plain Python (an engine plans every step:
+    a few hundred floats, no torch op), with the same result bit for bit; its
+    ``num_verify_drafts`` is a list.
+
+    confidences: per request at least its ``num_draft_tokens[b]`` confidences in ``[0, 1]``
+    (the rest ignored). Survivals are rounded to float32 as :func:`survival_probabilities`
+    gives them (float64 running products, each rounded), ranked as :func:`split_verify_slots`
+    ranks them (descending, ties by request then position).
+    """
     if num_other_tokens < 0 or fixed_cost < 0:
         raise ValueError(
             f"num_other_tokens={num_other_tokens}, fixed_cost={fixed_cost}: expected >= 0"
         )
-    confidences = confidences.detach().cpu()
-    num_draft_tokens = num_draft_tokens.detach().cpu()
-    batch = confidences.shape[0]
+    batch = len(num_draft_tokens)
     base_tokens = num_other_tokens + batch
-    survival = survival_probabilities(confidences, num_draft_tokens)
-    order = _rank_pairs(survival, num_draft_tokens)
-    num_live = int(num_draft_tokens.to(torch.int64).sum())
+    survival: list[float] = []
+    owner: list[int] = []
+    for b, n in enumerate(num_draft_tokens):
+        row = confidences[b][:n]
+        if n < 0 or len(row) < n:
+            raise ValueError(f"num_draft_tokens[{b}]={n}: expected 0..{len(confidences[b])}")
+        if not all(0.0 <= c <= 1.0 for c in row):  # (NaN fails too)
+            raise ValueError("confidences: expected values in [0, 1] (found NaN or out of range)")
+        survival.extend(array("f", accumulate(array("f", row), mul)))
+        owner.extend([b] * n)
+    order = sorted(range(len(survival)), key=survival.__getitem__, reverse=True)  # stable
+    num_live = len(order)
     if max_num_step_tokens is not None:
         if max_num_step_tokens < base_tokens:
             raise ValueError(
@@ -154,22 +194,24 @@ def plan_verification(
                 f"{base_tokens} tokens (num_other_tokens + one per request)"
             )
         num_live = min(num_live, max_num_step_tokens - base_tokens)
-    gains = survival.reshape(-1)[order[:num_live]].to(torch.float64)
-    zero = torch.zeros(1, dtype=torch.float64)
-    expected = batch + torch.cat([zero, torch.cumsum(gains, dim=0)])
-    costs = cost_curve.costs(base_tokens + torch.arange(num_live + 1)) + fixed_cost
-    num_slots = int(torch.argmax(expected / costs))  # first maximum: fewest tokens on ties
-    return VerifyPlan(
-        num_verify_drafts=split_verify_slots(confidences, num_draft_tokens, num_slots),
-        num_step_tokens=base_tokens + num_slots,
-        expected_tokens=float(expected[num_slots]),
-        cost=float(costs[num_slots]),
-    )
+    costs = [c + fixed_cost for c in cost_curve.cost_range(base_tokens, num_live + 1)]
+    best, best_expected = 0, float(batch)
+    best_ratio, gain = best_expected / costs[0], 0.0
+    for m in range(1, num_live + 1):
+        gain += survival[order[m - 1]]
+        expected = batch + gain
+        if expected / costs[m] > best_ratio:  # the first maximum: fewest tokens
+            best, best_expected, best_ratio = m, expected, expected / costs[m]
+    counts = [0] * batch
+    for pair in order[:best]:
+        counts[owner[pair]] += 1
+    return VerifyPlan(counts, base_tokens + best, best_expected, costs[best])
 
 
 __all__ = [
     "VerifyPlan",
     "plan_verification",
+    "plan_verify_counts",
     "split_verify_slots",
     "survival_probabilities",
 ]

@@ -2,7 +2,7 @@
 out, decide how many of its scheduled drafts each request verifies.
 
 The scheduler schedules every proposed draft (its token budget and blocks cover them); the
-runner then keeps, per request, the prefix :func:`deepinfer.spec.plan_verification` chooses
+runner then keeps, per request, the prefix :func:`deepinfer.spec.plan_verify_counts` chooses
 from the drafts' confidences (from the proposal, one step old, no device sync) and the step-cost
 curve, counting the step's other tokens (prefill chunks, plain decodes) as fixed. Requests then
 verify 1 .. K+1 rows each. The scheduler learns what was verified from the number of tokens a
@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
-
 from deepinfer.engine.core.scheduler_output import SchedulerOutput
-from deepinfer.spec import StepCostCurve, plan_verification
+from deepinfer.spec import StepCostCurve, plan_verify_counts
 
 
 def trim_verification(
@@ -33,20 +31,17 @@ def trim_verification(
     if not verifying:
         return so
     counts = [len(so.scheduled_spec_token_ids[r]) for r in verifying]
-    width, rows = max(counts), []
+    rows = []
     for request_id, n in zip(verifying, counts):
         proposal = proposals.get(request_id)
-        known = list(proposal.confidences[:n]) if proposal is not None else []
-        rows.append(known + [1.0] * (n - len(known)) + [0.0] * (width - n))
-    confidences = torch.tensor(rows, dtype=torch.float32)  # one tensor, not one per request
+        known = proposal.confidences[:n] if proposal is not None else []
+        rows.append([min(max(c, 0.0), 1.0) for c in known] + [1.0] * (n - len(known)))
     verify_tokens = sum(counts) + len(verifying)
     other = so.total_num_scheduled_tokens - verify_tokens
-    plan = plan_verification(
-        confidences.clamp(0.0, 1.0), torch.tensor(counts), cost_curve, num_other_tokens=other
-    )
+    plan = plan_verify_counts(rows, counts, cost_curve, num_other_tokens=other)
     scheduled = dict(so.num_scheduled_tokens)
     spec = dict(so.scheduled_spec_token_ids)
-    for request_id, n, keep in zip(verifying, counts, plan.num_verify_drafts.tolist()):
+    for request_id, n, keep in zip(verifying, counts, plan.num_verify_drafts):
         scheduled[request_id] -= n - keep
         spec[request_id] = spec[request_id][:keep]
     return replace(so, num_scheduled_tokens=scheduled, scheduled_spec_token_ids=spec)
