@@ -199,7 +199,8 @@ class Scheduler:
         known = request.num_tokens + request.num_placeholders
         wanted = known + len(request.spec_token_ids) - request.num_computed_tokens
         room = self.config.max_model_len - request.num_computed_tokens
-        return fit_to_image_spans(request, max(0, min(wanted, budget, room)))
+        num_new = max(0, min(wanted, budget, room))
+        return fit_to_image_spans(request, num_new) if request.images else num_new
 
     def _blocks_needed(self, request: Request, num_new: int) -> tuple[int, bool]:
         """(new blocks to append, whether the first block written is shared: copy on write)."""
@@ -314,8 +315,7 @@ class Scheduler:
                 continue
             updates.extend(self._apply_step(request, scheduler_output, runner_output, now))
         updates, self._pending_updates = updates + self._pending_updates, []
-        self.running = [r for r in self.running if not r.is_finished]
-        return updates
+        return updates  # (mark_finished took the finished ones out of ``running``)
 
     def _apply_step(self, request, scheduler_output, runner_output, now):
         request_id = request.request_id

@@ -170,9 +170,12 @@ class ModelRunnerOutput:
     spec_stats: dict[str, SpecDecodeStats] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SequenceUpdate:
     """What one step changed in one sequence, as ``Scheduler.update`` reports it.
+
+    Not frozen, unlike the types above: it is built per sequence per step and stays in the
+    front end's process (scheduler to output processor), where a frozen init's cost shows.
 
     new_text: text appended this step; text_length: the length of the whole output text after
         this step. A stop string can cut text reported earlier: the text is then
