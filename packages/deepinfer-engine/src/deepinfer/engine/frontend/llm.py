@@ -297,12 +297,10 @@ class LLM:
         bar = ThroughputBar(len(request_ids), enabled=use_tqdm)
         try:
             while pending:
-                for delta in self._step():
-                    if delta.finished and delta.request_id in pending:
-                        pending.discard(delta.request_id)
-                        results[delta.request_id] = output = self._outputs.pop_output(
-                            delta.request_id
-                        )
+                for request_id in self._outputs.apply(self._core.step()):
+                    if request_id in pending and self._outputs.is_finished(request_id):
+                        pending.discard(request_id)
+                        results[request_id] = output = self._outputs.pop_output(request_id)
                         bar.finished(output)
         finally:
             bar.close()

@@ -98,6 +98,11 @@ class OutputProcessor:
 
     def process(self, updates: list[SequenceUpdate]) -> list[RequestOutput]:
         """Apply updates; return a streaming delta for each request that changed."""
+        return [self._delta(gid, per_sample) for gid, per_sample in self.apply(updates).items()]
+
+    def apply(self, updates: list[SequenceUpdate]) -> dict[str, dict[int, str]]:
+        """Apply updates without building deltas (callers that only wait for the finished
+        outputs); return, per request that changed, each changed sample's new visible text."""
         new_text: dict[str, dict[int, str]] = {}
         now = self.clock()
         for update in updates:
@@ -107,7 +112,7 @@ class OutputProcessor:
             visible = self._apply(group, update, now)
             per_sample = new_text.setdefault(update.group_id, {})
             per_sample[update.index] = per_sample.get(update.index, "") + visible
-        return [self._delta(gid, per_sample) for gid, per_sample in new_text.items()]
+        return new_text
 
     def forget(self, request_id: str) -> None:
         """Stop tracking a request (its caller no longer waits for it)."""
@@ -129,7 +134,8 @@ class OutputProcessor:
             sample.logprobs.extend(update.new_logprobs)
         metrics = group.metrics
         metrics.num_generated_tokens += len(update.new_token_ids)
-        _add_spec_stats(metrics, update)
+        if update.num_verify_steps:
+            _add_spec_stats(metrics, update)
         if update.new_token_ids and metrics.first_token_time is None:
             metrics.first_token_time = now
         if update.finished:
