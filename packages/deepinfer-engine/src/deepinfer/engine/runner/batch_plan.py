@@ -163,11 +163,11 @@ def _add_request(lists, b, seq: RunnerSequence, num_new, drafts, seeds) -> None:
     lists["request_ids"].append(seq.request_id)
     lists["input_ids"].extend(seq.token_ids[start:end])
     if end > known:
-        lists["input_ids"].extend(list(drafts)[max(start - known, 0) : end - known])
+        lists["input_ids"].extend(drafts[max(start - known, 0) : end - known])
     lists["positions"].extend(range(start, end))
     lists["cu_seqlens_q"].append(first_row + num_new)
     lists["seq_lens"].append(end)
-    lists["block_tables"].append(list(seq.block_ids))
+    lists["block_tables"].append(seq.block_ids)  # (copied when padded)
     lists["state_slots"].append(seq.state_slot)
     for image in seq.images:  # a span lies whole in one chunk (the scheduler's cut)
         if start <= image.offset < end:
@@ -184,12 +184,13 @@ def _add_request(lists, b, seq: RunnerSequence, num_new, drafts, seeds) -> None:
         return  # a prefill chunk that does not reach the end samples nothing
     last_row = first_row + num_new - 1
     if seeds:
-        rows = [(last_row, end, seed) for seed in seeds]
-    else:
-        first = last_row - len(drafts)
-        rows = [(row, row - first_row + start + 1, seq.seed) for row in range(first, last_row + 1)]
-    for row, position, seed in rows:
-        lists["sample_rows"].append(row)
-        lists["sample_positions"].append(position)
-        lists["sample_requests"].append(b)
-        lists["sample_seeds"].append(seed)
+        count = len(seeds)
+        lists["sample_rows"].extend([last_row] * count)
+        lists["sample_positions"].extend([end] * count)
+        lists["sample_seeds"].extend(seeds)
+    else:  # the last known token's row and each draft's
+        count = len(drafts) + 1
+        lists["sample_rows"].extend(range(last_row - len(drafts), last_row + 1))
+        lists["sample_positions"].extend(range(end - len(drafts), end + 1))
+        lists["sample_seeds"].extend([seq.seed] * count)
+    lists["sample_requests"].extend([b] * count)

@@ -40,7 +40,8 @@ class DraftRequest:
     anchor: the token the step just produced (at ``last_position + 1``); last_position: the
     newest position the target processed and kept; slot: its state slot; params: sampling
     parameters with ``seq_seed`` set; mode: ``greedy | seed_exact | rejection``; history: its
-    generated tokens, the anchor included; max_drafts: drafts wanted (<= K); grammar: its
+    generated tokens, the anchor included (empty when ``params`` has no penalties or bans:
+    nothing else reads it); max_drafts: drafts wanted (<= K); grammar: its
     ``StructuredOutputState`` or None; pending_tokens: tokens of this step not yet fed to the
     grammar matcher (the anchor among them).
     """

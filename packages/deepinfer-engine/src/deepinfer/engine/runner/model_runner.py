@@ -251,14 +251,16 @@ class ModelRunner:
     def _draft_request(self, e: Emitted) -> DraftRequest | None:
         seq = self.state.sequences[e.request_id]
         params = seq.sampling_params
-        history = seq.token_ids[seq.num_prompt_tokens :] + list(e.tokens)
+        num_generated = len(seq.token_ids) - seq.num_prompt_tokens + len(e.tokens)
         # the next verify step emits drafts + 1 tokens: no more than max_tokens allows
-        max_drafts = min(self.spec.num_draft_tokens, params.max_tokens - len(history) - 1)
+        max_drafts = min(self.spec.num_draft_tokens, params.max_tokens - num_generated - 1)
         grammar = self.grammar.state(e.request_id) if self.grammar is not None else None
         if grammar is not None:  # the matcher rolls back this step's tokens and the drafts
             max_drafts = min(max_drafts, grammar.max_rollback_tokens - len(e.tokens))
         if max_drafts <= 0:
             return None
+        # only penalties and bans read the history (no copy of the sequence for the others)
+        counted = params.has_penalty or params.has_bans
         return DraftRequest(
             request_id=e.request_id,
             anchor=e.tokens[-1],
@@ -266,7 +268,7 @@ class ModelRunner:
             slot=seq.state_slot,
             params=_draft_params(seq),
             mode=verify_mode(params, seq.has_user_seed, self.spec.acceptance),
-            history=history,
+            history=seq.token_ids[seq.num_prompt_tokens :] + e.tokens if counted else [],
             max_drafts=max_drafts,
             grammar=grammar,
             pending_tokens=list(e.tokens),

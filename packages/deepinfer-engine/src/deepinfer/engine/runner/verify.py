@@ -18,6 +18,7 @@ drafts plus the final token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -46,7 +47,7 @@ class RequestRows:
     is_fork: bool
     mode: str = GREEDY
     params: list[Any] = field(default_factory=list)
-    histories: list[list[int]] = field(default_factory=list)
+    histories: list[Sequence[int]] = field(default_factory=list)
     masks: torch.Tensor | None = None  # [count, words] int32, None without a grammar
 
 
@@ -103,10 +104,11 @@ class Verifier:
         groups = self.request_rows(plan, so, errors)
         if not groups:
             return groups, None
+        rows = _rows(groups)
         result = sample(
-            _group_rows(groups, logits),
+            take_rows(logits, rows),
             [p for g in groups for p in g.params],
-            [plan.sample_positions[g.first + j] for g in groups for j in range(g.count)],
+            _positions(plan, rows, logits),
             output_token_ids=[h for g in groups for h in g.histories],
             bitmask=_stack_masks(groups, logits.shape[1]),
         )
@@ -130,7 +132,7 @@ class Verifier:
                 continue
             request_id = plan.request_ids[b]
             seq = self.sequences[request_id]
-            drafts = list(so.scheduled_spec_token_ids.get(request_id, []))[: plan.num_drafts[b]]
+            drafts = list(so.scheduled_spec_token_ids.get(request_id, ())[: plan.num_drafts[b]])
             mode = verify_mode(seq.sampling_params, seq.has_user_seed, self.acceptance)
             fork = request_id in so.fork_seeds
             groups.append(RequestRows(b, request_id, s, 1, drafts, fork, mode))
@@ -144,19 +146,19 @@ class Verifier:
 
     def _fill_rows(self, plan: StepPlan, g: RequestRows) -> None:
         seq = self.sequences[g.request_id]
-        generated = seq.token_ids[seq.num_prompt_tokens :]
-        # only penalties and bans read a row's history: other rows share one list, uncopied
-        counted = seq.sampling_params.has_penalty or seq.sampling_params.has_bans
-        for j in range(g.count):
-            seed = plan.sample_seeds[g.first + j]
-            params = seq.row_params.get(seed)
-            if params is None:
-                params = seq.row_params[seed] = replace(
-                    seq.sampling_params, seq_seed=seed, seed=None
-                )
-            g.params.append(params)
-            own = counted and not g.is_fork
-            g.histories.append(generated + g.drafts[:j] if own else generated)
+        if g.is_fork:  # one seed per row
+            g.params = [_row_params(seq, plan.sample_seeds[g.first + j]) for j in range(g.count)]
+        else:
+            g.params = [_row_params(seq, plan.sample_seeds[g.first])] * g.count
+        # only penalties and bans read a row's history (the others get an empty one, uncopied)
+        if seq.sampling_params.has_penalty or seq.sampling_params.has_bans:
+            generated = seq.token_ids[seq.num_prompt_tokens :]
+            if g.is_fork:
+                g.histories = [generated] * g.count
+            else:
+                g.histories = [generated + g.drafts[:j] for j in range(g.count)]
+        else:
+            g.histories = [()] * g.count
         state = self.grammar.state(g.request_id) if self.grammar is not None else None
         if state is None:
             return
@@ -169,22 +171,23 @@ class Verifier:
 
     def _match(self, plan, groups, logits) -> list[Emitted]:
         params = [p for g in groups for p in g.params]
+        rows = _rows(groups)
         result = sample(
-            _group_rows(groups, logits),
+            take_rows(logits, rows),
             params,
-            [plan.sample_positions[g.first + j] for g in groups for j in range(g.count)],
+            _positions(plan, rows, logits),
             output_token_ids=[h for g in groups for h in g.histories],
             bitmask=_stack_masks(groups, logits.shape[1]),
         )
         host = result.token_ids.tolist()  # the step's one read of its tokens
-        logprobs = logprob_dicts(result, params)
+        logprobs = logprob_dicts(result, params) if result.logprobs is not None else None
         out, at = [], 0
         for g in groups:
-            a = matched_prefix(g.drafts, host[at : at + g.count])
-            rows = range(at, at + (g.count if g.is_fork else a + 1))
-            lps = [logprobs[r] for r in rows]
-            emitted_tokens = [host[r] for r in rows]
-            out.append(self._emitted(plan, g, emitted_tokens, lps, a))
+            sampled = host[at : at + g.count]
+            a = matched_prefix(g.drafts, sampled)
+            n = g.count if g.is_fork else a + 1
+            lps = logprobs[at : at + n] if logprobs is not None else None
+            out.append(self._emitted(plan, g, sampled[:n], lps, a))
             at += g.count
         return out
 
@@ -248,7 +251,7 @@ class Verifier:
                 known = proposal.confidences if proposal is not None else []
                 confidences = list(known[: len(g.drafts)])
             stats = SpecDecodeStats(len(g.drafts), accepted, confidences)
-        has_logprobs = any(lp is not None for lp in logprobs)
+        has_logprobs = logprobs is not None and any(lp is not None for lp in logprobs)
         return Emitted(
             g.request_id,
             tokens,
@@ -272,7 +275,28 @@ def _stack_masks(groups: list[RequestRows], vocab_size: int) -> torch.Tensor | N
 
 def _group_rows(groups: list[RequestRows], logits: torch.Tensor) -> torch.Tensor:
     """The groups' rows of ``logits``, in group order."""
-    return take_rows(logits, [g.first + j for g in groups for j in range(g.count)])
+    return take_rows(logits, _rows(groups))
+
+
+def _rows(groups: list[RequestRows]) -> list[int]:
+    """The groups' sampling rows, in group order."""
+    return [g.first + j for g in groups for j in range(g.count)]
+
+
+def _positions(plan: StepPlan, rows: list[int], logits: torch.Tensor) -> list[int]:
+    """The positions ``rows`` sample; the plan's list itself when they are all of its rows (no
+    request left out: ``rows`` ascend)."""
+    if len(rows) == logits.shape[0] == len(plan.sample_positions) and rows[-1] == len(rows) - 1:
+        return plan.sample_positions
+    return [plan.sample_positions[r] for r in rows]
+
+
+def _row_params(seq: RunnerSequence, seed: int) -> Any:
+    """The sequence's sampling parameters drawn with ``seed``, built once per seed."""
+    params = seq.row_params.get(seed)
+    if params is None:
+        params = seq.row_params[seed] = replace(seq.sampling_params, seq_seed=seed, seed=None)
+    return params
 
 
 def _rejection_logprobs(probs: torch.Tensor, tokens: list[int], num_top: int | None):
