@@ -100,19 +100,33 @@ class Attention(nn.Module):
         return self.wo_b(z.flatten(1))
 
     def kv_sources(self, x, qr, kv, ctx: StepContext) -> tuple[tuple[torch.Tensor, ...], Tensor]:
-        """(the KV sources attention reads in place: window rings, this step's KV, compressed
-        arena; index lists ``[T, W + K]`` into their virtual concatenation). The step's KV is
-        written to the rings after attention, so eager and graph-replay steps read alike.
-        Cache rows in the model's formats are read packed (the op dequantises them)."""
-        md = ctx.metadata
-        window = ctx.cache.rows(f"{self.layer_id}.window")[: md.window_base]
-        sources = (window, kv.to(ctx.cache.dtype))
+        """(the KV sources attention reads: window rings, this step's KV, compressed arena;
+        index lists ``[T, W + K]`` into their virtual concatenation). The step's KV is written
+        to the rings after attention, so eager and graph-replay steps read alike. Cache rows in
+        the model's formats are read packed, in place (the op dequantises them), except where
+        the metadata has a prefill-sized step read float copies of its rows
+        (:class:`~deepinfer.engine.model.metadata.CacheReads`)."""
+        md, cache = ctx.metadata, ctx.cache
+        window_key = f"{self.layer_id}.window"
+        reads = md.cache_reads() if cache.formats else None
+        if reads is None:
+            window = cache.rows(window_key)[: md.window_base]
+            window_indices = md.window_indices
+        else:
+            window = cache.gather(window_key, reads.ring_rows)
+            window_indices = reads.window_indices
+        sources = (window, kv.to(cache.dtype))
         if not self.ratio:
-            return sources, md.window_indices
-        arena, rows, _ = self.compressed_entries(x, qr, ctx)
+            return sources, window_indices
+        arena, rows, plan = self.compressed_entries(x, qr, ctx)
+        if reads is not None and plan.read_rows is not None:
+            arena = cache.gather(f"{self.config.kv_source_of(self.layer_id)}.kv", plan.read_rows)
+            rows = torch.where(
+                rows >= 0, torch.searchsorted(plan.read_rows, rows.clamp(min=0)), rows
+            )
         offset = window.shape[0] + kv.shape[0]
-        compressed = torch.where(rows >= 0, rows + offset, rows).to(md.window_indices.dtype)
-        return (*sources, arena), torch.cat([md.window_indices, compressed], dim=1)
+        compressed = torch.where(rows >= 0, rows + offset, rows).to(window_indices.dtype)
+        return (*sources, arena), torch.cat([window_indices, compressed], dim=1)
 
     def simulate_kv(self, kv: torch.Tensor) -> torch.Tensor:
         """Reference window-KV rounding (spec 2.3 step 7 / 7.1; :mod:`.variant`)."""

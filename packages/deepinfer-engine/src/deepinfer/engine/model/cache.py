@@ -161,6 +161,12 @@ class ModelCache:
         fmt = self.formats.get(key)
         return self.tensors[key] if fmt is None else PackedRows(self.tensors[key], fmt)
 
+    def gather(self, key: str, rows: torch.Tensor) -> torch.Tensor:
+        """Rows ``rows`` ``[n]`` of tensor ``key`` as float rows of :attr:`dtype` (packed rows
+        dequantised: exact, every packed value is a float of the cache dtype)."""
+        fmt, picked = self.formats.get(key), self.tensors[key].index_select(0, rows)
+        return picked if fmt is None else K.unpack_rows(picked, fmt, self.dtype)
+
     def write(self, key: str, dst: torch.Tensor, values: torch.Tensor) -> None:
         """Store float rows ``values`` ``[n, width]`` at rows ``dst`` of tensor ``key`` (packed
         in its format by one ``write_rows``, else cast to its dtype). Rows ``dst`` are distinct

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from deepinfer.engine.model.cache import ModelCache
-from deepinfer.engine.model.metadata import AttentionMetadata
+from deepinfer.engine.model.metadata import AttentionMetadata, CompressionPlan
 from deepinfer.engine.model.rope import RopeTables
 
 
@@ -46,6 +46,14 @@ class StepContext:
     key_positions: torch.Tensor | None = None
     key_angles: dict[bool, tuple[torch.Tensor, torch.Tensor]] | None = None
     _gathered: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def arena_reads(self, key: str, plan: CompressionPlan):
+        """(arena tensor ``key`` as the step's index readers take it, ``plan.visible`` as
+        indices into it): float copies of the rows the step reads where the metadata has them
+        (:class:`~deepinfer.engine.model.metadata.CacheReads`), else the arena in place."""
+        if self.cache.formats and plan.read_rows is not None and self.metadata.cache_reads():
+            return self.cache.gather(key, plan.read_rows), plan.visible_read
+        return self.cache.rows(key), plan.visible
 
     def record_tap(self, layer_id: int, streams: torch.Tensor) -> None:
         """Keep the DSpark tap of ``layer_id``: the mean over the streams, fp32 ``[T, D]``."""

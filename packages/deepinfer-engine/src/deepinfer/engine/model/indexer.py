@@ -53,5 +53,5 @@ class Indexer(nn.Module):
         q = K.apply_rope(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)), cos, sin)
         q = self.rounding.index(q)
         weights = self.weights_proj(x, out_dtype=torch.float32) * self.weight_scale
-        scores = K.indexer_scores(q, weights, ctx.cache.rows(key), plan.visible)
+        scores = K.indexer_scores(q, weights, *ctx.arena_reads(key, plan))
         return K.select_topk(scores, plan.visible, self.topk)

@@ -64,14 +64,15 @@ class IndexerV41(nn.Module):
         qr: torch.Tensor,
         ctx: StepContext,
         plan: CompressionPlan,
-        keys: torch.Tensor | K.PackedRows,
+        keys: str,
     ) -> torch.Tensor:
-        """Chosen arena rows ``[T, index_topk]`` (``-1`` = none) of this index source."""
+        """Chosen arena rows ``[T, index_topk]`` (``-1`` = none) of this index source, scored
+        against the index keys of cache tensor ``keys``."""
         cos, sin = ctx.angles[True]
         q = K.apply_rope(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)), cos, sin)
         q = self.rounding.index(q)
         weights = self.weights_proj(x, out_dtype=torch.float32) * self.weight_scale
-        scores = K.indexer_scores(q, weights, keys, plan.visible)
+        scores = K.indexer_scores(q, weights, *ctx.arena_reads(keys, plan))
         if self.is_candidate_source:
             ctx.candidate_mask = K.candidate_block_mask(
                 scores, plan.visible_count, self.candidate_topk_blocks, self.candidate_block_size

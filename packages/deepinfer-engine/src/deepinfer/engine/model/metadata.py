@@ -61,6 +61,27 @@ class CompressionPlan:
     state_write_dst: torch.Tensor  # [n] state rows they go to
     visible: torch.Tensor  # [T, C] arena rows visible to each query, entry order; -1 pad
     visible_count: torch.Tensor  # [T]
+    # prefill-sized steps (:class:`CacheReads`): the sorted arena rows of the step's sequences
+    # and ``visible`` as positions in them; None: readers take the arena in place
+    read_rows: torch.Tensor | None = None
+    visible_read: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class CacheReads:
+    """The window-ring rows a prefill-sized step reads, for reading them as one float copy.
+
+    Attention and the indexer read the packed cache in place, decoding rows as they load them;
+    mixed sources (packed rings and arena, float step rows) take the kernels' slower load path.
+    A step with many query rows and few distinct cache rows (a prefill) instead reads the rows
+    it needs as float copies (exact: every packed value is a float of the cache dtype), so every
+    source has one format. ``ring_rows`` ``[R]``: the sorted ring rows the window lists name;
+    ``window_indices`` ``[T, W]``: the window lists into ``[ring_rows | step rows]``; ``of``:
+    the metadata's window lists they translate (a replaced list invalidates them)."""
+
+    ring_rows: torch.Tensor
+    window_indices: torch.Tensor
+    of: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -71,6 +92,13 @@ class AttentionMetadata:
     window_write_src: torch.Tensor
     window_write_dst: torch.Tensor
     plans: dict[tuple[int, bool], CompressionPlan] = field(default_factory=dict)
+    reads: CacheReads | None = None
+
+    def cache_reads(self) -> CacheReads | None:
+        """:attr:`reads` if they still translate :attr:`window_indices`."""
+        return (
+            self.reads if self.reads is not None and self.reads.of is self.window_indices else None
+        )
 
 
 @dataclass(frozen=True)
@@ -112,6 +140,7 @@ def build_metadata(
     layout: CacheLayout,
     ring_size: int,
     query_rows: torch.Tensor | None = None,
+    copy_reads: bool = False,
 ) -> AttentionMetadata:
     """Index lists of one step. Attention reads its KV sources in place (the op indexes the
     rings, the step's rows and the arena without copying them), so the lists have one form
@@ -119,7 +148,8 @@ def build_metadata(
 
     ``query_rows``: the step rows whose queries this process computes (context parallelism:
     the query-side lists, window and visible entries, are built for those rows only; the
-    writes stay the whole step's); None: every row."""
+    writes stay the whole step's); None: every row. ``copy_reads``: a prefill-sized step also
+    gets the lists for reading its cache rows as float copies (:class:`CacheReads`)."""
     seqs, seq_of_token, positions = _sequences(batch)
     device = batch.input_ids.device
     window = config.sliding_window
@@ -144,14 +174,49 @@ def build_metadata(
         kind: _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout, queries)
         for kind, state_rows in sorted(kinds.items())
     }
+    reads = None
+    if copy_reads and len(window_rows) >= COPY_READS_MIN_ROWS:
+        reads = _copy_reads(window_rows, base, plans)
+    if reads is not None:
+        plans, ring_rows, ring_indices = reads
+    window_indices = window_rows.to(device)
+    if reads is not None:
+        reads = CacheReads(ring_rows.to(device), ring_indices.to(device), of=window_indices)
     return AttentionMetadata(
         num_tokens=int(batch.input_ids.shape[0] if queries is None else len(queries)),
         window_base=base,
-        window_indices=window_rows.to(device),
+        window_indices=window_indices,
         window_write_src=w_src.to(device),
         window_write_dst=w_dst.to(device),
         plans={k: _to(p, device) for k, p in plans.items()},
+        reads=reads,
     )
+
+
+# query rows from which a step may read its cache rows as float copies (prefill chunks); a
+# step of fewer rows (decode) reads the packed cache in place
+COPY_READS_MIN_ROWS = 256
+
+
+def _copy_reads(window_rows: torch.Tensor, base: int, plans: dict):
+    """(plans with their read rows, ring rows, window lists into ``[ring rows | step rows]``)
+    on the host, or None where copying would read more rows than the step has query rows."""
+    rows = len(window_rows)
+    ring_rows = torch.unique(window_rows[(window_rows >= 0) & (window_rows < base)])
+    if len(ring_rows) > rows:
+        return None
+    with_reads = {}
+    for kind, plan in plans.items():
+        read = torch.unique(plan.visible[plan.visible >= 0])
+        if len(read) > rows:
+            return None
+        visible_read = torch.searchsorted(read, plan.visible.clamp(min=0))
+        visible_read = torch.where(plan.visible >= 0, visible_read, -1).to(plan.visible.dtype)
+        with_reads[kind] = dataclasses.replace(plan, read_rows=read, visible_read=visible_read)
+    in_ring = (window_rows >= 0) & (window_rows < base)
+    ring_index = torch.searchsorted(ring_rows, window_rows.clamp(min=0))
+    indices = torch.where(in_ring, ring_index, window_rows - base + len(ring_rows))
+    return with_reads, ring_rows, indices.masked_fill(window_rows < 0, -1)
 
 
 def window_positions(positions: torch.Tensor, window: int) -> torch.Tensor:

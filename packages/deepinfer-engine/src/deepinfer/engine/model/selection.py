@@ -55,6 +55,6 @@ class SharedTopK:
 
     def rows(self, x, qr, ctx: StepContext, plan: CompressionPlan) -> torch.Tensor:
         if self.scores:
-            keys = ctx.cache.rows(f"{self.kv_source}.index_keys")
+            keys = f"{self.kv_source}.index_keys"
             ctx.selected[self.ratio] = self.indexer(x, qr, ctx, plan, keys)
         return ctx.selected[self.ratio]

@@ -85,7 +85,9 @@ class DecoderStack(nn.Module):
     ) -> StepContext:
         """``metadata``: index lists built elsewhere (fixed-shape decode metadata, or a
         fixed-shape training batch's); None builds them from ``batch``."""
-        md = metadata or build_metadata(batch, self.config, cache.layout, cache.ring_size)
+        md = metadata or build_metadata(
+            batch, self.config, cache.layout, cache.ring_size, copy_reads=True
+        )
         angles = {
             compressed: RopeTables.angles(self.rope.table(compressed), batch.positions)
             for compressed in (False, True)

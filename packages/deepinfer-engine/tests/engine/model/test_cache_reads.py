@@ -1,0 +1,87 @@
+"""Prefill-sized steps read the cache rows they need as float copies (one source format for the
+attention and indexer kernels) instead of the packed cache in place: the copied lists name the
+same rows, and the logits are bitwise those of the in-place reads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.engine.model import metadata as metadata_module
+from deepinfer.engine.model.cache import ModelCache
+from deepinfer.engine.model.metadata import build_metadata
+
+from .test_cache_formats import V4_PACKED, V41_PACKED, _run  # noqa: TID252
+from .test_metadata import CONFIG, LAYOUT, RING, _batch  # noqa: TID252
+from .test_v4_invariants import RAW as V4_RAW  # noqa: TID252
+from .test_v4_invariants import random_model  # noqa: TID252
+from .test_v41_invariants import VOCAB as V41_VOCAB  # noqa: TID252
+from .test_v41_invariants import random_v41_model  # noqa: TID252
+
+
+def test_copied_lists_name_the_same_rows(monkeypatch):
+    monkeypatch.setattr(metadata_module, "COPY_READS_MIN_ROWS", 4)
+    # seq A (slot 2) continues at position 40 with 9 rows; seq B (slot 0) starts with 12
+    batch = _batch([(40, 9), (0, 12)], [[4, 5], [1, -1]], [2, 0])
+    md = build_metadata(batch, CONFIG, LAYOUT, RING, copy_reads=True)
+    reads = md.cache_reads()
+    assert reads is not None
+    base = LAYOUT.num_slots * RING
+    rings = reads.ring_rows.tolist()
+    assert rings == sorted(set(rings)) and all(0 <= r < base for r in rings)
+    for got, want in zip(reads.window_indices.flatten().tolist(), md.window_indices.flatten().tolist()):
+        if want < 0:
+            assert got == -1
+        elif want < base:
+            assert rings[got] == want
+        else:
+            assert got == len(rings) + want - base
+    for plan in md.plans.values():
+        read = plan.read_rows.tolist()
+        assert read == sorted(set(v for v in plan.visible.flatten().tolist() if v >= 0))
+        mapped = plan.visible_read.flatten().tolist()
+        for got, want in zip(mapped, plan.visible.flatten().tolist()):
+            assert (got == -1) if want < 0 else read[got] == want
+    # a replaced window list (as YoCo's narrowing does) leaves no stale copy lists
+    narrowed = metadata_module.dataclasses.replace(md, window_indices=md.window_indices.clone())
+    assert narrowed.cache_reads() is None
+
+
+def test_small_steps_and_wide_reads_read_in_place():
+    batch = _batch([(40, 9), (0, 12)], [[4, 5], [1, -1]], [2, 0])
+    assert build_metadata(batch, CONFIG, LAYOUT, RING, copy_reads=True).reads is None
+    assert build_metadata(batch, CONFIG, LAYOUT, RING).reads is None
+
+
+@pytest.mark.parametrize("family", ["v4", "v41"])
+def test_copied_reads_run_bitwise_like_in_place_reads(family, monkeypatch):
+    if family == "v4":
+        model, vocab = random_model(V4_PACKED), V4_RAW["vocab_size"]
+    else:
+        model, vocab = random_v41_model(V41_PACKED), V41_VOCAB
+    g = torch.Generator().manual_seed(5)
+
+    def tokens(n):
+        return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+    # two prefill chunks (the second reads ring and arena rows of the first), then decodes
+    steps = [{0: tokens(21), 1: tokens(6)}, {0: tokens(17), 1: tokens(30)}]
+    steps += [{0: tokens(1), 1: tokens(1)} for _ in range(3)]
+    copies = []
+    gather = ModelCache.gather
+
+    def counting_gather(self, key, rows):
+        copies.append(key)
+        return gather(self, key, rows)
+
+    monkeypatch.setattr(ModelCache, "gather", counting_gather)
+    with torch.no_grad():
+        monkeypatch.setattr(metadata_module, "COPY_READS_MIN_ROWS", 10**9)
+        want, _ = _run(model, steps, packed=True)
+        assert not copies
+        monkeypatch.setattr(metadata_module, "COPY_READS_MIN_ROWS", 8)
+        got, _ = _run(model, steps, packed=True)
+    kinds = {key.rsplit(".", 1)[1] for key in copies}
+    assert kinds == {"window", "kv", "index_keys"}, kinds
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
