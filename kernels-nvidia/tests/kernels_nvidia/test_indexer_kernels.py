@@ -39,7 +39,9 @@ def test_conformance_real(case):
 )
 def test_select_topk_picks_the_same_set(width, k):
     g = torch.Generator().manual_seed(width + k)
-    rows = 6
+    # all-positive, all-negative and random rows; the interpreter takes one random row of the
+    # widest shapes (each row costs it seconds per width of 1,000)
+    rows = 6 if HAS_CUDA or width <= 1000 else 3
     cand = make_candidates(g, rows=rows, width=width, num_keys=10 * width).to(DEVICE)
     scores = torch.randn(rows, width, generator=g) * torch.rand(rows, 1, generator=g) * 100
     scores[0] = scores[0].abs()  # all positive
