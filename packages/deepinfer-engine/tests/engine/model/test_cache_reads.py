@@ -29,7 +29,9 @@ def test_copied_lists_name_the_same_rows(monkeypatch):
     base = LAYOUT.num_slots * RING
     rings = reads.ring_rows.tolist()
     assert rings == sorted(set(rings)) and all(0 <= r < base for r in rings)
-    for got, want in zip(reads.window_indices.flatten().tolist(), md.window_indices.flatten().tolist()):
+    for got, want in zip(
+        reads.window_indices.flatten().tolist(), md.window_indices.flatten().tolist()
+    ):
         if want < 0:
             assert got == -1
         elif want < base:
