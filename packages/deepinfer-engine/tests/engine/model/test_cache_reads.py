@@ -40,8 +40,9 @@ def test_copied_lists_name_the_same_rows(monkeypatch):
             assert got == len(rings) + want - base
     for plan in md.plans.values():
         read = plan.read_rows.tolist()
-        assert read == sorted(set(v for v in plan.visible.flatten().tolist() if v >= 0))
-        mapped = plan.visible_read.flatten().tolist()
+        assert read == sorted(set(read))
+        assert {v for v in plan.visible.flatten().tolist() if v >= 0} <= set(read)
+        mapped = metadata_module.read_index(plan.read_rows, plan.visible).flatten().tolist()
         for got, want in zip(mapped, plan.visible.flatten().tolist()):
             assert (got == -1) if want < 0 else read[got] == want
     # a replaced window list (as YoCo's narrowing does) leaves no stale copy lists

@@ -15,7 +15,7 @@ from deepinfer.engine.model.context import StepContext
 from deepinfer.engine.model.indexer import Indexer
 from deepinfer.engine.model.indexer_v41 import IndexerV41
 from deepinfer.engine.model.layers import LinearFactory, RMSNorm
-from deepinfer.engine.model.metadata import CompressionPlan
+from deepinfer.engine.model.metadata import CompressionPlan, read_index
 from deepinfer.engine.model.selection import AllVisible, OwnTopK, SharedTopK
 from deepinfer.engine.model.variant import variant_of
 
@@ -121,9 +121,7 @@ class Attention(nn.Module):
         arena, rows, plan = self.compressed_entries(x, qr, ctx)
         if reads is not None and plan.read_rows is not None:
             arena = cache.gather(f"{self.config.kv_source_of(self.layer_id)}.kv", plan.read_rows)
-            rows = torch.where(
-                rows >= 0, torch.searchsorted(plan.read_rows, rows.clamp(min=0)), rows
-            )
+            rows = read_index(plan.read_rows, rows)
         offset = window.shape[0] + kv.shape[0]
         compressed = torch.where(rows >= 0, rows + offset, rows).to(window_indices.dtype)
         return (*sources, arena), torch.cat([window_indices, compressed], dim=1)

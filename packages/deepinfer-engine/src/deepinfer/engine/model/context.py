@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from deepinfer.engine.model.cache import ModelCache
-from deepinfer.engine.model.metadata import AttentionMetadata, CompressionPlan
+from deepinfer.engine.model.metadata import AttentionMetadata, CompressionPlan, read_index
 from deepinfer.engine.model.rope import RopeTables
 
 
@@ -52,7 +52,7 @@ class StepContext:
         indices into it): float copies of the rows the step reads where the metadata has them
         (:class:`~deepinfer.engine.model.metadata.CacheReads`), else the arena in place."""
         if self.cache.formats and plan.read_rows is not None and self.metadata.cache_reads():
-            return self.cache.gather(key, plan.read_rows), plan.visible_read
+            return self.cache.gather(key, plan.read_rows), read_index(plan.read_rows, plan.visible)
         return self.cache.rows(key), plan.visible
 
     def record_tap(self, layer_id: int, streams: torch.Tensor) -> None:

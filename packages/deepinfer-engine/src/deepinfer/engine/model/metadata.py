@@ -61,10 +61,9 @@ class CompressionPlan:
     state_write_dst: torch.Tensor  # [n] state rows they go to
     visible: torch.Tensor  # [T, C] arena rows visible to each query, entry order; -1 pad
     visible_count: torch.Tensor  # [T]
-    # prefill-sized steps (:class:`CacheReads`): the sorted arena rows of the step's sequences
-    # and ``visible`` as positions in them; None: readers take the arena in place
+    # prefill-sized steps (:class:`CacheReads`): the sorted arena rows of the step's sequences,
+    # which its readers copy; None: they read the arena in place
     read_rows: torch.Tensor | None = None
-    visible_read: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -170,18 +169,19 @@ def build_metadata(
         for i in range(config.num_layers)
         if config.compress_ratios[i] > 0
     }
+    # a prefill-sized step copies the cache rows it reads when they are no more than its rows
+    max_reads = len(window_rows) if copy_reads and len(window_rows) >= COPY_READS_MIN_ROWS else None
     plans = {
-        kind: _plan(seqs, seq_of_token, positions, batch, kind, state_rows, layout, queries)
+        kind: _plan(
+            seqs, seq_of_token, positions, batch, kind, state_rows, layout, queries, max_reads
+        )  # fmt: skip
         for kind, state_rows in sorted(kinds.items())
     }
-    reads = None
-    if copy_reads and len(window_rows) >= COPY_READS_MIN_ROWS:
-        reads = _copy_reads(window_rows, base, plans)
-    if reads is not None:
-        plans, ring_rows, ring_indices = reads
     window_indices = window_rows.to(device)
-    if reads is not None:
-        reads = CacheReads(ring_rows.to(device), ring_indices.to(device), of=window_indices)
+    rings = None if max_reads is None else _ring_reads(window_rows, base, max_reads)
+    reads = None
+    if rings is not None:
+        reads = CacheReads(rings[0].to(device), rings[1].to(device), of=window_indices)
     return AttentionMetadata(
         num_tokens=int(batch.input_ids.shape[0] if queries is None else len(queries)),
         window_base=base,
@@ -198,25 +198,24 @@ def build_metadata(
 COPY_READS_MIN_ROWS = 256
 
 
-def _copy_reads(window_rows: torch.Tensor, base: int, plans: dict):
-    """(plans with their read rows, ring rows, window lists into ``[ring rows | step rows]``)
-    on the host, or None where copying would read more rows than the step has query rows."""
-    rows = len(window_rows)
-    ring_rows = torch.unique(window_rows[(window_rows >= 0) & (window_rows < base)])
-    if len(ring_rows) > rows:
-        return None
-    with_reads = {}
-    for kind, plan in plans.items():
-        read = torch.unique(plan.visible[plan.visible >= 0])
-        if len(read) > rows:
-            return None
-        visible_read = torch.searchsorted(read, plan.visible.clamp(min=0))
-        visible_read = torch.where(plan.visible >= 0, visible_read, -1).to(plan.visible.dtype)
-        with_reads[kind] = dataclasses.replace(plan, read_rows=read, visible_read=visible_read)
+def read_index(read_rows: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Arena rows ``rows`` (``-1``: none) as positions in the sorted ``read_rows`` that hold
+    them (on the rows' device: no host work per query row)."""
+    return torch.where(rows >= 0, torch.searchsorted(read_rows, rows.clamp(min=0)), -1)
+
+
+def _ring_reads(window_rows: torch.Tensor, base: int, max_reads: int):
+    """(the sorted ring rows the window lists name, the lists into ``[those rows | step
+    rows]``), or None when they are more than ``max_reads``."""
     in_ring = (window_rows >= 0) & (window_rows < base)
-    ring_index = torch.searchsorted(ring_rows, window_rows.clamp(min=0))
-    indices = torch.where(in_ring, ring_index, window_rows - base + len(ring_rows))
-    return with_reads, ring_rows, indices.masked_fill(window_rows < 0, -1)
+    ring_rows = torch.unique(window_rows[in_ring])
+    if len(ring_rows) > max_reads:
+        return None
+    # step rows move down to follow the ring rows kept; -1 stays
+    indices = torch.where(window_rows >= base, window_rows - (base - len(ring_rows)), window_rows)
+    if len(ring_rows):
+        indices[in_ring] = torch.searchsorted(ring_rows, window_rows[in_ring])
+    return ring_rows, indices
 
 
 def window_positions(positions: torch.Tensor, window: int) -> torch.Tensor:
@@ -249,7 +248,7 @@ def _arena_rows(rows: _Rows, entries: torch.Tensor, ratio: int, block_size: int)
 
 
 def _plan(
-    seqs, seq_of_token, positions, batch, kind, state_rows, layout, queries
+    seqs, seq_of_token, positions, batch, kind, state_rows, layout, queries, max_reads=None
 ) -> CompressionPlan:
     ratio, overlap = kind
     base = layout.num_slots * state_rows
@@ -276,6 +275,10 @@ def _plan(
     per_seq_entries = entries[None, :].masked_fill(entries[None, :] >= (ends // ratio)[:, None], -1)
     seq_rows = _arena_rows(seqs, per_seq_entries, ratio, layout.block_size)
     visible = torch.where(entries < counts[:, None], seq_rows[q_seq], -1)
+    read_rows = None
+    if max_reads is not None:  # the sequences' rows, if no more than max_reads
+        read_rows = torch.unique(seq_rows[seq_rows >= 0])
+        read_rows = read_rows if len(read_rows) <= max_reads else None
     return CompressionPlan(
         ratio=ratio,
         state_rows=state_rows,
@@ -286,6 +289,7 @@ def _plan(
         state_write_dst=tokens.slot[keep] * state_rows + positions[keep] % state_rows,
         visible=visible,
         visible_count=counts,
+        read_rows=read_rows,
     )
 
 
