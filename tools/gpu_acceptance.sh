@@ -59,6 +59,7 @@ async)  # issue 22: the embedded model with and without DSpark, async on / off (
         --job 64 --async on,off --timeline-batches 64 --out "$out/async4.json"
     ;;
 parallel)  # issue 20: one rank of EP projected on one H200 (the EP=2 V4-Flash row exists)
+    box cache-reads 200 gpu_tests benchmarks/tests/test_cache_reads_gpu.py
     box ep8-v41 280 python3 -m benchmarks.parallel.ep_projection --model v41-flash --ep 8 \
         --out "$out/ep8_v41.json"
     box ep1-32 140 python3 -m benchmarks.parallel.ep_projection --model v4-flash --ep 1 \
