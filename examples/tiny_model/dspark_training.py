@@ -58,6 +58,7 @@ class DraftWindows:
             for stage in draft
         }
         self.extra: dict[str, torch.Tensor] = {}
+        self.formats: dict = {}  # float rings: no packed formats (:attr:`ModelCache.formats`)
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.tensors[key]
