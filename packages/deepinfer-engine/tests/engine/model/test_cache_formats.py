@@ -57,19 +57,26 @@ def _run(model, steps, packed: bool):
     return [torch.cat([out[s] for s in sorted(out)]) for out in logits], runner.cache
 
 
-@pytest.mark.parametrize("family", ["v4", "v41"])
-def test_packed_cache_runs_bitwise_like_the_float_cache(family):
+def packed_model_and_steps(family: str, seed: int, decodes: int):
+    """A random model of ``family`` whose cache kinds all pack, and the steps of two sequences:
+    two prefill chunks (the second reads ring and arena rows of the first), then ``decodes``
+    single-token steps."""
     if family == "v4":
         model, vocab = random_model(V4_PACKED), V4_RAW["vocab_size"]
     else:
         model, vocab = random_v41_model(V41_PACKED), V41_VOCAB
-    g = torch.Generator().manual_seed(4)
+    g = torch.Generator().manual_seed(seed)
 
     def tokens(n):
         return torch.randint(0, vocab, (n,), generator=g).tolist()
 
     steps = [{0: tokens(21), 1: tokens(6)}, {0: tokens(17), 1: tokens(30)}]
-    steps += [{0: tokens(1), 1: tokens(1)} for _ in range(6)]
+    return model, steps + [{0: tokens(1), 1: tokens(1)} for _ in range(decodes)]
+
+
+@pytest.mark.parametrize("family", ["v4", "v41"])
+def test_packed_cache_runs_bitwise_like_the_float_cache(family):
+    model, steps = packed_model_and_steps(family, seed=4, decodes=6)
     with torch.no_grad():
         got, packed = _run(model, steps, packed=True)
         want, plain = _run(model, steps, packed=False)

@@ -11,12 +11,8 @@ from deepinfer.engine.model import metadata as metadata_module
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import build_metadata
 
-from .test_cache_formats import V4_PACKED, V41_PACKED, _run  # noqa: TID252
+from .test_cache_formats import _run, packed_model_and_steps  # noqa: TID252
 from .test_metadata import CONFIG, LAYOUT, RING, _batch  # noqa: TID252
-from .test_v4_invariants import RAW as V4_RAW  # noqa: TID252
-from .test_v4_invariants import random_model  # noqa: TID252
-from .test_v41_invariants import VOCAB as V41_VOCAB  # noqa: TID252
-from .test_v41_invariants import random_v41_model  # noqa: TID252
 
 
 def test_copied_lists_name_the_same_rows(monkeypatch):
@@ -58,18 +54,7 @@ def test_small_steps_and_wide_reads_read_in_place():
 
 @pytest.mark.parametrize("family", ["v4", "v41"])
 def test_copied_reads_run_bitwise_like_in_place_reads(family, monkeypatch):
-    if family == "v4":
-        model, vocab = random_model(V4_PACKED), V4_RAW["vocab_size"]
-    else:
-        model, vocab = random_v41_model(V41_PACKED), V41_VOCAB
-    g = torch.Generator().manual_seed(5)
-
-    def tokens(n):
-        return torch.randint(0, vocab, (n,), generator=g).tolist()
-
-    # two prefill chunks (the second reads ring and arena rows of the first), then decodes
-    steps = [{0: tokens(21), 1: tokens(6)}, {0: tokens(17), 1: tokens(30)}]
-    steps += [{0: tokens(1), 1: tokens(1)} for _ in range(3)]
+    model, steps = packed_model_and_steps(family, seed=5, decodes=3)
     copies = []
     gather = ModelCache.gather
 

@@ -108,7 +108,7 @@ class Attention(nn.Module):
         (:class:`~deepinfer.engine.model.metadata.CacheReads`)."""
         md, cache = ctx.metadata, ctx.cache
         window_key = f"{self.layer_id}.window"
-        reads = md.cache_reads() if cache.formats else None
+        reads = ctx.cache_reads()
         if reads is None:
             window = cache.rows(window_key)[: md.window_base]
             window_indices = md.window_indices

@@ -8,7 +8,12 @@ from dataclasses import dataclass, field
 import torch
 
 from deepinfer.engine.model.cache import ModelCache
-from deepinfer.engine.model.metadata import AttentionMetadata, CompressionPlan, read_index
+from deepinfer.engine.model.metadata import (
+    AttentionMetadata,
+    CacheReads,
+    CompressionPlan,
+    read_index,
+)
 from deepinfer.engine.model.rope import RopeTables
 
 
@@ -47,11 +52,16 @@ class StepContext:
     key_angles: dict[bool, tuple[torch.Tensor, torch.Tensor]] | None = None
     _gathered: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    def cache_reads(self) -> CacheReads | None:
+        """The metadata's lists for reading float copies of the step's cache rows, where the
+        cache stores packed rows (a float cache is one format already) and they still apply."""
+        return self.metadata.cache_reads() if self.cache.formats else None
+
     def arena_reads(self, key: str, plan: CompressionPlan):
         """(arena tensor ``key`` as the step's index readers take it, ``plan.visible`` as
-        indices into it): float copies of the rows the step reads where the metadata has them
-        (:class:`~deepinfer.engine.model.metadata.CacheReads`), else the arena in place."""
-        if self.cache.formats and plan.read_rows is not None and self.metadata.cache_reads():
+        indices into it): float copies of the rows the step reads where :meth:`cache_reads`
+        has them, else the arena in place."""
+        if plan.read_rows is not None and self.cache_reads() is not None:
             return self.cache.gather(key, plan.read_rows), read_index(plan.read_rows, plan.visible)
         return self.cache.rows(key), plan.visible
 
