@@ -66,3 +66,28 @@ def test_positions_must_be_the_consecutive_run():
     bad = ForwardBatch(batch.input_ids, torch.tensor([0, 2, 3]), *list(batch.__dict__.values())[2:])
     with pytest.raises(ValueError, match="consecutive"):
         build_metadata(bad, CONFIG, LAYOUT, RING)
+
+
+@pytest.mark.parametrize("query_rows", [None, [0, 5, 13, 14, 20, 21, 30]])
+def test_visible_lists_are_each_tokens_prefix_of_its_sequence(query_rows):
+    """The per-sequence rows, the query -> sequence map and the counts give each query's
+    visible list: entry w of its sequence, for w < (p + 1) // ratio, through its block table."""
+    runs, tables = [(0, 13), (200, 2), (250, 16)], [[4, -1, -1], [1, 2, -1], [0, 3, 5]]
+    batch = _batch(runs, tables, [0, 1, 2])
+    rows = None if query_rows is None else torch.tensor(query_rows)
+    md = build_metadata(batch, CONFIG, LAYOUT, RING, query_rows=rows)
+    owner = [b for b, (_, n) in enumerate(runs) for _ in range(n)]
+    queries = range(len(owner)) if query_rows is None else query_rows
+    for (ratio, _), plan in md.plans.items():
+        per_block = 128 // ratio
+        want = []
+        for t in queries:
+            b, p = owner[t], batch.positions[t].item()
+            seen = [tables[b][w // per_block] * per_block + w % per_block
+                    for w in range((p + 1) // ratio)]  # fmt: skip
+            want.append(seen)
+        width = max(len(w) for w in want)
+        assert plan.visible.tolist() == [w + [-1] * (width - len(w)) for w in want]
+        assert plan.visible_count.tolist() == [len(w) for w in want]
+        assert plan.q_seq.tolist() == [owner[t] for t in queries]
+        assert plan.seq_rows.shape == (len(runs), width)

@@ -59,8 +59,14 @@ class CompressionPlan:
     emit_rows: torch.Tensor  # [E] arena rows written
     state_write_src: torch.Tensor  # [n] step-token rows kept as partial-window state
     state_write_dst: torch.Tensor  # [n] state rows they go to
-    visible: torch.Tensor  # [T, C] arena rows visible to each query, entry order; -1 pad
+    # each query sees a prefix of its sequence's entries: the first visible_count[t] columns
+    # of seq_rows[q_seq[t]] (so the [T, C] lists need not cross from the host)
     visible_count: torch.Tensor  # [T]
+    seq_rows: torch.Tensor  # [B, C] arena rows of each sequence's entries, entry order; -1 pad
+    q_seq: torch.Tensor  # [T] each query's row of seq_rows
+    # [T, C] arena rows visible to each query, entry order, -1 pad: formed where the plan's
+    # tensors live (:func:`visible_rows`)
+    visible: torch.Tensor | None = None
     # prefill-sized steps (:class:`CacheReads`): the sorted arena rows of the step's sequences,
     # which its readers copy; None: they read the arena in place
     read_rows: torch.Tensor | None = None
@@ -274,7 +280,6 @@ def _plan(
     entries = torch.arange(width_c)
     per_seq_entries = entries[None, :].masked_fill(entries[None, :] >= (ends // ratio)[:, None], -1)
     seq_rows = _arena_rows(seqs, per_seq_entries, ratio, layout.block_size)
-    visible = torch.where(entries < counts[:, None], seq_rows[q_seq], -1)
     read_rows = None
     if max_reads is not None:  # the sequences' rows, if no more than max_reads
         read_rows = torch.unique(seq_rows[seq_rows >= 0])
@@ -287,10 +292,18 @@ def _plan(
         emit_rows=_arena_rows(owner, emitted[:, None], ratio, layout.block_size)[:, 0],
         state_write_src=keep,
         state_write_dst=tokens.slot[keep] * state_rows + positions[keep] % state_rows,
-        visible=visible,
         visible_count=counts,
+        seq_rows=seq_rows,
+        q_seq=q_seq,
         read_rows=read_rows,
     )
+
+
+def visible_rows(seq_rows: torch.Tensor, q_seq: torch.Tensor, counts: torch.Tensor):
+    """``[T, C]``: each query's first ``counts[t]`` entries of its sequence's ``seq_rows``
+    ``[B, C]``, ``-1`` after them (on the tensors' device)."""
+    cols = torch.arange(seq_rows.shape[1], device=seq_rows.device)
+    return torch.where(cols < counts[:, None], seq_rows[q_seq], -1)
 
 
 def _to(plan: CompressionPlan, device: torch.device) -> CompressionPlan:
@@ -299,4 +312,6 @@ def _to(plan: CompressionPlan, device: torch.device) -> CompressionPlan:
         for name in plan.__dataclass_fields__
         if isinstance(getattr(plan, name), torch.Tensor)
     }
-    return dataclasses.replace(plan, **moved)
+    plan = dataclasses.replace(plan, **moved)
+    visible = visible_rows(plan.seq_rows, plan.q_seq, plan.visible_count)
+    return dataclasses.replace(plan, visible=visible)

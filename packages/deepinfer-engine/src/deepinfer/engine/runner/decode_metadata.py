@@ -249,8 +249,11 @@ class DecodeLayout:
                 emit_rows=v[p + "emit_rows"],
                 state_write_src=v["rows"],
                 state_write_dst=v[p + "state_write_dst"],
-                visible=v[p + "visible"],
                 visible_count=v[p + "visible_count"],
+                # each row its own list: the rows are their own sequences' lists
+                seq_rows=v[p + "visible"],
+                q_seq=v["rows"],
+                visible=v[p + "visible"],
             )
         md = AttentionMetadata(
             num_tokens=self.num_tokens,
