@@ -119,13 +119,15 @@ def _install(llm: LLM, batch: int, k: int, clock: _Clock) -> None:
     """The fixed-shape forwards, timed (what the loader installs as graphs on CUDA)."""
     runner = llm._core.executor
     graphs = DecodeGraphs(runner.model, runner.cache, max_batch_size=min(batch * (1 + k), 512),
-                          max_context=1024, capture=False, speculative=True)  # fmt: skip
-    drafts = DraftGraphs(runner.model, runner.cache, k, max_requests=batch, capture=False)
-    for g in (graphs, drafts):
-        g._forward = clock.wrap_forward(g._forward)
+                          max_context=1024, capture=False, speculative=k > 0)  # fmt: skip
+    graphs._forward = clock.wrap_forward(graphs._forward)
+    runner.graphs = graphs
+    if k:  # --k 0: plain decode, no drafter
+        drafts = DraftGraphs(runner.model, runner.cache, k, max_requests=batch, capture=False)
+        drafts._forward = clock.wrap_forward(drafts._forward)
+        runner.drafter.graphs = drafts
     # the eager forward of the prefill steps (on a GPU real work too, not host time)
     runner.model.forward_step = clock.wrap_forward(runner.model.forward_step)
-    runner.graphs, runner.drafter.graphs = graphs, drafts
     llm._core.step = clock.wrap_step(llm._core.step)
 
 
@@ -161,7 +163,7 @@ def measure(args, batch: int, varlen: bool) -> dict:
         n = steps - steps0
         host.append(((step - fwd) - (step0 - fwd0)) / n * 1e3)
         forward_ms = ((fwd - fwd0) / n) * 1e3
-    accepted = [o.metrics.mean_accepted_length for o in outputs]
+    accepted = [o.metrics.mean_accepted_length or 1.0 for o in outputs]
     row = {
         "mode": "varlen" if varlen else "fixed", "batch": batch, "steady_steps": n,
         "host_ms_per_step": round(statistics.median(host), 2),
