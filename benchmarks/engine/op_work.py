@@ -78,7 +78,7 @@ def _products(name: str, a: dict[str, Any]) -> tuple[float, str, int] | None:
     if name == "indexer_scores":  # q [T, Hi, d] against C candidates
         q = a["q"]
         rate = "fp8" if q.dtype == torch.float8_e4m3fn else "bf16"
-        return 2.0 * q.shape[0] * q.shape[1] * q.shape[2] * a["candidates"].shape[1], rate, 0
+        return 2.0 * q.shape[0] * q.shape[1] * q.shape[2] * a["seq_rows"].shape[1], rate, 0
     return None
 
 

@@ -59,20 +59,22 @@ def bench(
     w = torch.randn(rows, heads, device="cuda") * (DIM * heads) ** -0.5
     arena = rows * entries if private_keys else entries
     keys = torch.randn(arena, DIM, device="cuda").to(key_dtype)
-    cand = torch.arange(entries, device="cuda", dtype=torch.int32).expand(rows, -1)
-    if private_keys:
-        cand = cand + entries * torch.arange(rows, device="cuda", dtype=torch.int32)[:, None]
-    cand = cand.contiguous()
+    # one list per sequence: every row the one sequence's, or (private) each row its own
+    seqs = rows if private_keys else 1
+    seq_rows = torch.arange(seqs * entries, device="cuda", dtype=torch.int32).view(seqs, entries)
+    q_seq = torch.arange(rows, device="cuda") * int(private_keys)  # private: row t, list t
+    counts = torch.full((rows,), entries, device="cuda")
+    lists = (seq_rows, q_seq, counts)
 
     def run(impl, **kw):
         return lambda: impl["select_topk"](
-            impl["indexer_scores"](q, w, keys, cand, **kw), cand, TOPK
+            impl["indexer_scores"](q, w, keys, *lists, **kw), seq_rows, q_seq, TOPK
         )
 
     ref = {n: kernels.OPS[n].reference for n in ("indexer_scores", "select_topk")}
-    scores = backend.ops["indexer_scores"](q, w, keys, cand)
-    if not torch.equal(backend.ops["select_topk"](scores, cand, TOPK),
-                       ref["select_topk"](scores, cand, TOPK)):  # fmt: skip
+    scores = backend.ops["indexer_scores"](q, w, keys, *lists)
+    if not torch.equal(backend.ops["select_topk"](scores, seq_rows, q_seq, TOPK),
+                       ref["select_topk"](scores, seq_rows, q_seq, TOPK)):  # fmt: skip
         raise AssertionError("select_topk differs from the reference")
     ms = default_ms = time_cuda(run(backend.ops), iters=100)
     best = "default"
@@ -88,8 +90,10 @@ def bench(
         print(f"  {rows}x{entries} Hi={heads} scores {name} + top-k: {alt * 1e3:.1f} us")
         if alt < ms:
             ms, best = alt, name
-    score_ms = time_cuda(lambda: backend.ops["indexer_scores"](q, w, keys, cand), iters=100)
-    topk_ms = time_cuda(lambda: backend.ops["select_topk"](scores, cand, TOPK), iters=100)
+    score_ms = time_cuda(lambda: backend.ops["indexer_scores"](q, w, keys, *lists), iters=100)
+    topk_ms = time_cuda(
+        lambda: backend.ops["select_topk"](scores, seq_rows, q_seq, TOPK), iters=100
+    )
     torch_topk_ms = time_cuda(lambda: scores.topk(TOPK, dim=-1), iters=100)
     ref_ms = time_cuda(run(ref), iters=10)
     read = rows * entries * DIM * keys.element_size()

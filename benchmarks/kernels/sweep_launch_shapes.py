@@ -50,40 +50,46 @@ def sweep_indexer() -> None:
     q = torch.randn(rows, heads, dim, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(rows, heads, device="cuda") * (dim * heads) ** -0.5
     keys = torch.randn(entries, dim, device="cuda").bfloat16()
-    cand = torch.arange(entries, device="cuda", dtype=torch.int32).expand(rows, -1).contiguous()
+    # every row reads all of one sequence's entries
+    seq_rows = torch.arange(entries, device="cuda", dtype=torch.int32)[None]
+    q_seq = torch.zeros(rows, dtype=torch.long, device="cuda")
+    cand = (seq_rows, q_seq, torch.full((rows,), entries, device="cuda"))
     nbytes = rows * entries * dim * 2
     score = backend.ops["indexer_scores"]
     topk = backend.ops["select_topk"]
-    ref_scores = kernels.OPS["indexer_scores"].reference(q, w, keys, cand)
+    ref_scores = kernels.OPS["indexer_scores"].reference(q, w, keys, *cand)
     best = None
     for bc, nb, nw in [(64, 1, 4), (64, 4, 4), (64, 16, 4), (128, 4, 8), (128, 8, 8),
                        (128, 4, 4), (32, 8, 4)]:  # fmt: skip
         kw = {"block_c": bc, "blocks_per_program": nb, "num_warps": nw}
-        got = score(q, w, keys, cand, **kw)
+        got = score(q, w, keys, *cand, **kw)
         err = (got - ref_scores).abs().max().item()
         ms = attempt(
             "indexer",
             f"scores bc{bc} nb{nb} w{nw}",
-            lambda kw=kw: score(q, w, keys, cand, **kw),
+            lambda kw=kw: score(q, w, keys, *cand, **kw),
             nbytes,
         )
         record("indexer", f"  err bc{bc} nb{nb} w{nw}", 0.0, max_err=err)
         if ms and (best is None or ms < best[0]):
             best = (ms, kw)
-    scores = score(q, w, keys, cand, **best[1])
-    same = torch.equal(topk(scores, cand, k), kernels.OPS["select_topk"].reference(scores, cand, k))
-    attempt("indexer", f"topk (exact={same})", lambda: topk(scores, cand, k))
+    scores = score(q, w, keys, *cand, **best[1])
+    lists = (seq_rows, q_seq)
+    same = torch.equal(
+        topk(scores, *lists, k), kernels.OPS["select_topk"].reference(scores, *lists, k)
+    )
+    attempt("indexer", f"topk (exact={same})", lambda: topk(scores, *lists, k))
     attempt("indexer", "torch.topk", lambda: scores.topk(k, dim=-1))
     kw = best[1]
     attempt(
         "indexer",
         f"scores+topk best {kw}",
-        lambda: topk(score(q, w, keys, cand, **kw), cand, k),
+        lambda: topk(score(q, w, keys, *cand, **kw), *lists, k),
         nbytes,
     )
     keys8 = keys.to(torch.float8_e4m3fn)
     attempt("indexer", f"scores+topk fp8 keys {kw}",
-            lambda: topk(score(q, w, keys8, cand, **kw), cand, k), nbytes // 2)  # fmt: skip
+            lambda: topk(score(q, w, keys8, *cand, **kw), *lists, k), nbytes // 2)  # fmt: skip
 
 
 def _hc_case(dim: int, tokens: int) -> None:

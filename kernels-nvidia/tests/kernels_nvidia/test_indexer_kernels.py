@@ -7,7 +7,7 @@ import torch
 
 from deepinfer import kernels
 from deepinfer.kernels.testing import cases_for, check_case
-from deepinfer.kernels.testing.cases.indexer import make_candidates
+from deepinfer.kernels.testing.cases.indexer import make_candidates, make_sequences, per_row
 from deepinfer.kernels_nvidia import backend
 
 HAS_CUDA = torch.cuda.is_available()
@@ -47,13 +47,14 @@ def test_select_topk_picks_the_same_set(width, k):
     scores[0] = scores[0].abs()  # all positive
     scores[1] = -scores[1].abs()  # all negative
     scores = scores.to(DEVICE).masked_fill(cand < 0, float("-inf"))
-    got = backend.ops["select_topk"](scores, cand, k)
-    want = kernels.OPS["select_topk"].reference(scores, cand, k)
+    lists = per_row(cand)[:2]
+    got = backend.ops["select_topk"](scores, *lists, k)
+    want = kernels.OPS["select_topk"].reference(scores, *lists, k)
     assert got.shape == want.shape == (rows, k) and got.dtype == torch.int64
     assert torch.equal(got.sort(-1).values, want.sort(-1).values)  # the same winners
     assert torch.equal(got, want)  # and the reference's order (ties: lowest column first)
     positions = torch.arange(width, device=DEVICE).expand(rows, -1).masked_fill(cand < 0, -1)
-    picked = backend.ops["select_topk"](scores, positions, k)
+    picked = backend.ops["select_topk"](scores, *per_row(positions)[:2], k)
     picked_scores = scores.gather(-1, picked.clamp(min=0)).masked_fill(picked < 0, -float("inf"))
     assert (picked_scores[:, :-1] >= picked_scores[:, 1:]).all()  # descending (ties any order)
 
@@ -71,10 +72,11 @@ def test_wide_rows_sort_in_blocks_of_rows_with_the_same_result(monkeypatch):
     monkeypatch.setattr(indexer_topk, "SORT_BLOCK_ELEMENTS", 2 * width)  # blocks of 2 rows
     sorted_rows, sort_rows = [], indexer_topk._topk_rows
     monkeypatch.setattr(indexer_topk, "_topk_rows",
-                        lambda s, c, n: sorted_rows.append(len(s)) or sort_rows(s, c, n))  # fmt: skip
-    got = indexer_topk._topk_torch(scores, cand, k)
+                        lambda s, *a: sorted_rows.append(len(s)) or sort_rows(s, *a))  # fmt: skip
+    lists = per_row(cand)[:2]
+    got = indexer_topk._topk_torch(scores, *lists, k)
     assert sorted_rows == [2, 2, 2, 1]
-    assert torch.equal(got, kernels.OPS["select_topk"].reference(scores, cand, k))
+    assert torch.equal(got, kernels.OPS["select_topk"].reference(scores, *lists, k))
 
 
 @pytest.mark.parametrize("width,k", [(16385, 7), (32800, 300)], ids=str)
@@ -90,8 +92,8 @@ def test_wide_rows_take_two_selections_with_the_sorts_result(monkeypatch, width,
     scores[2, : width // 2] = float("-inf")  # a row whose first segment is all holes
     scores = scores.masked_fill(cand < 0, float("-inf"))
     monkeypatch.setattr(indexer_topk, "_topk_torch", None)  # the sort is not taken
-    got = backend.ops["select_topk"](scores, cand, k)
-    assert torch.equal(got, kernels.OPS["select_topk"].reference(scores, cand, k))
+    got = backend.ops["select_topk"](scores, *per_row(cand)[:2], k)
+    assert torch.equal(got, kernels.OPS["select_topk"].reference(scores, *per_row(cand)[:2], k))
 
 
 def test_select_topk_ties_and_short_rows():
@@ -99,7 +101,7 @@ def test_select_topk_ties_and_short_rows():
     scores = torch.tensor([[3.0, 1.0, 1.0, 1.0, 0.5, 2.0], [1.0, -float("inf"), 2.0, 0, 0, 0]])
     scores[1, 3:] = float("-inf")
     cand = torch.arange(12).view(2, 6) + 100
-    got = backend.ops["select_topk"](scores.to(DEVICE), cand.to(DEVICE), 4).cpu()
+    got = backend.ops["select_topk"](scores.to(DEVICE), *per_row(cand.to(DEVICE))[:2], 4).cpu()
     assert got[0].tolist() == [100, 105, 101, 102]  # ties: lower column first
     assert got[1].tolist() == [108, 106, -1, -1]
 
@@ -109,8 +111,8 @@ def test_no_candidates_yet_gives_only_holes():
     engine's step-cost profile): every pick is a hole, as in the reference."""
     scores = torch.empty(3, 0, device=DEVICE)
     cand = torch.empty(3, 0, dtype=torch.int64, device=DEVICE)
-    got = backend.ops["select_topk"](scores, cand, 8)
-    want = kernels.OPS["select_topk"].reference(scores, cand, 8)
+    got = backend.ops["select_topk"](scores, *per_row(cand)[:2], 8)
+    want = kernels.OPS["select_topk"].reference(scores, *per_row(cand)[:2], 8)
     assert got.shape == want.shape == (3, 8) and torch.equal(got.cpu(), want.cpu())
     assert (got == -1).all()
     mask = backend.ops["candidate_block_mask"](scores, torch.zeros(3, dtype=torch.long), 4, 2)
@@ -124,10 +126,11 @@ def test_select_topk_many_zero_scores_break_ties_by_column():
     rows, width, k = 5, 300, 64
     scores = torch.randn(rows, width, generator=g).relu() * (torch.rand(rows, 1, generator=g) - 0.5)
     scores[:, ::7] = -0.0
-    cand = torch.randperm(10 * width, generator=g)[:width].expand(rows, -1).contiguous()
-    got = backend.ops["select_topk"](scores.to(DEVICE), cand.to(DEVICE), k).cpu()
+    cand = torch.randperm(10 * width, generator=g)[:width]  # one sequence's list, every row's
+    q_seq = torch.zeros(rows, dtype=torch.long, device=DEVICE)
+    got = backend.ops["select_topk"](scores.to(DEVICE), cand[None].to(DEVICE), q_seq, k).cpu()
     order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
-    assert torch.equal(got, cand.gather(-1, order))
+    assert torch.equal(got, cand[order])
 
 
 def test_scores_are_batch_invariant():
@@ -136,16 +139,17 @@ def test_scores_are_batch_invariant():
     q = torch.randn(64, heads, dim, generator=g).bfloat16().to(DEVICE)
     w = torch.randn(64, heads, generator=g).to(DEVICE)
     keys = torch.randn(width, dim, generator=g).bfloat16().to(DEVICE)
-    cand = make_candidates(g, rows=64, width=width, num_keys=width).to(DEVICE)
+    seq_rows, q_seq, counts = (x.to(DEVICE) for x in make_sequences(
+        g, rows=64, width=width, num_keys=width, sequences=4))  # fmt: skip
     fn = backend.ops["indexer_scores"]
-    outs = [fn(q[:n], w[:n], keys, cand[:n])[:1] for n in (1, 7, 64)]
+    outs = [fn(q[:n], w[:n], keys, seq_rows, q_seq[:n], counts[:n])[:1] for n in (1, 7, 64)]
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
 def test_rejects_bad_shapes():
     q = torch.randn(2, 16, 32, device=DEVICE)
     with pytest.raises(ValueError, match="weights: expected shape"):
-        backend.ops["indexer_scores"](q, q[:, :, 0].t(), q[0], torch.zeros(2, 3, dtype=torch.long))
+        backend.ops["indexer_scores"](q, q[:, :, 0].t(), q[0], *per_row(torch.zeros(2, 3).long()))
 
 
 def test_candidate_blocks_tie_rule_and_newest_block():
@@ -180,11 +184,12 @@ def test_scores_launch_variants_match_reference(keys_as_m):
     q = torch.randn(rows, heads, dim, generator=g).bfloat16().to(DEVICE)
     w = torch.randn(rows, heads, generator=g).to(DEVICE)
     keys = torch.randn(400, dim, generator=g).bfloat16().to(DEVICE)
-    cand = make_candidates(g, rows=rows, width=width, num_keys=400).to(DEVICE)
+    lists = [x.to(DEVICE) for x in make_sequences(g, rows=rows, width=width, num_keys=400,
+                                                   sequences=2)]  # fmt: skip
     got = backend.ops["indexer_scores"](
-        q, w, keys, cand, block_c=32, blocks_per_program=2, num_warps=4, keys_as_m=keys_as_m
+        q, w, keys, *lists, block_c=32, blocks_per_program=2, num_warps=4, keys_as_m=keys_as_m
     )
-    want = kernels.OPS["indexer_scores"].reference(q, w, keys, cand)
+    want = kernels.OPS["indexer_scores"].reference(q, w, keys, *lists)
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
 
 
@@ -200,9 +205,9 @@ def test_packed_fp4_keys_score_bitwise_like_their_values(dim):
     raw = torch.randn(300, dim, generator=g) * torch.exp(torch.randn(300, 1, generator=g) * 3)
     data = kernels.OPS["pack_rows"].reference(raw, fmt).to(DEVICE)
     values = kernels.OPS["unpack_rows"].reference(data, fmt, torch.bfloat16)
-    cand = make_candidates(g, rows=rows, width=90, num_keys=300).to(DEVICE)
+    cand = per_row(make_candidates(g, rows=rows, width=90, num_keys=300).to(DEVICE))
     fn = backend.ops["indexer_scores"]
-    got = fn(q, w, kernels.PackedRows(data, fmt), cand)
-    assert torch.equal(got, fn(q, w, values, cand))
-    want = kernels.OPS["indexer_scores"].reference(q, w, kernels.PackedRows(data, fmt), cand)
+    got = fn(q, w, kernels.PackedRows(data, fmt), *cand)
+    assert torch.equal(got, fn(q, w, values, *cand))
+    want = kernels.OPS["indexer_scores"].reference(q, w, kernels.PackedRows(data, fmt), *cand)
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)

@@ -34,10 +34,11 @@ def _check(width: int, k: int, seed: int, **launch) -> None:
     gen = torch.Generator().manual_seed(seed)
     rows = 9
     scores = _hard_rows(gen, rows, width, k).to(DEVICE)
-    cand = torch.randperm(3 * width, generator=gen)[:width].expand(rows, -1).contiguous()
-    cand = cand.to(DEVICE)
-    got = backend.ops["select_topk"](scores, cand, k, **launch)
-    want = kernels.OPS["select_topk"].reference(scores, cand, k)
+    # two sequences' lists of distinct rows; the rows alternate between them
+    seq_rows = torch.randperm(6 * width, generator=gen)[: 2 * width].view(2, width).to(DEVICE)
+    q_seq = (torch.arange(rows) % 2).to(DEVICE)
+    got = backend.ops["select_topk"](scores, seq_rows, q_seq, k, **launch)
+    want = kernels.OPS["select_topk"].reference(scores, seq_rows, q_seq, k)
     assert got.dtype == torch.int64 and got.shape == (rows, k)
     mismatch = (got != want).any(-1).nonzero().flatten().tolist()
     assert not mismatch, f"rows {mismatch} differ ({launch})"
@@ -83,9 +84,10 @@ def test_select_is_batch_invariant_and_repeatable():
     """A row's picks never depend on the other rows, nor change between calls."""
     gen = torch.Generator().manual_seed(5)
     scores = torch.randn(64, 16384, generator=gen).relu().to(DEVICE)
-    cand = torch.arange(16384, device=DEVICE).expand(64, -1).contiguous()
+    cand, q_seq = torch.arange(16384, device=DEVICE)[None], torch.zeros(64, dtype=torch.long)
+    q_seq = q_seq.to(DEVICE)
     fn = backend.ops["select_topk"]
-    full = fn(scores, cand, 512)
+    full = fn(scores, cand, q_seq, 512)
     for n in (1, 7, 64):
-        assert torch.equal(fn(scores[:n], cand[:n], 512), full[:n])
-    assert all(torch.equal(fn(scores, cand, 512), full) for _ in range(5))
+        assert torch.equal(fn(scores[:n], cand, q_seq[:n], 512), full[:n])
+    assert all(torch.equal(fn(scores, cand, q_seq, 512), full) for _ in range(5))

@@ -2,9 +2,10 @@
 candidate pre-filter live in :mod:`.indexer_topk`).
 
 Scoring: one program per (query row, run of ``BLOCKS`` blocks of ``BLOCK_C`` candidates) loads
-the row's ``[Hi, d]`` queries once, then for each block gathers the candidate key rows once and
-multiplies all ``Hi`` indexer heads against them in one matrix product (``[Hi, d] x [d,
-BLOCK_C]``), applies ReLU and the per-head weights and reduces over heads in registers: the
+the row's ``[Hi, d]`` queries once (its candidates: the first ``counts[t]`` of its sequence's
+list, read from the ``[B, C]`` lists in place), then for each block gathers the candidate key
+rows once and multiplies all ``Hi`` indexer heads against them in one matrix product
+(``[Hi, d] x [d, BLOCK_C]``), applies ReLU and the per-head weights and reduces over heads in registers: the
 ``[T, Hi, C]`` dot products never reach memory, and the queries are not re-read per block. Keys may be stored in the
 queries' dtype, fp32, ``float8_e4m3fn`` (upcast in registers), or as the cache's packed FP4
 rows (:class:`~deepinfer.kernels.PackedRows`, decoded in registers by :mod:`.attention_rows`).
@@ -29,9 +30,9 @@ SCORE_WARPS = 4
 
 @triton.jit
 def _indexer_scores_kernel(
-    q_ptr, w_ptr, keys_ptr, cand_ptr, out_ptr,
+    q_ptr, w_ptr, keys_ptr, rows_ptr, seq_ptr, count_ptr, out_ptr,
     num_heads, head_dim, num_cand,
-    stride_qt, stride_qh, stride_wt, stride_k, stride_ct, stride_ot,
+    stride_qt, stride_qh, stride_wt, stride_k, stride_rs, stride_ot,
     HB: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, BLOCKS: tl.constexpr,
     IEEE: tl.constexpr, KEYS_AS_M: tl.constexpr, D: tl.constexpr, Q: tl.constexpr,
     BLK: tl.constexpr, FP4: tl.constexpr, E4M3S: tl.constexpr, TSZ: tl.constexpr,
@@ -47,10 +48,12 @@ def _indexer_scores_kernel(
         other=0.0,
     )
     w = tl.load(w_ptr + row * stride_wt + heads, mask=hmask, other=0.0).to(tl.float32)
+    cand_row = rows_ptr + tl.load(seq_ptr + row).to(tl.int64) * stride_rs
+    count = tl.minimum(tl.load(count_ptr + row).to(tl.int64), num_cand)
     first = tl.program_id(1) * (BLOCKS * BLOCK_C)
     for b in range(BLOCKS):
         offs = first + b * BLOCK_C + tl.arange(0, BLOCK_C)
-        cand = tl.load(cand_ptr + row * stride_ct + offs, mask=offs < num_cand, other=-1)
+        cand = tl.load(cand_row + offs, mask=offs < count, other=-1)
         valid = cand >= 0
         keys = load_source(keys_ptr, stride_k, cand.to(tl.int64), dcols,
                            valid[:, None] & dmask[None, :], q, D, Q, BLK, FP4, E4M3S, TSZ)  # fmt: skip
@@ -70,7 +73,7 @@ def _indexer_scores_kernel(
         tl.store(out_ptr + row * stride_ot + offs, scores, mask=offs < num_cand)
 
 
-def _check(q, weights, keys, candidates):
+def _check(q, weights, keys, seq_rows, q_seq, counts):
     if q.dim() != 3:
         raise ValueError(f"q: expected [T, Hi, d], got shape {tuple(q.shape)}")
     t, h, d = q.shape
@@ -78,8 +81,11 @@ def _check(q, weights, keys, candidates):
         raise ValueError(f"weights: expected shape {(t, h)}, got {tuple(weights.shape)}")
     if keys.dim() != 2 or keys.shape[1] != d:
         raise ValueError(f"keys: expected [M, {d}], got shape {tuple(keys.shape)}")
-    if candidates.dim() != 2 or candidates.shape[0] != t:
-        raise ValueError(f"candidates: expected [{t}, C], got shape {tuple(candidates.shape)}")
+    if seq_rows.dim() != 2:
+        raise ValueError(f"seq_rows: expected [B, C], got shape {tuple(seq_rows.shape)}")
+    for name, x in (("q_seq", q_seq), ("counts", counts)):
+        if x.shape != (t,):
+            raise ValueError(f"{name}: expected shape {(t,)}, got {tuple(x.shape)}")
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -91,7 +97,9 @@ def indexer_scores(
     q,
     weights,
     keys,
-    candidates,
+    seq_rows,
+    q_seq,
+    counts,
     *,
     block_c=None,
     blocks_per_program=None,
@@ -104,19 +112,20 @@ def indexer_scores(
     (one dot per candidate). ``keys_as_m`` puts the keys on the product's M side (the head sum
     then runs inside each warp; the default for 16-bit queries, the fastest launch measured);
     it may change the last bits against the heads-as-M orientation, never with the batch."""
-    _check(q, weights, keys, candidates)
+    _check(q, weights, keys, seq_rows, q_seq, counts)
     packed = isinstance(keys, PackedRows)
     fp32_keys = not packed and keys.dtype == torch.float32
     if fp32_keys or q.dtype not in (torch.bfloat16, torch.float16):
         q = q.float()  # compute in fp32 whenever either side is fp32 (as the reference does)
     consts = {"D": keys.shape[1], **format_consts(keys, "")}
     keys = keys.data if packed else _unit_last(keys)
-    q, candidates = _unit_last(q), _unit_last(candidates)
+    q, seq_rows = _unit_last(q), _unit_last(seq_rows)
+    q_seq, counts = q_seq.contiguous(), counts.contiguous()
     weights = _unit_last(weights)
     if keys_as_m is None:
         keys_as_m = q.dtype != torch.float32
     t, h, d = q.shape
-    num_cand = candidates.shape[1]
+    num_cand = seq_rows.shape[1]
     out = torch.empty(t, num_cand, dtype=torch.float32, device=q.device)
     if t == 0 or num_cand == 0:
         return out
@@ -124,8 +133,8 @@ def indexer_scores(
     blocks = max(1, min(blocks_per_program or BLOCKS_PER_PROGRAM, triton.cdiv(num_cand, block_c)))
     grid = (t, triton.cdiv(num_cand, block_c * blocks))
     _indexer_scores_kernel[grid](
-        q, weights, keys, candidates, out, h, d, num_cand,
-        q.stride(0), q.stride(1), weights.stride(0), keys.stride(0), candidates.stride(0),
+        q, weights, keys, seq_rows, q_seq, counts, out, h, d, num_cand,
+        q.stride(0), q.stride(1), weights.stride(0), keys.stride(0), seq_rows.stride(0),
         out.stride(0),
         HB=max(16, triton.next_power_of_2(h)), BLOCK_D=max(16, triton.next_power_of_2(d)),
         BLOCK_C=block_c, BLOCKS=blocks, IEEE=q.dtype == torch.float32, KEYS_AS_M=keys_as_m,

@@ -12,8 +12,8 @@
 3. Winners: every key above the threshold, then the lowest-column ties at it, packed as
    ``key << 32 | ~column`` (one descending sort then orders by score, lowest column first)
    into a per-row scratch of ``BLOCK_K`` slots.
-4. Order: a bitonic sort of the scratch; the first ``want`` become candidate values, ``-1``
-   pads to ``k``.
+4. Order: a bitonic sort of the scratch; the first ``want`` become candidate values (read from
+   the row's sequence's list), ``-1`` pads to ``k``.
 
 Compaction slots (steps 2 and 3) come without a full-width prefix sum (Triton lowers a
 16,384-long ``cumsum`` to a chain of shuffles per register, about 12 us here): the row is
@@ -163,8 +163,8 @@ def _gather_winners(threshold, want, scores_row, num_cand, scratch, BLOCK_K: tl.
 
 @triton.jit
 def _select_kernel(
-    scores_ptr, cand_ptr, out_ptr, scratch_ptr, work_ptr, num_cand, k,
-    stride_st, stride_ct, stride_ot,
+    scores_ptr, rows_ptr, seq_ptr, out_ptr, scratch_ptr, work_ptr, num_cand, k,
+    stride_st, stride_rs, stride_ot,
     BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, DIGIT: tl.constexpr, CAP: tl.constexpr,
     R: tl.constexpr,
 ):  # fmt: skip
@@ -185,14 +185,16 @@ def _select_kernel(
     packed = tl.sort(tl.load(scratch + tail), 0, descending=True)
     column = ((packed & UINT32_MAX) ^ UINT32_MAX).to(tl.int32)  # undo ~column
     valid = tail < want
-    picked = tl.load(cand_ptr + row * stride_ct + column, mask=valid, other=-1).to(tl.int64)
+    cand_row = rows_ptr + tl.load(seq_ptr + row).to(tl.int64) * stride_rs
+    picked = tl.load(cand_row + column, mask=valid, other=-1).to(tl.int64)
     tl.store(out_ptr + row * stride_ot + tail, tl.where(valid, picked, -1), mask=tail < k)
 
 
-def launch_select(scores, candidates, k, *, digit, cap, num_warps):
-    """``[T, k]`` int64 candidates of each row's k best finite scores (``scores`` ``[T, C]``
-    fp32 and ``candidates`` ``[T, C]`` with unit column stride, ``1 <= C <= 16384``,
-    ``k >= 1``). ``cap >= C`` turns the compaction off."""
+def launch_select(scores, seq_rows, q_seq, k, *, digit, cap, num_warps):
+    """``[T, k]`` int64 candidates ``seq_rows[q_seq[t], c]`` of each row's k best finite
+    scores (``scores`` ``[T, C]`` fp32 and ``seq_rows`` ``[B, C]`` with unit column stride,
+    ``q_seq`` ``[T]`` contiguous, ``1 <= C <= 16384``, ``k >= 1``). ``cap >= C`` turns the
+    compaction off."""
     rows, width = scores.shape
     block_c = triton.next_power_of_2(max(width, 16))
     if block_c > 16384:
@@ -203,8 +205,8 @@ def launch_select(scores, candidates, k, *, digit, cap, num_warps):
     scratch = torch.empty(rows, block_k, dtype=torch.int64, device=scores.device)
     work = torch.empty(rows, cap, dtype=torch.int32, device=scores.device)
     _select_kernel[(rows,)](
-        scores, candidates, out, scratch, work, width, k,
-        scores.stride(0), candidates.stride(0), out.stride(0),
+        scores, seq_rows, q_seq, out, scratch, work, width, k,
+        scores.stride(0), seq_rows.stride(0), out.stride(0),
         BLOCK_C=block_c, BLOCK_K=block_k, DIGIT=digit, CAP=cap,
         R=max(1, block_c // 512), num_warps=num_warps,
     )  # fmt: skip

@@ -73,7 +73,7 @@ def _winner_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
     return positions
 
 
-def _topk_torch(scores, candidates, k):
+def _topk_torch(scores, seq_rows, q_seq, k):
     """Wide rows: a stable descending sort (ties by column, like the kernel), over blocks of
     rows of at most ``SORT_BLOCK_ELEMENTS`` scores (the sort's values and int64 indices would
     otherwise triple the scores' memory: 48 GiB for a 131,072-token prompt's 32,768 entries)."""
@@ -81,17 +81,17 @@ def _topk_torch(scores, candidates, k):
     step = max(1, SORT_BLOCK_ELEMENTS // max(1, scores.shape[-1]))
     if scores.dim() == 2 and rows > step:
         return torch.cat(
-            [_topk_rows(scores[i : i + step], candidates[i : i + step], k)
+            [_topk_rows(scores[i : i + step], seq_rows, q_seq[i : i + step], k)
              for i in range(0, rows, step)]
         )  # fmt: skip
-    return _topk_rows(scores, candidates, k)
+    return _topk_rows(scores, seq_rows, q_seq, k)
 
 
-def _topk_rows(scores, candidates, k):
+def _topk_rows(scores, seq_rows, q_seq, k):
     width = min(k, scores.shape[-1])
     order = torch.sort(scores, dim=-1, descending=True, stable=True)
     values, indices = order.values[..., :width], order.indices[..., :width]
-    picked = candidates.long().gather(-1, indices)
+    picked = seq_rows.long()[q_seq.long()[:, None], indices]
     picked = picked.masked_fill(~torch.isfinite(values), -1)
     if width < k:
         picked = torch.nn.functional.pad(picked, (0, k - width), value=-1)
@@ -99,18 +99,23 @@ def _topk_rows(scores, candidates, k):
 
 
 @implements("select_topk")
-def select_topk(scores, candidates, k, *, digit=None, cap=None, num_warps=None):
-    """The Triton radix select of :mod:`.indexer_select` (winners ordered in the same kernel);
-    rows wider than ``TOPK_MAX_CANDIDATES``: two selections (:func:`_select_wide`), or torch's
-    stable sort when the segments' winners would not fit one row. The keywords override the launch (benchmark sweeps); none changes the result.
-    ``+inf`` / NaN scores are not expected (the scores are finite or ``-inf``)."""
-    if scores.shape != candidates.shape or scores.dim() != 2:
+def select_topk(scores, seq_rows, q_seq, k, *, digit=None, cap=None, num_warps=None):
+    """The Triton radix select of :mod:`.indexer_select` (winners ordered in the same kernel,
+    which reads each row's candidate values from its sequence's list); rows wider than
+    ``TOPK_MAX_CANDIDATES``: two selections (:func:`_select_wide`), or torch's stable sort
+    when the segments' winners would not fit one row. The keywords override the launch
+    (benchmark sweeps); none changes the result. ``+inf`` / NaN scores are not expected (the
+    scores are finite or ``-inf``)."""
+    if scores.dim() != 2 or seq_rows.dim() != 2 or seq_rows.shape[1] != scores.shape[1]:
+        raise ValueError(f"scores/seq_rows: expected [T, C]/[B, C], got "
+                         f"{tuple(scores.shape)}/{tuple(seq_rows.shape)}")  # fmt: skip
+    if q_seq.shape != scores.shape[:1]:
         raise ValueError(
-            f"candidates: expected shape {tuple(scores.shape)}, got {tuple(candidates.shape)}"
+            f"q_seq: expected shape {tuple(scores.shape[:1])}, got {tuple(q_seq.shape)}"
         )
     rows, width = scores.shape
     if scores.dtype != torch.float32:
-        return _topk_torch(scores, candidates, k)
+        return _topk_torch(scores, seq_rows, q_seq, k)
     if rows == 0 or k == 0:
         return torch.empty(rows, k, dtype=torch.int64, device=scores.device)
     if width == 0:  # nothing visible yet (a step before the first compressed entry): all holes
@@ -119,25 +124,25 @@ def select_topk(scores, candidates, k, *, digit=None, cap=None, num_warps=None):
     if width > TOPK_MAX_CANDIDATES:
         segments = -(-width // TOPK_MAX_CANDIDATES)
         if k * segments > TOPK_MAX_CANDIDATES:
-            return _topk_torch(scores, candidates, k)
+            return _topk_torch(scores, seq_rows, q_seq, k)
         step = max(1, SORT_BLOCK_ELEMENTS // width)  # rows per block: bounded padded copies
         return torch.cat(
-            [_select_wide(scores[i : i + step], candidates[i : i + step], k, launch)
+            [_select_wide(scores[i : i + step], seq_rows, q_seq[i : i + step], k, launch)
              for i in range(0, rows, step)]
         )  # fmt: skip
-    return _select(scores, candidates, k, launch)
+    return _select(scores, seq_rows, q_seq, k, launch)
 
 
-def _select(scores, candidates, k, launch):
+def _select(scores, seq_rows, q_seq, k, launch):
     scores = scores if scores.stride(1) == 1 else scores.contiguous()
-    candidates = candidates if candidates.stride(1) == 1 else candidates.contiguous()
+    seq_rows = seq_rows if seq_rows.stride(1) == 1 else seq_rows.contiguous()
     block_c = triton.next_power_of_2(max(scores.shape[1], 16))
     warps = launch["num_warps"] or min(SELECT_WARPS, max(4, block_c // 1024))
-    return launch_select(scores, candidates, k, digit=launch["digit"], cap=launch["cap"],
-                         num_warps=warps)  # fmt: skip
+    return launch_select(scores, seq_rows, q_seq.contiguous(), k, digit=launch["digit"],
+                         cap=launch["cap"], num_warps=warps)  # fmt: skip
 
 
-def _select_wide(scores, candidates, k, launch):
+def _select_wide(scores, seq_rows, q_seq, k, launch):
     """Rows wider than the kernel takes, in two selections with the same result as one: each
     segment of ``TOPK_MAX_CANDIDATES`` columns gives its k best in stable descending order,
     then the k best of the segments' winners, laid side by side in segment order. Equal
@@ -145,15 +150,19 @@ def _select_wide(scores, candidates, k, launch):
     rows, width = scores.shape
     seg = TOPK_MAX_CANDIDATES
     segments = -(-width // seg)
+    device = scores.device
     padded = torch.nn.functional.pad(scores, (0, segments * seg - width), value=-float("inf"))
-    local = torch.arange(seg, device=scores.device).expand(rows * segments, seg)
-    first = _select(padded.view(rows * segments, seg), local, k, launch)  # [R * S, k], -1 holes
-    column = first + (torch.arange(rows * segments, device=scores.device) % segments)[:, None] * seg
+    local = torch.arange(seg, device=device)[None]  # one list: each segment's own columns
+    first = _select(padded.view(rows * segments, seg), local,
+                    torch.zeros(rows * segments, dtype=torch.long, device=device), k, launch)  # fmt: skip
+    column = first + (torch.arange(rows * segments, device=device) % segments)[:, None] * seg
     column = torch.where(first < 0, -1, column).view(rows, segments * k)
     best = padded.view(rows, segments * seg).gather(1, column.clamp(min=0))
     best = best.masked_fill(column < 0, -float("inf"))
-    picked = _select(best, column, k, launch)  # columns of the row's k best
-    return torch.where(picked < 0, -1, candidates.gather(1, picked.clamp(min=0)).long())
+    own = torch.arange(rows, device=device)  # each row's winners' columns, its own list
+    picked = _select(best, column, own, k, launch)  # columns of the row's k best
+    values = seq_rows[q_seq.long()[:, None], picked.clamp(min=0)].long()
+    return torch.where(picked < 0, -1, values)
 
 
 @implements("candidate_block_mask")
@@ -174,7 +183,7 @@ def candidate_block_mask(scores, visible_count, topk_blocks, block_size):
     blocks = blocks.masked_fill(ids == newest, float("inf")).contiguous()
     count = min(topk_blocks, num_blocks)
     if num_blocks > TOPK_MAX_CANDIDATES:
-        chosen = _topk_torch(blocks, ids.expand(rows, -1), count)
+        chosen = _topk_torch(blocks, ids[None], torch.zeros_like(ids[:1]).expand(rows), count)
     else:
         chosen = _winner_positions(blocks, count).long()
     keep = torch.zeros(rows, num_blocks + 1, dtype=torch.bool, device=scores.device)

@@ -5,6 +5,7 @@ reference backend here; the same checks run the NVIDIA kernels with the ``gpu`` 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from deepinfer import kernels as K
 from deepinfer.kernels.invariant import ROW_WISE
 from deepinfer.kernels.testing import CASES
+from deepinfer.kernels.testing.cases.indexer import per_row
 from deepinfer.kernels.testing.invariance import RowArgs, case_rows, check_rows
 
 # Per op: the arguments that are per token (dim 0). Ops missing here and from NOT_PER_TOKEN
@@ -58,6 +60,34 @@ ROW_ARGS: dict[str, RowArgs] = {
     "unpack_rows": RowArgs(("rows",)),
 }
 
+
+def _scores_of_rows(q, weights, keys, candidates):
+    return K.indexer_scores(q, weights, keys, *per_row(candidates))
+
+
+def _topk_of_rows(scores, candidates, k):
+    return K.select_topk(scores, *per_row(candidates)[:2], k)
+
+
+def _each_query_its_list(args):
+    """An indexer op's per-sequence lists as each query's own ``[T, C]`` list (its rows)."""
+    *head, seq_rows, q_seq, counts = args
+    cols = torch.arange(seq_rows.shape[1], device=seq_rows.device)
+    return (*head, seq_rows[q_seq].masked_fill(cols >= counts[:, None], -1))
+
+
+def _list_of_topk(args):
+    scores, seq_rows, q_seq, k = args
+    return scores, seq_rows[q_seq], k
+
+
+# Ops taking each sequence's list once, checked as the op over each query's own list (every
+# row its own sequence): (that call, the case's inputs in its form).
+PER_ROW_FORM = {
+    "indexer_scores": (_scores_of_rows, _each_query_its_list),
+    "select_topk": (_topk_of_rows, _list_of_topk),
+}
+
 # Ops whose rows are not tokens of a batch, and why.
 NOT_PER_TOKEN = {
     "fp4_dequant": "weights, at load time",
@@ -93,9 +123,23 @@ def _threads():
     torch.set_num_threads(threads)
 
 
+def _as_rows(case):
+    """(the case in the form its rows are checked in, the call that takes that form)."""
+    if case.op not in PER_ROW_FORM:
+        return case, getattr(K, case.op)
+    call, convert = PER_ROW_FORM[case.op]
+
+    def make(gen, device):
+        args, kwargs = case.make_inputs(gen, device)
+        return convert(args), kwargs
+
+    return dataclasses.replace(case, make_inputs=make), call
+
+
 def _rows_per_call(case) -> int:
+    case, call = _as_rows(case)
     args, kwargs = case.make_inputs(torch.Generator().manual_seed(0), torch.device("cpu"))
-    bound = inspect.signature(K.OPS[case.op].contract).bind(*args, **kwargs).arguments
+    bound = inspect.signature(call).bind(*args, **kwargs).arguments
     return bound[ROW_ARGS[case.op].rows[0]].shape[0]
 
 
@@ -119,9 +163,8 @@ def test_every_op_is_checked():
 
 def _check(case, device, sizes):
     spec = ROW_ARGS[case.op]
-    contract = K.OPS[case.op].contract
-    shared, rows = case_rows(case, spec, contract, max(sizes), device)
-    op = getattr(K, case.op)
+    case, op = _as_rows(case)
+    shared, rows = case_rows(case, spec, op, max(sizes), device)
     check_rows(
         op, shared, rows, sizes, str(case), index=spec.index, column_output=spec.column_output
     )

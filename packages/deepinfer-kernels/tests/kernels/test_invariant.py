@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from deepinfer import kernels as K
+from deepinfer.kernels.testing.cases.indexer import per_row
 
 
 @pytest.fixture(autouse=True)
@@ -45,9 +46,9 @@ def test_indexer_scores_restore_padding_columns():
     q, w, keys = _rows(g, 3, 4, 16), _rows(g, 3, 4), torch.randn(30, 16, generator=g)
     cand = torch.randint(0, 30, (3, 8), generator=g)
     cand[1, 5:] = -1
-    scores = K.indexer_scores(q, w, keys, cand)
+    scores = K.indexer_scores(q, w, keys, *per_row(cand))
     assert torch.isinf(scores[1, 5:]).all() and torch.isfinite(scores[1, :5]).all()
-    alone = K.indexer_scores(q[1:2], w[1:2], keys, cand[1:2, :5])
+    alone = K.indexer_scores(q[1:2], w[1:2], keys, *per_row(cand[1:2, :5]))
     assert torch.equal(scores[1:2, :5], alone)
 
 

@@ -110,25 +110,28 @@ def test_inputs_that_are_all_near_ties_are_refused():
 def test_select_topk_accepts_exact_ties_only():
     case = cases_for(["select_topk"], "small")[0]
     args, kwargs = _inputs(case, seed=1)
-    scores, candidates, k = args
-    row = int((candidates >= 0).sum(-1).argmax())
-    width = int((candidates[row] >= 0).sum())
+    scores, seq_rows, q_seq, k = args
+    candidates = seq_rows[q_seq]  # each row's candidate values
+    visible = torch.isfinite(scores)
+    row = int(visible.sum(-1).argmax())
+    width = int(visible[row].sum())
     assert width > k
     reference = OPS["select_topk"].reference
-    picks = reference(scores, candidates, k)[row]
+    picks = reference(scores, seq_rows, q_seq, k)[row]
     kth = int((candidates[row] == picks[k - 1]).nonzero())
     order = scores[row].argsort(descending=True)
     nxt = int(order[k])  # the best column left out
     tied = scores.clone()
     tied[row, nxt] = tied[row, kth]  # an exact tie at the boundary
 
-    def other_way(s, c, kk):
-        out = reference(s, c, kk).clone()
-        out[row, k - 1] = c[row, nxt]
+    def other_way(s, r, qs, kk):
+        out = reference(s, r, qs, kk).clone()
+        out[row, k - 1] = r[qs[row], nxt]
         return out
 
-    exact = dataclasses.replace(case, make_inputs=lambda g, d: ((tied, candidates, k), kwargs))
+    lists = (seq_rows, q_seq, k)
+    exact = dataclasses.replace(case, make_inputs=lambda g, d: ((tied, *lists), kwargs))
     check_case(other_way, exact, "cpu")
-    untied = dataclasses.replace(case, make_inputs=lambda g, d: ((scores, candidates, k), kwargs))
+    untied = dataclasses.replace(case, make_inputs=lambda g, d: ((scores, *lists), kwargs))
     with pytest.raises(AssertionError, match="beyond exact ties"):
         check_case(other_way, untied, "cpu")

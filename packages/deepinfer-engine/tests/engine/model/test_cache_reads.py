@@ -37,9 +37,9 @@ def test_copied_lists_name_the_same_rows(monkeypatch):
     for plan in md.plans.values():
         read = plan.read_rows.tolist()
         assert read == sorted(set(read))
-        assert {v for v in plan.visible.flatten().tolist() if v >= 0} <= set(read)
-        mapped = metadata_module.read_index(plan.read_rows, plan.visible).flatten().tolist()
-        for got, want in zip(mapped, plan.visible.flatten().tolist()):
+        assert {v for v in plan.all_visible().flatten().tolist() if v >= 0} <= set(read)
+        mapped = metadata_module.read_index(plan.read_rows, plan.all_visible()).flatten().tolist()
+        for got, want in zip(mapped, plan.all_visible().flatten().tolist()):
             assert (got == -1) if want < 0 else read[got] == want
     # a replaced window list (as YoCo's narrowing does) leaves no stale copy lists
     narrowed = metadata_module.dataclasses.replace(md, window_indices=md.window_indices.clone())

@@ -46,11 +46,11 @@ def test_visibility_and_arena_rows_through_padded_tables():
     per_block = 128 // 4
     counts = plan.visible_count.tolist()
     assert counts[:13] == [(t + 1) // 4 for t in range(13)]
-    assert plan.visible[12].tolist()[:3] == [4 * per_block + w for w in range(3)]
-    assert plan.visible[12].tolist()[3:] == [-1] * (plan.visible.shape[1] - 3)
+    assert plan.all_visible()[12].tolist()[:3] == [4 * per_block + w for w in range(3)]
+    assert plan.all_visible()[12].tolist()[3:] == [-1] * (plan.all_visible().shape[1] - 3)
     # position 201 sees entries 0..49; entry 49 (positions 196..199) sits in block 1 -> id 2
     assert plan.visible_count[14].item() == 50
-    assert plan.visible[14, 49].item() == 2 * per_block + 49 % per_block
+    assert plan.all_visible()[14, 49].item() == 2 * per_block + 49 % per_block
     # entries completed this step: 0..2 of seq A; seq B's entry 50 needs position 203
     assert plan.emit_positions.tolist() == [0, 4, 8]
     # entry 1 pools positions 0..3 (previous window, first halves) and 4..7
@@ -87,7 +87,9 @@ def test_visible_lists_are_each_tokens_prefix_of_its_sequence(query_rows):
                     for w in range((p + 1) // ratio)]  # fmt: skip
             want.append(seen)
         width = max(len(w) for w in want)
-        assert plan.visible.tolist() == [w + [-1] * (width - len(w)) for w in want]
+        assert plan.all_visible().tolist() == [w + [-1] * (width - len(w)) for w in want]
         assert plan.visible_count.tolist() == [len(w) for w in want]
         assert plan.q_seq.tolist() == [owner[t] for t in queries]
         assert plan.seq_rows.shape == (len(runs), width)
+        # [T, C] lists only for the kind attended whole (ratio 128); the indexer's are not formed
+        assert (plan.visible is not None) == (ratio == 128)

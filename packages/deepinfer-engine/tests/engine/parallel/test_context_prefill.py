@@ -211,9 +211,9 @@ def test_query_rows_metadata_is_the_whole_steps_lists_at_those_rows(raw):
     assert part.plans.keys() == whole.plans.keys()
     for kind, plan in whole.plans.items():
         got = part.plans[kind]
-        width = got.visible.shape[1]
-        assert torch.equal(got.visible, plan.visible[rows, :width])
-        assert (plan.visible[rows, width:] == -1).all()
+        width = got.all_visible().shape[1]
+        assert torch.equal(got.all_visible(), plan.all_visible()[rows, :width])
+        assert (plan.all_visible()[rows, width:] == -1).all()
         assert torch.equal(got.visible_count, plan.visible_count[rows])
         for name in (
             "emit_src",

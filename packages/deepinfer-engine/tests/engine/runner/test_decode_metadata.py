@@ -45,8 +45,8 @@ def _check(raw, block_size: int, positions: list[int]) -> None:
     assert fixed.plans.keys() == eager.plans.keys() and eager.plans
     for kind, want in eager.plans.items():
         got = fixed.plans[kind]
-        width = want.visible.shape[1]
-        assert torch.equal(got.visible[:t, :width], want.visible)
+        width = want.all_visible().shape[1]
+        assert torch.equal(got.visible[:t, :width], want.all_visible())
         assert (got.visible[:t, width:] == -1).all()
         assert torch.equal(got.visible_count[:t], want.visible_count)
         n = want.emit_rows.shape[0]
@@ -94,8 +94,8 @@ def _check_verification(raw, block_size: int, starts: list[int], counts: list[in
     emitted = 0
     for kind, want in eager.plans.items():
         got = fixed.plans[kind]
-        width = want.visible.shape[1]
-        assert torch.equal(got.visible[:t, :width], want.visible)
+        width = want.all_visible().shape[1]
+        assert torch.equal(got.visible[:t, :width], want.all_visible())
         assert torch.equal(got.visible_count[:t], want.visible_count)
         assert torch.equal(want.state_write_src, torch.arange(t))
         assert torch.equal(got.state_write_dst[:t], want.state_write_dst)

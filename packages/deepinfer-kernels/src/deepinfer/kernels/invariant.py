@@ -21,15 +21,18 @@ import torch
 @dataclass(frozen=True)
 class RowSplit:
     """rows: the arguments indexed by token along dim 0; index: the ``[T, C]`` index-list
-    argument whose ``-1`` padding is dropped per row, together with the same columns of the
-    ``columns`` arguments; pad_output: for a ``[T, C]`` output, the value the dropped columns
-    get back (None: the output is not per column)."""
+    argument (or the ``[1, C]`` list ``row_of`` gives a row) whose ``-1`` padding is dropped
+    per row, together with the same columns of the ``columns`` arguments; pad_output: for a
+    ``[T, C]`` output, the value the dropped columns get back (None: not per column)."""
 
     rows: tuple[str, ...]
     index: str | None = None
     columns: tuple[str, ...] = ()
     pad_output: float | None = None
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # once, before the rows
+    # row t's other arguments from the whole call's (after the ``rows`` are sliced), before
+    # its index padding is dropped
+    row_of: Callable[[dict[str, Any], int], dict[str, Any]] | None = None
 
 
 def _dequantised_weight(arguments: dict[str, Any]) -> dict[str, Any]:
@@ -41,6 +44,16 @@ def _dequantised_weight(arguments: dict[str, Any]) -> dict[str, Any]:
         return arguments
     weight = dequant_weight(arguments["weight"], arguments["scale"], arguments.get("block_size"))
     return {**arguments, "weight": weight.float(), "scale": None, "block_size": None}
+
+
+def _indexer_row(arguments: dict[str, Any], t: int) -> dict[str, Any]:
+    """Query ``t`` of ``indexer_scores`` as a call of its own candidate list: one sequence
+    ``[1, C]``, its columns past the count ``-1`` (dropped as padding)."""
+    seq_rows, counts = arguments["seq_rows"], arguments["counts"]
+    cols = torch.arange(seq_rows.shape[1], device=seq_rows.device)
+    row = seq_rows[arguments["q_seq"][t]].masked_fill(cols >= counts[t], -1)[None]
+    every = torch.full((1,), row.shape[1], dtype=counts.dtype, device=counts.device)
+    return {**arguments, "seq_rows": row, "q_seq": torch.zeros_like(every), "counts": every}
 
 
 ROW_WISE: dict[str, RowSplit] = {
@@ -67,7 +80,7 @@ ROW_WISE: dict[str, RowSplit] = {
     # top-k with stable ties, the candidate pre-filter): exact in any order.
     "sparse_mqa_sink": RowSplit(("q", "indices"), index="indices"),
     "indexer_scores": RowSplit(
-        ("q", "weights", "candidates"), index="candidates", pad_output=float("-inf")
+        ("q", "weights"), index="seq_rows", pad_output=float("-inf"), row_of=_indexer_row
     ),
 }
 
@@ -119,6 +132,8 @@ def call_rowwise(name: str, contract: Callable, impl: Callable, *args: Any, **kw
         for key in split.rows:
             if arguments.get(key) is not None:  # optional per-row arguments may be absent
                 row[key] = arguments[key][t : t + 1]
+        if split.row_of is not None:
+            row = split.row_of(row, t)
         valid = None
         if split.index is not None and row[split.index].shape[1] > 0:
             valid = row[split.index][0] >= 0

@@ -15,6 +15,7 @@ from deepinfer.kernels.testing.cases.cache_rows import (
     V41_KV,
     random_rows,
 )
+from deepinfer.kernels.testing.cases.indexer import per_row
 
 ROUNDINGS = {
     "v4kv": lambda x: torch.cat([K.fp8_sim(x[..., :448], 64), x[..., 448:]], dim=-1),
@@ -63,8 +64,8 @@ def test_readers_see_packed_rows_as_their_values():
     keys = K.PackedRows(K.pack_rows(random_rows(g, 40, 128), INDEX_KEY), INDEX_KEY)
     qi, w = torch.randn(5, 2, 128, generator=g), torch.randn(5, 2, generator=g)
     cand = torch.randint(-1, 40, (5, 12), generator=g)
-    want = K.indexer_scores(qi, w, K.unpack_rows(keys.data, INDEX_KEY), cand)
-    assert torch.equal(K.indexer_scores(qi, w, keys, cand), want)
+    want = K.indexer_scores(qi, w, K.unpack_rows(keys.data, INDEX_KEY), *per_row(cand))
+    assert torch.equal(K.indexer_scores(qi, w, keys, *per_row(cand)), want)
 
 
 def test_bad_formats_and_rows_are_named():

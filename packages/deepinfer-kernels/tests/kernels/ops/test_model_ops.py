@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import deepinfer.kernels as K
 from deepinfer.kernels.testing import cases_for, check_case
+from deepinfer.kernels.testing.cases.indexer import make_sequences, per_row
 
 GEN = torch.Generator().manual_seed(0)
 
@@ -143,7 +144,8 @@ def test_compress_pool_softmax_per_channel_and_missing_slots():
 def test_indexer_scores_select_topk_and_padding():
     q, w, keys = randn(2, 4, 8), randn(2, 4), randn(9, 8)
     cand = torch.tensor([[7, 2, 5, -1, -1], [0, 1, 2, 3, 4]])
-    scores = K.indexer_scores(q, w, keys, cand)
+    seq_rows, q_seq, counts = per_row(cand)
+    scores = K.indexer_scores(q, w, keys, seq_rows, q_seq, counts)
     for t in range(2):
         for c in range(5):
             if cand[t, c] < 0:
@@ -151,12 +153,26 @@ def test_indexer_scores_select_topk_and_padding():
             else:
                 want = (w[t] * (q[t] @ keys[cand[t, c]]).relu()).sum()
                 torch.testing.assert_close(scores[t, c], want)
-    picked = K.select_topk(scores, cand, 4)
+    picked = K.select_topk(scores, seq_rows, q_seq, 4)
     assert picked[0, 3] == -1  # only three candidates
     for t in range(2):
         valid = [c for c in range(5) if cand[t, c] >= 0]
         best = sorted(valid, key=lambda c: -scores[t, c].item())[:4]
         assert picked[t, : len(best)].tolist() == [cand[t, c].item() for c in best]
+
+
+def test_indexer_ops_on_sequence_lists_equal_each_querys_own_list():
+    """Queries sharing a sequence's list, each seeing its first ``counts[t]`` columns, score
+    and pick exactly as with each query's own ``-1``-padded list."""
+    g = torch.Generator().manual_seed(5)
+    q, w, keys = randn(9, 4, 8), randn(9, 4), randn(40, 8)
+    seq_rows, q_seq, counts = make_sequences(g, rows=9, width=12, num_keys=40, sequences=3)
+    cols = torch.arange(12)
+    own = seq_rows[q_seq].masked_fill(cols >= counts[:, None], -1)
+    scores = K.indexer_scores(q, w, keys, seq_rows, q_seq, counts)
+    assert torch.equal(scores, K.indexer_scores(q, w, keys, *per_row(own)))
+    picked = K.select_topk(scores, seq_rows, q_seq, 5)
+    assert torch.equal(picked, K.select_topk(scores, *per_row(own)[:2], 5))
 
 
 def test_candidate_block_mask_forces_newest_block():

@@ -15,7 +15,7 @@ from deepinfer.engine.model.context import StepContext
 from deepinfer.engine.model.indexer import Indexer
 from deepinfer.engine.model.indexer_v41 import IndexerV41
 from deepinfer.engine.model.layers import LinearFactory, RMSNorm
-from deepinfer.engine.model.metadata import CompressionPlan, read_index
+from deepinfer.engine.model.metadata import CompressionPlan, read_index, reads_every_entry
 from deepinfer.engine.model.selection import AllVisible, OwnTopK, SharedTopK
 from deepinfer.engine.model.variant import variant_of
 
@@ -71,7 +71,7 @@ class Attention(nn.Module):
         """This layer's way of picking compressed entries, with the indexer it needs (under
         the checkpoint's name ``indexer``)."""
         if variant_of(c).own_index_compressor:
-            if c.index_source_of(layer_id) is None:
+            if reads_every_entry(c, layer_id):
                 return AllVisible()
             self.indexer = Indexer(c, layer_id, f)
             return OwnTopK(self.indexer)

@@ -58,12 +58,14 @@ class StepContext:
         return self.metadata.cache_reads() if self.cache.formats else None
 
     def arena_reads(self, key: str, plan: CompressionPlan):
-        """(arena tensor ``key`` as the step's index readers take it, ``plan.visible`` as
-        indices into it): float copies of the rows the step reads where :meth:`cache_reads`
-        has them, else the arena in place."""
+        """(arena tensor ``key`` as the step's index readers take it, ``plan.seq_rows`` as
+        indices into it, ``plan.q_seq``, ``plan.visible_count``): float copies of the rows the
+        step reads where :meth:`cache_reads` has them, else the arena in place."""
+        lists = (plan.q_seq, plan.visible_count)
         if plan.read_rows is not None and self.cache_reads() is not None:
-            return self.cache.gather(key, plan.read_rows), read_index(plan.read_rows, plan.visible)
-        return self.cache.rows(key), plan.visible
+            rows = read_index(plan.read_rows, plan.seq_rows)
+            return self.cache.gather(key, plan.read_rows), rows, *lists
+        return self.cache.rows(key), plan.seq_rows, *lists
 
     def record_tap(self, layer_id: int, streams: torch.Tensor) -> None:
         """Keep the DSpark tap of ``layer_id``: the mean over the streams, fp32 ``[T, D]``."""

@@ -54,4 +54,4 @@ class Indexer(nn.Module):
         q = self.rounding.index(q)
         weights = self.weights_proj(x, out_dtype=torch.float32) * self.weight_scale
         scores = K.indexer_scores(q, weights, *ctx.arena_reads(key, plan))
-        return K.select_topk(scores, plan.visible, self.topk)
+        return K.select_topk(scores, plan.seq_rows, plan.q_seq, self.topk)

@@ -79,4 +79,4 @@ class IndexerV41(nn.Module):
             )
         elif self.uses_candidates and ctx.candidate_mask is not None:
             scores = scores.masked_fill(~ctx.candidate_mask, float("-inf"))
-        return K.select_topk(scores, plan.visible, self.topk)
+        return K.select_topk(scores, plan.seq_rows, plan.q_seq, self.topk)

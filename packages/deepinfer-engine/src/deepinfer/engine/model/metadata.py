@@ -3,13 +3,16 @@
 A forward runs over a flat batch: the tokens of many sequences concatenated (prefill chunks and
 decode steps mixed). Sequence ``b`` contributes tokens ``cu_seqlens_q[b] .. cu_seqlens_q[b+1]``
 at consecutive positions ending at ``seq_lens[b] - 1``. Everything a kernel needs is turned into
-row indices here, once per step, on the host (plain integers in, tensors out; no masks):
+row indices here, once per step, on the host (plain integers in, tensors out; no masks), and no
+list there grows as query rows times context:
 
 - window lists ``[T, window]``: rows of ``[ring rows of all slots | this step's tokens]``
   (the step's rows are written to the rings after attention reads);
 - per compression ratio: the source rows of each entry completed this step (in
   ``[compressor state rows | this step's tokens]``), the arena rows they are written to, and each
-  query's visible arena rows (entry ``w`` visible at position ``t`` iff ``w < (t + 1) // ratio``).
+  query's visible arena rows (entry ``w`` visible at position ``t`` iff ``w < (t + 1) // ratio``)
+  as a prefix of its sequence's rows (the indexer ops read them so; the ``[T, C]`` lists of the
+  kinds whose layers attend every visible entry are formed on the tensors' device).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 
 from deepinfer.engine.model.cache import CacheLayout, compressor_state_rows, overlapped
 from deepinfer.engine.model.config import ModelConfig
+from deepinfer.engine.model.variant import variant_of
 
 
 @dataclass(frozen=True)
@@ -64,12 +68,19 @@ class CompressionPlan:
     visible_count: torch.Tensor  # [T]
     seq_rows: torch.Tensor  # [B, C] arena rows of each sequence's entries, entry order; -1 pad
     q_seq: torch.Tensor  # [T] each query's row of seq_rows
-    # [T, C] arena rows visible to each query, entry order, -1 pad: formed where the plan's
+    # [T, C] arena rows visible to each query, entry order, -1 pad, for the kinds whose layers
+    # attend every visible entry (None: read through the indexer ops); formed where the plan's
     # tensors live (:func:`visible_rows`)
     visible: torch.Tensor | None = None
     # prefill-sized steps (:class:`CacheReads`): the sorted arena rows of the step's sequences,
     # which its readers copy; None: they read the arena in place
     read_rows: torch.Tensor | None = None
+
+    def all_visible(self) -> torch.Tensor:
+        """``[T, C]``: every query's visible arena rows, ``-1`` padded."""
+        if self.visible is not None:
+            return self.visible
+        return visible_rows(self.seq_rows, self.q_seq, self.visible_count)
 
 
 @dataclass(frozen=True)
@@ -175,6 +186,11 @@ def build_metadata(
         for i in range(config.num_layers)
         if config.compress_ratios[i] > 0
     }
+    every = {
+        (config.compress_ratios[i], overlapped(config, i))
+        for i in range(config.num_layers)
+        if reads_every_entry(config, i)
+    }
     # a prefill-sized step copies the cache rows it reads when they are no more than its rows
     max_reads = len(window_rows) if copy_reads and len(window_rows) >= COPY_READS_MIN_ROWS else None
     plans = {
@@ -194,7 +210,7 @@ def build_metadata(
         window_indices=window_indices,
         window_write_src=w_src.to(device),
         window_write_dst=w_dst.to(device),
-        plans={k: _to(p, device) for k, p in plans.items()},
+        plans={k: _to(p, device, k in every) for k, p in plans.items()},
         reads=reads,
     )
 
@@ -306,12 +322,22 @@ def visible_rows(seq_rows: torch.Tensor, q_seq: torch.Tensor, counts: torch.Tens
     return torch.where(cols < counts[:, None], seq_rows[q_seq], -1)
 
 
-def _to(plan: CompressionPlan, device: torch.device) -> CompressionPlan:
+def reads_every_entry(config: ModelConfig, layer_id: int) -> bool:
+    """Whether compressed layer ``layer_id`` attends every visible entry (V4's heavily
+    compressed layers) rather than an indexer's picks."""
+    return (
+        config.compress_ratios[layer_id] > 0
+        and variant_of(config).own_index_compressor
+        and config.index_source_of(layer_id) is None
+    )
+
+
+def _to(plan: CompressionPlan, device: torch.device, all_visible: bool) -> CompressionPlan:
+    """``plan`` on ``device``, with its ``[T, C]`` lists formed there if ``all_visible``."""
     moved = {
         name: getattr(plan, name).to(device)
         for name in plan.__dataclass_fields__
         if isinstance(getattr(plan, name), torch.Tensor)
     }
     plan = dataclasses.replace(plan, **moved)
-    visible = visible_rows(plan.seq_rows, plan.q_seq, plan.visible_count)
-    return dataclasses.replace(plan, visible=visible)
+    return dataclasses.replace(plan, visible=plan.all_visible()) if all_visible else plan

@@ -21,7 +21,7 @@ class AllVisible:
         """No index keys to keep."""
 
     def rows(self, x, qr, ctx: StepContext, plan: CompressionPlan) -> torch.Tensor:
-        return plan.visible
+        return plan.all_visible()
 
 
 class OwnTopK:

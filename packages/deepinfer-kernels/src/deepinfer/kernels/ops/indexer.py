@@ -12,26 +12,38 @@ __all__ = ["indexer_scores", "select_topk", "candidate_block_mask", "hadamard_ro
 
 @op(reference=ref.indexer_scores)
 def indexer_scores(
-    q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, candidates: torch.Tensor
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    keys: torch.Tensor,
+    seq_rows: torch.Tensor,
+    q_seq: torch.Tensor,
+    counts: torch.Tensor,
 ) -> torch.Tensor:
-    """``I[t, c] = sum_h weights[t, h] * relu(q[t, h] . keys[candidates[t, c]])`` in fp32.
+    """``I[t, c] = sum_h weights[t, h] * relu(q[t, h] . keys[seq_rows[q_seq[t], c]])`` in fp32,
+    for the first ``counts[t]`` columns: each query's candidates are a prefix of its
+    sequence's list (no ``[T, C]`` index list is needed).
 
-    q:          ``[T, Hi, d]`` indexer queries (RoPE'd; any float dtype).
-    weights:    ``[T, Hi]`` per-head weights, already scaled (``d^-1/2 Hi^-1/2``).
-    keys:       ``[M, d]`` the indexer key rows (a flattened paged arena), a float tensor or
-                :class:`~deepinfer.kernels.PackedRows` (the cache's FP4 rows, dequantised).
-    candidates: ``[T, C]`` int rows of ``keys`` each query may pick; ``-1`` = padding.
-    Returns ``[T, C]`` fp32, ``-inf`` at padding.
+    q:        ``[T, Hi, d]`` indexer queries (RoPE'd; any float dtype).
+    weights:  ``[T, Hi]`` per-head weights, already scaled (``d^-1/2 Hi^-1/2``).
+    keys:     ``[M, d]`` the indexer key rows (a flattened paged arena), a float tensor or
+              :class:`~deepinfer.kernels.PackedRows` (the cache's FP4 rows, dequantised).
+    seq_rows: ``[B, C]`` int rows of ``keys`` of each sequence, in entry order; ``-1`` = none.
+    q_seq:    ``[T]`` int, the row of ``seq_rows`` each query picks from.
+    counts:   ``[T]`` int, the columns each query sees (``c < counts[t]``; may exceed ``C``).
+    Returns ``[T, C]`` fp32, ``-inf`` past a query's count and at ``-1``.
     """
 
 
 @op(reference=ref.select_topk)
-def select_topk(scores: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor:
-    """The candidate values of the ``k`` highest scores of each row.
+def select_topk(
+    scores: torch.Tensor, seq_rows: torch.Tensor, q_seq: torch.Tensor, k: int
+) -> torch.Tensor:
+    """The candidate values ``seq_rows[q_seq[t], c]`` of the ``k`` highest scores of each row.
 
-    scores: ``[T, C]`` fp32 (``-inf`` = not selectable); candidates ``[T, C]`` int.
-    Returns ``[T, k]`` int64 candidate values in descending score order (ties in any order),
-    ``-1`` where fewer than ``k`` finite scores exist.
+    scores: ``[T, C]`` fp32 (``-inf`` = not selectable); seq_rows ``[B, C]`` int, q_seq
+    ``[T]`` int (as for :func:`indexer_scores`).
+    Returns ``[T, k]`` int64 candidate values in descending score order (ties: the lower
+    column first), ``-1`` where fewer than ``k`` finite scores exist.
     """
 
 

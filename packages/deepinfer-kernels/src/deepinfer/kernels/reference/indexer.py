@@ -8,22 +8,33 @@ from deepinfer.kernels.reference.cache_rows import rows_of
 
 
 def indexer_scores(
-    q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, candidates: torch.Tensor
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    keys: torch.Tensor,
+    seq_rows: torch.Tensor,
+    q_seq: torch.Tensor,
+    counts: torch.Tensor,
 ) -> torch.Tensor:
-    valid = candidates >= 0
-    k = rows_of(keys, candidates.long())  # [T, C, d] fp32 (packed keys dequantised)
+    q_seq = q_seq.long()
+    cols = torch.arange(seq_rows.shape[1], device=seq_rows.device)
+    valid = (seq_rows >= 0)[q_seq] & (cols < counts[:, None])
+    # each sequence's key rows once, then per query (the same product as a per-query list: a
+    # column's score never depends on the other columns)
+    k = rows_of(keys, seq_rows.long())[q_seq]  # [T, C, d] fp32 (packed keys dequantised)
     dots = torch.einsum("thd,tcd->thc", q.float(), k).relu()
     scores = torch.einsum("th,thc->tc", weights.float(), dots)
     return scores.masked_fill(~valid, float("-inf"))
 
 
-def select_topk(scores: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor:
+def select_topk(
+    scores: torch.Tensor, seq_rows: torch.Tensor, q_seq: torch.Tensor, k: int
+) -> torch.Tensor:
     # A stable sort breaks ties (equal scores are common after the ReLU) by column, so the
     # choice does not depend on how much padding the batch added after a row's candidates.
     width = min(k, scores.shape[-1])
     order = torch.sort(scores, dim=-1, descending=True, stable=True)
     values, indices = order.values[..., :width], order.indices[..., :width]
-    picked = candidates.long().gather(-1, indices)
+    picked = seq_rows.long()[q_seq.long()[:, None], indices]
     picked = torch.where(torch.isfinite(values), picked, torch.full_like(picked, -1))
     if width < k:
         picked = torch.nn.functional.pad(picked, (0, k - width), value=-1)

@@ -100,8 +100,9 @@ def compare_select_topk(
 ) -> None:
     """``select_topk`` ranks the scores it is given (no arithmetic): the chosen candidates may
     differ from the reference's only among exactly equal scores, in descending score order."""
-    scores, candidates, k = args
-    scores, candidates, got, want = (t.cpu() for t in (scores, candidates, got, want))
+    scores, seq_rows, q_seq, k = args
+    candidates = seq_rows.cpu()[q_seq.cpu().long()]  # [T, C]: each row's candidate values
+    scores, got, want = (t.cpu() for t in (scores, got, want))
     label = f"{case} ({how})"
     assert got.shape == want.shape and got.dtype == want.dtype, f"{label}: {got.shape} {got.dtype}"
     assert torch.equal(got < 0, want < 0), f"{label}: padding (-1) differs"

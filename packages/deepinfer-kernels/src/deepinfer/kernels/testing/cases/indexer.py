@@ -1,6 +1,6 @@
-"""Cases for the indexer's ops: indexer_scores (candidate lists with trailing ``-1`` padding and
-holes, duplicated and unsorted candidates, bf16 / fp32 / FP8 keys), select_topk,
-candidate_block_mask and hadamard_rotate."""
+"""Cases for the indexer's ops: indexer_scores (per-sequence candidate lists with holes,
+duplicated and unsorted candidates, queries seeing prefixes of growing length, bf16 / fp32 /
+FP8 keys), select_topk, candidate_block_mask and hadamard_rotate."""
 
 from __future__ import annotations
 
@@ -28,19 +28,47 @@ def make_candidates(gen, *, rows, width, num_keys):
     return cand.to(torch.int32)
 
 
+def per_row(candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(seq_rows, q_seq, counts)`` giving each query row ``t`` the list ``candidates[t]``
+    ``[T, C]``: every row its own sequence, every column counted."""
+    rows, width = candidates.shape
+    q_seq = torch.arange(rows, device=candidates.device)
+    return candidates, q_seq, torch.full_like(q_seq, width)
+
+
+def make_sequences(gen, *, rows, width, num_keys, sequences):
+    """``(seq_rows [sequences, width] int32, q_seq [rows], counts [rows])``: unsorted lists of
+    keys with duplicates and holes; each query sees a prefix of its sequence's (counts from
+    about a third of the width to all of it and past it, like causal visibility), the last
+    query none."""
+    seq_rows = torch.randint(0, num_keys, (sequences, width), generator=gen)
+    if width > 1:
+        seq_rows[:, 1] = seq_rows[:, 0]
+    seq_rows[torch.rand(seq_rows.shape, generator=gen) < 0.1] = -1
+    q_seq = torch.randint(0, sequences, (rows,), generator=gen)
+    counts = torch.linspace(width // 3, width + 2, rows).long()
+    if rows >= 3:
+        counts[-1] = 0
+    return seq_rows.to(torch.int32), q_seq, counts
+
+
 def _scores_inputs(gen, device, *, rows, heads, dim, width, num_keys, dtype, key_dtype):
     q = torch.randn(rows, heads, dim, generator=gen).to(dtype)
     weights = torch.randn(rows, heads, generator=gen) * (dim * heads) ** -0.5
     keys = torch.randn(num_keys, dim, generator=gen).to(key_dtype or dtype)
-    cand = make_candidates(gen, rows=rows, width=width, num_keys=num_keys)
-    return tuple(x.to(device) for x in (q, weights, keys, cand)), {}
+    lists = make_sequences(gen, rows=rows, width=width, num_keys=num_keys,
+                           sequences=max(1, rows // 2))  # fmt: skip
+    return tuple(x.to(device) for x in (q, weights, keys, *lists)), {}
 
 
 def _strided_scores(args):
-    q, weights, keys, cand = args
+    q, weights, keys, seq_rows, q_seq, counts = args
     wide = torch.empty(*q.shape[:2], q.shape[2] + 16, dtype=q.dtype, device=q.device)
     wide[..., : q.shape[2]] = q
-    return (wide[..., : q.shape[2]], weights.t().contiguous().t(), keys, cand)
+    rows = torch.empty(seq_rows.shape[0], 2 * seq_rows.shape[1], dtype=seq_rows.dtype,
+                       device=seq_rows.device)[:, ::2]  # fmt: skip
+    rows.copy_(seq_rows)
+    return (wide[..., : q.shape[2]], weights.t().contiguous().t(), keys, rows, q_seq, counts)
 
 
 def _scores_case(scale, rows, heads, dim, width, num_keys, dtype, key_dtype=None):
@@ -79,28 +107,30 @@ register(
 
 
 def _visible_lists(gen, rows, width, device):
-    """Per-row visible counts 0..width (row 0 sees nothing), arena rows in entry order."""
+    """Per-row visible counts 0..width (row 0 sees nothing); distinct arena rows in entry
+    order of up to three sequences ``[B, width]``, and each row's sequence."""
     counts = torch.randint(0, width + 1, (rows,), generator=gen)
     counts[0] = 0
-    arena = torch.randperm(4 * width + 7, generator=gen)[:width]
-    cols = torch.arange(width)
-    candidates = torch.where(cols < counts[:, None], arena[cols].expand(rows, -1), -1)
-    return counts.to(device), candidates.to(device)
+    sequences = min(3, rows)
+    arena = torch.randperm(4 * width * sequences + 7, generator=gen)[: width * sequences]
+    q_seq = torch.randint(0, sequences, (rows,), generator=gen)
+    return counts.to(device), arena.view(sequences, width).to(device), q_seq.to(device)
 
 
-def _scores(gen, candidates):
-    scores = torch.randn(candidates.shape, generator=gen).to(candidates.device)
-    return scores.masked_fill(candidates < 0, float("-inf"))
+def _scores(gen, counts, width):
+    scores = torch.randn(len(counts), width, generator=gen).to(counts.device)
+    hidden = torch.arange(width, device=counts.device) >= counts[:, None]
+    return scores.masked_fill(hidden, float("-inf"))
 
 
 def _topk_inputs(gen, device, *, rows, width, k):
-    _, candidates = _visible_lists(gen, rows, width, device)
-    return (_scores(gen, candidates), candidates, k), {}
+    counts, seq_rows, q_seq = _visible_lists(gen, rows, width, device)
+    return (_scores(gen, counts, width), seq_rows, q_seq, k), {}
 
 
 def _candidate_inputs(gen, device, *, rows, width, blocks, block_size):
-    counts, candidates = _visible_lists(gen, rows, width, device)
-    return (_scores(gen, candidates), counts, blocks, block_size), {}
+    counts, _, _ = _visible_lists(gen, rows, width, device)
+    return (_scores(gen, counts, width), counts, blocks, block_size), {}
 
 
 def _hadamard_inputs(gen, device, *, rows, dim, dtype):
