@@ -64,9 +64,13 @@ def _parallel(accelerator: str) -> tuple[str, ...]:
 
 
 def _pytest(session: nox.Session, accelerator: str, *paths: str) -> None:
+    env = {"DEEPINFER_ACCELERATOR": accelerator}
+    if accelerator == "cpu":
+        # one intra-op thread per test process: two of them share the two cores, and on these
+        # tiny shapes torch's thread pool spends far longer spinning than computing
+        env["OMP_NUM_THREADS"] = "1"
     session.run(
-        "python", "-m", "pytest", *paths, "-m", MARKERS[accelerator], *session.posargs,
-        env={"DEEPINFER_ACCELERATOR": accelerator},
+        "python", "-m", "pytest", *paths, "-m", MARKERS[accelerator], *session.posargs, env=env,
     )  # fmt: skip
 
 
