@@ -53,10 +53,11 @@ def _sync(session: nox.Session, *args: str) -> None:
     )  # fmt: skip
 
 
-# Two pytest workers, a test file each at a time (module fixtures stay shared), where the
-# tests are many single-process ones and run on the CPU (the CI machine has two cores; GPU
+# Two pytest workers, a test file each at a time (module fixtures stay shared; a file may split
+# itself with xdist_group marks, and files with slow tests start first: conftest.py), where
+# the tests are many single-process ones and run on the CPU (the CI machine has two cores; GPU
 # tests size their caches from the free device memory, so they keep one process).
-PARALLEL = ("-n", "2", "--dist", "loadfile")
+PARALLEL = ("-n", "2", "--dist", "loadgroup")
 
 
 def _parallel(accelerator: str) -> tuple[str, ...]:
@@ -114,7 +115,7 @@ def scripts(session: nox.Session) -> None:
     _sync(session, "--all-packages", "--group", "bench")
     _pytest(
         session, accelerator, "benchmarks/tests", "examples/tiny_model/tests",
-        "examples/distributed/tests",
+        "examples/distributed/tests", *_parallel(accelerator),
     )  # fmt: skip
 
 

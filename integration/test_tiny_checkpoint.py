@@ -48,6 +48,7 @@ def runs(request):
             spec.generate(PROMPTS, GREEDY, use_tqdm=False))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_greedy_text_is_python_shaped(runs):
     """Indentation and Python keywords / docstrings, not byte noise, in at least 4 of the 5
     completions (the model is small and partly trained: one prompt degenerates into a loop)."""
@@ -61,6 +62,7 @@ def test_greedy_text_is_python_shaped(runs):
     assert shaped >= 4, [o.outputs[0].text for o in plain]
 
 
+@pytest.mark.slow
 def test_speculation_is_exact_and_accepts_two_tokens_per_step(runs):
     plain, spec = runs
     for a, b in zip(plain, spec, strict=True):

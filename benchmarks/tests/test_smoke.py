@@ -150,6 +150,7 @@ def test_v41_dummy_shape_is_a_valid_engine_config_and_layers_are_validated() -> 
         resolve_model("v4-flash-dummy", 44)
 
 
+@pytest.mark.slow
 def test_v4_checkpoint_sweep_runs_the_transformers_baseline_side_by_side(tmp_path) -> None:
     from deepinfer.engine.testing import tiny_v4_config
     from deepinfer.engine.testing.random_checkpoint import make_random_checkpoint
@@ -266,6 +267,8 @@ def test_write_plots_draws_both_charts_of_a_smoke_result(smoke, monkeypatch, tmp
     assert ours_decode[1] == [p["tok/s/gpu"] for p in result["ours"]["decode"]]
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("bench_spec_smoke")  # its own work unit, beside the sweep's
 def test_spec_bench_smoke_reports_every_mode_and_the_cost_curve(tmp_path) -> None:
     out = tmp_path / "spec.json"
     subprocess.run(

@@ -37,11 +37,14 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(
-    scope="module",
-    params=[*CHECKPOINTS, ("embedded", True, 16)],
-    ids=lambda c: c[0] if c[0] == "embedded" else f"{c[0]}-{'fp8' if c[1] else 'float'}",
-)
+def _case(kind: str, quantized: bool, block_size: int):
+    """A checkpoint parameter, its own xdist work unit (each costs minutes on the CPU)."""
+    name = kind if kind == "embedded" else f"{kind}-{'fp8' if quantized else 'float'}"
+    marks = [pytest.mark.slow, pytest.mark.xdist_group(f"llm_exactness-{name}")]
+    return pytest.param((kind, quantized, block_size), marks=marks, id=name)
+
+
+@pytest.fixture(scope="module", params=[_case(*c) for c in [*CHECKPOINTS, ("embedded", True, 16)]])
 def checkpoint(request, tmp_path_factory):
     kind, quantized, block_size = request.param
     if kind == "embedded":

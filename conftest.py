@@ -1,0 +1,48 @@
+"""How the nox sessions spread tests over their two pytest workers (``-n 2 --dist loadgroup``).
+
+A work unit is a test file (its module fixtures, such as a built model, stay on one worker),
+unless its tests carry ``xdist_group`` marks: then each group is a unit, so a file whose
+parametrized fixture builds several costly cases can spread them over both workers. Units
+holding a ``slow`` test are handed out first, so the longest ones do not start last and leave
+one worker idle at the end.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _group(item: pytest.Item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return None
+    return mark.args[0] if mark.args else mark.kwargs.get("name", "default")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            # xdist appends "@<group>" to the node ids of marked tests under loadgroup
+            if nodeid.rfind("@") > nodeid.rfind("]"):
+                return nodeid.rsplit("@", 1)[-1]
+            return nodeid.split("::", 1)[0]
+
+    # hand units out in collection order, which pytest_collection_modifyitems sets below
+    config.option.loadscopereorder = False
+    return FileOrGroupScheduling(config, log)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    # on a worker, xdist sets the option loadgroup for --dist loadgroup (and dist to "no")
+    if not hasattr(config, "workerinput") or not getattr(config.option, "loadgroup", False):
+        return  # plain pytest keeps its own order
+    units = [_group(item) or item.nodeid.split("::", 1)[0] for item in items]
+    slow = {unit for unit, item in zip(units, items) if item.get_closest_marker("slow")}
+    order = sorted(range(len(items)), key=lambda i: units[i] not in slow)  # stable
+    items[:] = [items[i] for i in order]
