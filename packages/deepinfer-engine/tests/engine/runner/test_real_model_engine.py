@@ -87,23 +87,24 @@ def _generate(model, prompts, params, *, num_blocks=16, budget=512, max_seqs=8):
 
 
 @torch.no_grad()
-def _plain_loop(model, prompt: list[int], num_tokens: int) -> list[int]:
-    """Greedy decoding by a full forward over the whole context for every token."""
-    tokens = list(prompt)
-    for _ in range(num_tokens):
-        cache = ModelCache(model.config, CacheLayout(4, 1, BLOCK_SIZE), dtype=torch.float32)
-        n = len(tokens)
-        batch = ForwardBatch(
-            input_ids=torch.tensor(tokens),
-            positions=torch.arange(n),
-            cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32),
-            seq_lens=torch.tensor([n]),
-            block_tables=torch.tensor([[0, 1, 2, 3]], dtype=torch.int32),
-            state_slots=torch.tensor([0]),
-            logits_indices=torch.tensor([n - 1]),
-        )
-        tokens.append(int(model(batch, cache)[0].argmax()))
-    return tokens[len(prompt) :]
+def _plain_loop(model, prompt: list[int], output: list[int]) -> list[int]:
+    """The greedy tokens a loop of full forwards over the whole context would pick after
+    ``prompt``, checked along ``output``: one causal forward over prompt + output (batch-invariant
+    ops), the argmax at each generating position. Equal to ``output`` exactly when re-running
+    the forward token by token would give it."""
+    tokens = list(prompt) + list(output[:-1])
+    n = len(tokens)
+    cache = ModelCache(model.config, CacheLayout(4, 1, BLOCK_SIZE), dtype=torch.float32)
+    batch = ForwardBatch(
+        input_ids=torch.tensor(tokens),
+        positions=torch.arange(n),
+        cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32),
+        seq_lens=torch.tensor([n]),
+        block_tables=torch.tensor([[0, 1, 2, 3]], dtype=torch.int32),
+        state_slots=torch.tensor([0]),
+        logits_indices=torch.arange(len(prompt) - 1, n),
+    )
+    return model(batch, cache).argmax(-1).tolist()
 
 
 @pytest.mark.slow
@@ -112,8 +113,11 @@ def test_greedy_engine_outputs_equal_the_plain_loop_batched_chunked_preempted(mo
     prompts = _prompts(LENGTHS)
     n = len(prompts)
     params = [SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, seq_seed=1)] * n
-    expected = {(str(i), 0): _plain_loop(model, p, 3) for i, p in enumerate(prompts)}
     together, _ = _generate(model, prompts, params)
+    assert all(len(together[(str(i), 0)]) == 3 for i in range(n))
+    expected = {
+        (str(i), 0): _plain_loop(model, p, together[(str(i), 0)]) for i, p in enumerate(prompts)
+    }
     assert together == expected
     chunked, _ = _generate(model, prompts, params, budget=37)
     assert chunked == expected
@@ -144,8 +148,11 @@ def test_seeded_n_samples_fork_on_the_real_cache(arch, request):
 def test_v41_greedy_outputs_equal_the_plain_loop_chunked_and_preempted(model_v41):
     prompts = _prompts([127, 20])
     params = [SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, seq_seed=1)] * 2
-    expected = {(str(i), 0): _plain_loop(model_v41, p, 3) for i, p in enumerate(prompts)}
     chunked, _ = _generate(model_v41, prompts, params, budget=50)
+    assert all(len(chunked[(str(i), 0)]) == 3 for i in range(2))
+    expected = {
+        (str(i), 0): _plain_loop(model_v41, p, chunked[(str(i), 0)]) for i, p in enumerate(prompts)
+    }
     assert chunked == expected
     preempted, num_preemptions = _generate(model_v41, prompts, params, num_blocks=3)
     assert num_preemptions > 0 and preempted == expected
