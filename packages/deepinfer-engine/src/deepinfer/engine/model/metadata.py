@@ -120,15 +120,19 @@ class AttentionMetadata:
 @dataclass(frozen=True)
 class _Rows:
     """Per-row sequence facts (a row is a token, or a compressed entry): the first position of
-    the sequence's step, its first token row, its state slot and its block table."""
+    the sequence's step, its first token row, its state slot and its sequence (its row of the
+    sequences' block ``tables``, shared: a copy per row would grow as rows times context)."""
 
     start: torch.Tensor
     first: torch.Tensor
     slot: torch.Tensor
-    table: torch.Tensor
+    seq: torch.Tensor
+    tables: torch.Tensor
 
     def take(self, index: torch.Tensor) -> _Rows:
-        return _Rows(self.start[index], self.first[index], self.slot[index], self.table[index])
+        return _Rows(
+            self.start[index], self.first[index], self.slot[index], self.seq[index], self.tables
+        )
 
 
 def _sequences(batch: ForwardBatch) -> tuple[_Rows, torch.Tensor, torch.Tensor]:
@@ -146,7 +150,8 @@ def _sequences(batch: ForwardBatch) -> tuple[_Rows, torch.Tensor, torch.Tensor]:
             f"token {bad}: position {positions[bad].item()} is not in the consecutive run of "
             f"its sequence ending at seq_lens - 1 (expected {expected[bad].item()})"
         )
-    seqs = _Rows(start, cu[:-1], batch.state_slots.cpu().long(), batch.block_tables.cpu().long())
+    tables = batch.block_tables.cpu().long()
+    seqs = _Rows(start, cu[:-1], batch.state_slots.cpu().long(), torch.arange(len(lens)), tables)
     return seqs, seq_of_token, positions
 
 
@@ -258,12 +263,12 @@ def _arena_rows(rows: _Rows, entries: torch.Tensor, ratio: int, block_size: int)
     """Arena row of entry ``entries[n, c]`` of row n's sequence (entries < 0 -> -1)."""
     per_block = block_size // ratio
     block = (entries.clamp(min=0) * ratio) // block_size
-    if block.numel() and int(block.max()) >= rows.table.shape[1]:
+    if block.numel() and int(block.max()) >= rows.tables.shape[1]:
         raise ValueError(
             f"block table too short: entry {int(entries.max())} needs block {int(block.max())}, "
-            f"tables have {rows.table.shape[1]} columns"
+            f"tables have {rows.tables.shape[1]} columns"
         )
-    ids = rows.table.gather(1, block)
+    ids = rows.tables[rows.seq[:, None], block]
     if ((ids < 0) & (entries >= 0)).any():
         raise ValueError("block table entry -1 where a compressed entry must be stored")
     return torch.where(entries >= 0, ids * per_block + entries % per_block, -1)
