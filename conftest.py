@@ -2,9 +2,9 @@
 
 A work unit is a test file (its module fixtures, such as a built model, stay on one worker),
 unless its tests carry ``xdist_group`` marks: then each group is a unit, so a file whose
-parametrized fixture builds several costly cases can spread them over both workers. Units
-holding a ``slow`` test are handed out first, so the longest ones do not start last and leave
-one worker idle at the end.
+parametrized fixture builds several costly cases can spread them over both workers. Named
+groups and units holding a ``slow`` test are handed out first, so the longest ones do not start
+last and leave one worker idle at the end.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def pytest_collection_modifyitems(config, items):
     if not hasattr(config, "workerinput") or not getattr(config.option, "loadgroup", False):
         return  # plain pytest keeps its own order
     units = [_group(item) or item.nodeid.split("::", 1)[0] for item in items]
-    slow = {unit for unit, item in zip(units, items) if item.get_closest_marker("slow")}
-    order = sorted(range(len(items)), key=lambda i: units[i] not in slow)  # stable
+    # a named group is split out of its file for its cost: it goes first too
+    first = {u for u, item in zip(units, items) if item.get_closest_marker("slow") or _group(item)}
+    order = sorted(range(len(items)), key=lambda i: units[i] not in first)  # stable
     items[:] = [items[i] for i in order]

@@ -86,13 +86,8 @@ def tests(session: nox.Session, package: str, accelerator: str) -> None:
         session.skip(f"no {accelerator} device on this machine")
     dist, path = PACKAGES[package]
     _sync(session, "--package", dist, "--no-default-groups", "--group", "test")
-    if package == "engine":
-        # the multi-process (gloo) tests alone, the rest over two workers
-        spawning = [f"{path}/tests/engine/{d}" for d in ("distributed", "parallel")]
-        ignored = [arg for d in spawning for arg in ("--ignore", d)]
-        _pytest(session, accelerator, f"{path}/tests", *_parallel(accelerator), *ignored)
-        _pytest(session, accelerator, *spawning)
-    elif package == "kernels-nvidia":
+    if package in ("engine", "kernels-nvidia"):
+        # the engine's multi-process (gloo) tests are one work unit: its tests/conftest.py
         _pytest(session, accelerator, f"{path}/tests", *_parallel(accelerator))
     else:
         _pytest(session, accelerator, f"{path}/tests")
