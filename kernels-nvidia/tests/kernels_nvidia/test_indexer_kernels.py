@@ -211,3 +211,29 @@ def test_packed_fp4_keys_score_bitwise_like_their_values(dim):
     assert torch.equal(got, fn(q, w, values, *cand))
     want = kernels.OPS["indexer_scores"].reference(q, w, kernels.PackedRows(data, fmt), *cand)
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("launch", [{}, {"block_c": 16, "blocks_per_program": 2}], ids=str)
+def test_causal_prefill_counts_score_bitwise_like_the_reference(dtype, launch):
+    """A fresh causal prefill of two sequences (counts ``(position + 1) // 4``): most programs
+    and blocks lie wholly past their row's count, and are skipped. Small integer inputs make
+    every sum exact, so the scores (and the ``-inf`` past each count) equal the reference's
+    bit for bit."""
+    g = torch.Generator().manual_seed(24)
+    lens, ratio, heads, dim = (200, 56), 4, 16, 32
+    positions = torch.cat([torch.arange(n) for n in lens])
+    q_seq = torch.cat([torch.full((n,), i) for i, n in enumerate(lens)])
+    counts = (positions + 1) // ratio
+    width = int(counts.max())
+    seq_rows = torch.arange(len(lens) * width).view(len(lens), width)  # the arena, in order
+    seq_rows[torch.arange(width)[None, :] >= torch.tensor(lens)[:, None] // ratio] = -1
+    q = torch.randint(-2, 3, (len(q_seq), heads, dim), generator=g).to(dtype)
+    w = torch.randint(-3, 4, (len(q_seq), heads), generator=g).float()
+    keys = torch.randint(-2, 3, (seq_rows.numel(), dim), generator=g).to(dtype)
+    args = [x.to(DEVICE) for x in (q, w, keys, seq_rows.int(), q_seq, counts)]
+    got = backend.ops["indexer_scores"](*args, **launch).cpu()
+    want = kernels.OPS["indexer_scores"].reference(*args).cpu()
+    past = torch.arange(width)[None, :] >= counts[:, None]
+    assert got[past].isneginf().all() and got[~past].isfinite().all()
+    assert torch.equal(got, want)

@@ -3,12 +3,15 @@ candidate pre-filter live in :mod:`.indexer_topk`).
 
 Scoring: one program per (query row, run of ``BLOCKS`` blocks of ``BLOCK_C`` candidates) loads
 the row's ``[Hi, d]`` queries once (its candidates: the first ``counts[t]`` of its sequence's
-list, read from the ``[B, C]`` lists in place), then for each block gathers the candidate key
-rows once and multiplies all ``Hi`` indexer heads against them in one matrix product
-(``[Hi, d] x [d, BLOCK_C]``), applies ReLU and the per-head weights and reduces over heads in registers: the
-``[T, Hi, C]`` dot products never reach memory, and the queries are not re-read per block. Keys may be stored in the
-queries' dtype, fp32, ``float8_e4m3fn`` (upcast in registers), or as the cache's packed FP4
-rows (:class:`~deepinfer.kernels.PackedRows`, decoded in registers by :mod:`.attention_rows`).
+list, read from the ``[B, C]`` lists in place), then for each block holding a column below
+``counts[t]`` gathers the candidate key rows once and multiplies all ``Hi`` indexer heads
+against them in one matrix product (``[Hi, d] x [d, BLOCK_C]``), applies ReLU and the per-head
+weights and reduces over heads in registers: the ``[T, Hi, C]`` dot products never reach
+memory, and the queries are not re-read per block. Blocks wholly past ``counts[t]`` are only
+filled with ``-inf`` (no gather, no product); a program whose run starts past it loads nothing.
+Keys may be stored in the queries' dtype, fp32, ``float8_e4m3fn`` (upcast in registers), or as
+the cache's packed FP4 rows (:class:`~deepinfer.kernels.PackedRows`, decoded in registers by
+:mod:`.attention_rows`).
 """
 
 from __future__ import annotations
@@ -38,39 +41,48 @@ def _indexer_scores_kernel(
     BLK: tl.constexpr, FP4: tl.constexpr, E4M3S: tl.constexpr, TSZ: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
-    heads = tl.arange(0, HB)
-    hmask = heads < num_heads
-    dcols = tl.arange(0, BLOCK_D)
-    dmask = dcols < head_dim
-    q = tl.load(
-        q_ptr + row * stride_qt + heads[:, None] * stride_qh + dcols[None, :],
-        mask=hmask[:, None] & dmask[None, :],
-        other=0.0,
-    )
-    w = tl.load(w_ptr + row * stride_wt + heads, mask=hmask, other=0.0).to(tl.float32)
-    cand_row = rows_ptr + tl.load(seq_ptr + row).to(tl.int64) * stride_rs
+    out_row = out_ptr + row * stride_ot
     count = tl.minimum(tl.load(count_ptr + row).to(tl.int64), num_cand)
     first = tl.program_id(1) * (BLOCKS * BLOCK_C)
-    for b in range(BLOCKS):
+    # Only blocks holding a column below the count are scored; the rest just get -inf. Early
+    # rows of a causal prefill see few columns, so whole programs skip the loads and products.
+    live = tl.minimum(tl.maximum(tl.cdiv(count - first, BLOCK_C), 0), BLOCKS).to(tl.int32)
+    if live > 0:
+        heads = tl.arange(0, HB)
+        hmask = heads < num_heads
+        dcols = tl.arange(0, BLOCK_D)
+        dmask = dcols < head_dim
+        q = tl.load(
+            q_ptr + row * stride_qt + heads[:, None] * stride_qh + dcols[None, :],
+            mask=hmask[:, None] & dmask[None, :],
+            other=0.0,
+        )
+        w = tl.load(w_ptr + row * stride_wt + heads, mask=hmask, other=0.0).to(tl.float32)
+        cand_row = rows_ptr + tl.load(seq_ptr + row).to(tl.int64) * stride_rs
+        for b in range(live):  # a dynamic trip count, not a branch per block
+            offs = first + b * BLOCK_C + tl.arange(0, BLOCK_C)
+            cand = tl.load(cand_row + offs, mask=offs < count, other=-1)
+            valid = cand >= 0
+            keys = load_source(keys_ptr, stride_k, cand.to(tl.int64), dcols,
+                               valid[:, None] & dmask[None, :], q, D, Q, BLK, FP4, E4M3S, TSZ)  # fmt: skip
+            if KEYS_AS_M:  # [BLOCK_C, HB]: the head sum runs along N, inside each warp
+                if IEEE:
+                    dots = tl.dot(keys, tl.trans(q), input_precision="ieee")
+                else:
+                    dots = tl.dot(keys, tl.trans(q))
+                scores = tl.sum(tl.maximum(dots, 0.0) * w[None, :], axis=1)
+            else:  # [HB, BLOCK_C]
+                if IEEE:
+                    dots = tl.dot(q, tl.trans(keys), input_precision="ieee")
+                else:
+                    dots = tl.dot(q, tl.trans(keys))
+                scores = tl.sum(tl.maximum(dots, 0.0) * w[:, None], axis=0)
+            scores = tl.where(valid, scores, float("-inf"))
+            tl.store(out_row + offs, scores, mask=offs < num_cand)
+    hole = tl.full([BLOCK_C], float("-inf"), tl.float32)
+    for b in range(live, BLOCKS):  # wholly past the count: the value a masked column gets
         offs = first + b * BLOCK_C + tl.arange(0, BLOCK_C)
-        cand = tl.load(cand_row + offs, mask=offs < count, other=-1)
-        valid = cand >= 0
-        keys = load_source(keys_ptr, stride_k, cand.to(tl.int64), dcols,
-                           valid[:, None] & dmask[None, :], q, D, Q, BLK, FP4, E4M3S, TSZ)  # fmt: skip
-        if KEYS_AS_M:  # [BLOCK_C, HB]: the head sum runs along N, inside each warp
-            if IEEE:
-                dots = tl.dot(keys, tl.trans(q), input_precision="ieee")
-            else:
-                dots = tl.dot(keys, tl.trans(q))
-            scores = tl.sum(tl.maximum(dots, 0.0) * w[None, :], axis=1)
-        else:  # [HB, BLOCK_C]
-            if IEEE:
-                dots = tl.dot(q, tl.trans(keys), input_precision="ieee")
-            else:
-                dots = tl.dot(q, tl.trans(keys))
-            scores = tl.sum(tl.maximum(dots, 0.0) * w[:, None], axis=0)
-        scores = tl.where(valid, scores, float("-inf"))
-        tl.store(out_ptr + row * stride_ot + offs, scores, mask=offs < num_cand)
+        tl.store(out_row + offs, hole, mask=offs < num_cand)
 
 
 def _check(q, weights, keys, seq_rows, q_seq, counts):
