@@ -14,8 +14,8 @@ is not counted either), ``cpu`` runs those ops on the host too (the CPU backend'
 ``--trees A B ...`` measures other checkouts of this repository (each one's package sources
 imported in a child process), alternating them per run, for an A/B on one loaded machine.
 
-    python -m benchmarks.engine.metadata_host_time --reps 5 --out /tmp/md.json
-    python -m benchmarks.engine.metadata_host_time --trees /tmp/before . --device meta
+    python -m benchmarks.engine.metadata_host_time --reps 5 --out bench-out/metadata_host_time.json
+    python -m benchmarks.engine.metadata_host_time --trees ../before . --device meta
 """
 
 from __future__ import annotations

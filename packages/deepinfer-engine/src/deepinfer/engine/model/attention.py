@@ -15,7 +15,7 @@ from deepinfer.engine.model.context import StepContext
 from deepinfer.engine.model.indexer import Indexer
 from deepinfer.engine.model.indexer_v41 import IndexerV41
 from deepinfer.engine.model.layers import LinearFactory, RMSNorm
-from deepinfer.engine.model.metadata import CompressionPlan, read_index, reads_every_entry
+from deepinfer.engine.model.metadata import reads_every_entry
 from deepinfer.engine.model.selection import AllVisible, OwnTopK, SharedTopK
 from deepinfer.engine.model.variant import variant_of
 
@@ -118,10 +118,7 @@ class Attention(nn.Module):
         sources = (window, kv.to(cache.dtype))
         if not self.ratio:
             return sources, window_indices
-        arena, rows, plan = self.compressed_entries(x, qr, ctx)
-        if reads is not None and plan.read_rows is not None:
-            arena = cache.gather(f"{self.config.kv_source_of(self.layer_id)}.kv", plan.read_rows)
-            rows = read_index(plan.read_rows, rows)
+        arena, rows = self.compressed_entries(x, qr, ctx)
         offset = window.shape[0] + kv.shape[0]
         compressed = torch.where(rows >= 0, rows + offset, rows).to(window_indices.dtype)
         return (*sources, arena), torch.cat([window_indices, compressed], dim=1)
@@ -132,15 +129,16 @@ class Attention(nn.Module):
 
     def compressed_entries(
         self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext
-    ) -> tuple[torch.Tensor, torch.Tensor, CompressionPlan]:
-        """Update this layer's compressed cache; return (arena ``[M, hd]``, rows ``[T, K]``,
-        the step's compression plan of this layer's kind)."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Update this layer's compressed cache; return (arena ``[M, hd]`` as the step reads
+        it, the rows ``[T, K]`` each query reads as indices into it): see
+        :meth:`StepContext.arena_rows`."""
         c = self.config
         plan = ctx.metadata.plans[(self.ratio, overlapped(c, self.layer_id))]
         source = c.kv_source_of(self.layer_id)
         if source == self.layer_id and not ctx.entries_written:
             self.write_entries(x, ctx)
-        return ctx.cache.rows(f"{source}.kv"), self.selection.rows(x, qr, ctx, plan), plan
+        return ctx.arena_rows(f"{source}.kv", plan, self.selection.rows(x, qr, ctx, plan))
 
     def write_entries(self, x: torch.Tensor, ctx: StepContext) -> None:
         """Compress ``x`` into this kv source's entries completed this step and their index

@@ -57,15 +57,18 @@ class StepContext:
         cache stores packed rows (a float cache is one format already) and they still apply."""
         return self.metadata.cache_reads() if self.cache.formats else None
 
-    def arena_reads(self, key: str, plan: CompressionPlan):
-        """(arena tensor ``key`` as the step's index readers take it, ``plan.seq_rows`` as
-        indices into it, ``plan.q_seq``, ``plan.visible_count``): float copies of the rows the
-        step reads where :meth:`cache_reads` has them, else the arena in place."""
-        lists = (plan.q_seq, plan.visible_count)
+    def arena_rows(self, key: str, plan: CompressionPlan, rows: torch.Tensor):
+        """(arena tensor ``key`` as the step's readers take it, ``rows`` (arena rows, ``-1`` =
+        none) as indices into it): float copies of the rows the step reads where
+        :meth:`cache_reads` has them, else the arena in place."""
         if plan.read_rows is not None and self.cache_reads() is not None:
-            rows = read_index(plan.read_rows, plan.seq_rows)
-            return self.cache.gather(key, plan.read_rows), rows, *lists
-        return self.cache.rows(key), plan.seq_rows, *lists
+            return self.cache.gather(key, plan.read_rows), read_index(plan.read_rows, rows)
+        return self.cache.rows(key), rows
+
+    def arena_reads(self, key: str, plan: CompressionPlan):
+        """The index readers' arguments: :meth:`arena_rows` of ``plan.seq_rows``, then
+        ``plan.q_seq`` and ``plan.visible_count``."""
+        return *self.arena_rows(key, plan, plan.seq_rows), plan.q_seq, plan.visible_count
 
     def record_tap(self, layer_id: int, streams: torch.Tensor) -> None:
         """Keep the DSpark tap of ``layer_id``: the mean over the streams, fp32 ``[T, D]``."""
