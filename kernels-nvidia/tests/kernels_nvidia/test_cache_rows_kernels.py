@@ -1,7 +1,7 @@
-"""pack_rows / write_rows Triton kernel: the bytes of the reference, bit for bit, for every row
-format the models use, on random rows and on planted extremes (grid maxima and beyond, rounding
-ties, signed zeros, subnormals, all-zero rows, fp32's largest values). fp32 inputs run on the
-interpreter; bf16 inputs and model sizes on the GPU."""
+"""pack_rows / write_rows / unpack_rows Triton kernels: the reference's bytes (and values), bit
+for bit, for every row format the models use, on random rows and on planted extremes (grid
+maxima and beyond, rounding ties, signed zeros, subnormals, all-zero rows, fp32's largest
+values). fp32 inputs run on the interpreter; bf16 inputs and model sizes on the GPU."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"  # cpu: the Triton interpreter (see conftest)
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
 reference = OPS["pack_rows"].reference
-OPS_HERE = ["pack_rows", "write_rows"]
+OPS_HERE = ["pack_rows", "write_rows", "unpack_rows"]
 
 # e2m1 midpoints and e4m3 midpoints (normal and subnormal) at scale 1, and their negatives
 E2M1_TIES = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 5.9, 0.2500001]
@@ -113,6 +113,31 @@ def test_write_rows_scatters_what_index_copy_of_the_reference_stores(name):
     cache, dst, x = cache.to(DEVICE), dst.to(DEVICE, torch.int32), x.to(DEVICE)
     got = backend.ops["write_rows"](cache, dst, x, fmt)
     assert got is cache and torch.equal(cache, want)
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_unpack_rows_of_planted_extremes_match_the_reference_bit_for_bit(name, out_dtype):
+    """The packed bytes of the extremes (subnormal codes, saturated scales, signed zeros), a
+    fp32 tail, leading dims and rows taken with a stride: the reference's values' bits."""
+    fmt = _with_tail(FORMATS[name], torch.float32)
+    gen = torch.Generator().manual_seed(23)
+    x = torch.cat([edge_rows(fmt, gen), random_rows(gen, 10, fmt.dim)])  # 30 rows
+    packed = reference(x, fmt)
+    wide = torch.cat([packed, packed], dim=1)[:, : fmt.row_bytes].unflatten(0, (-1, 3))
+    assert not wide.is_contiguous()
+    want = OPS["unpack_rows"].reference(wide, fmt, out_dtype)
+    got = backend.ops["unpack_rows"](wide.to(DEVICE), fmt, out_dtype)
+    assert got.dtype == out_dtype and got.shape == want.shape
+    bits = torch.int32 if out_dtype == torch.float32 else torch.int16
+    assert torch.equal(got.cpu().view(bits), want.view(bits))
+
+
+def test_unpack_rows_names_bad_rows():
+    fmt = FORMATS["index"]
+    with pytest.raises(ValueError, match=r"rows: expected uint8 \[..., 80\]"):
+        backend.ops["unpack_rows"](torch.zeros(2, 64, dtype=torch.uint8, device=DEVICE), fmt)
+    assert backend.ops["unpack_rows"](torch.zeros(0, 80, dtype=torch.uint8), fmt).shape == (0, 128)
 
 
 def test_write_rows_names_bad_arguments():

@@ -32,7 +32,7 @@ def _e4m3_to_f32(b):
     man = b & 7
     normal = ((sign << 31) | ((exp + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
     sub = man.to(tl.float32) * 0.001953125  # 2^-9
-    sub = tl.where(sign == 1, -sub, sub)
+    sub = (sub.to(tl.int32, bitcast=True) | (sign << 31)).to(tl.float32, bitcast=True)  # -0 too
     return tl.where(exp == 0, sub, normal)
 
 
@@ -44,7 +44,8 @@ def _e2m1_to_f32(n):
     half = (m & 1).to(tl.float32) * 0.5
     normal = ((2 + (m & 1)) << tl.maximum(e - 1, 0)).to(tl.float32) * 0.5
     value = tl.where(e == 0, half, normal)
-    return tl.where((n & 8) != 0, -value, value)
+    # the sign bit set, not negated: Triton's negation is 0 - x, which turns -0 into +0
+    return (value.to(tl.int32, bitcast=True) | ((n & 8) << 28)).to(tl.float32, bitcast=True)
 
 
 @triton.jit

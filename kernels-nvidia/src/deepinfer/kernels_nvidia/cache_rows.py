@@ -1,5 +1,8 @@
 """``pack_rows``: float rows into the cache's row formats (:mod:`deepinfer.kernels.formats`) in
-one Triton kernel, optionally scattered straight to destination rows of a cache tensor.
+one Triton kernel, optionally scattered straight to destination rows of a cache tensor;
+``unpack_rows``: packed rows back to float rows in one kernel (the decoding of
+:func:`~deepinfer.kernels_nvidia.attention_rows.load_packed`, which the attention and indexer
+kernels read packed rows with).
 
 Bit-exact with the reference without trusting the hardware's float rounding modes: block
 maxima are taken on the integer bits, a power-of-two scale divides by subtracting from the
@@ -22,6 +25,7 @@ from deepinfer.kernels.reference.quant import (
     FP4_UE8M0_AMAX_FLOOR,
     FP8_AMAX_FLOOR,
 )
+from deepinfer.kernels_nvidia.attention_rows import TAIL_DTYPES, load_packed
 from deepinfer.kernels_nvidia.quant import to_bf16
 from deepinfer.kernels_nvidia.registry import implements
 
@@ -220,3 +224,46 @@ def write_rows(
     x2 = values if values.stride(-1) == 1 else values.contiguous()
     _launch(x2, cache, fmt, dst.contiguous())
     return cache
+
+
+@triton.jit
+def _unpack_rows_kernel(
+    src, out, n, stride_src,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, Q: tl.constexpr,
+    BLK: tl.constexpr, FP4: tl.constexpr, E4M3S: tl.constexpr, TSZ: tl.constexpr,
+):  # fmt: skip
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (r < n)[:, None] & (cols < D)[None, :]
+    like = tl.zeros([1], dtype=out.dtype.element_ty)
+    rows = load_packed(src + r[:, None] * stride_src, cols, mask, like, D, Q, BLK, FP4, E4M3S, TSZ)
+    tl.store(out + r[:, None] * D + cols[None, :], rows, mask=mask)
+
+
+@implements("unpack_rows")
+def unpack_rows(
+    rows: torch.Tensor, fmt: RowFormat, out_dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """One launch for any number of rows (the reference takes a dozen torch ops): a
+    prefill step's float copies of its cache rows are unpacked by it, once per layer."""
+    supported = out_dtype in _FLOATS and (fmt.tail_bytes == 0 or fmt.tail_dtype in TAIL_DTYPES)
+    if rows.dtype != torch.uint8 or rows.shape[-1] != fmt.row_bytes or not supported:
+        return OPS["unpack_rows"].reference(rows, fmt, out_dtype)  # names bad arguments
+    flat = rows.reshape(-1, fmt.row_bytes)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    n = flat.shape[0]
+    # the interpreter's bf16 / fp16 casts flush subnormals: on a CPU, cast the fp32 values here
+    soft = rows.device.type == "cpu" and out_dtype != torch.float32
+    out = torch.empty(n, fmt.dim, dtype=torch.float32 if soft else out_dtype, device=rows.device)
+    if n:
+        block_d = triton.next_power_of_2(fmt.dim)
+        per = max(1, min(_TILE_ELEMENTS // block_d, n // _MIN_PROGRAMS))
+        per = 1 << (per.bit_length() - 1)
+        tail = fmt.tail_dtype.itemsize if fmt.tail_bytes else 0
+        _unpack_rows_kernel[(triton.cdiv(n, per),)](
+            flat, out, n, flat.stride(0), D=fmt.dim, BLOCK_D=block_d, ROWS=per,
+            Q=fmt.quantised, BLK=fmt.block, FP4=int(fmt.code == "e2m1"),
+            E4M3S=int(fmt.scale == "e4m3"), TSZ=tail, num_warps=4,
+        )  # fmt: skip
+    return out.to(out_dtype).view(*rows.shape[:-1], fmt.dim)
