@@ -83,6 +83,28 @@ def test_tile_policy():
     assert choose_tiles(4096, torch.bfloat16, batch_invariant=True)[1]
 
 
+@pytest.mark.parametrize(
+    "rows,entries,split", [(1, 640, 16), (1, 128, 16), (8, 128, 16), (8, 640, 64), (32, 640, 128)]
+)
+def test_small_batches_cut_their_lists_into_enough_splits(rows, entries, split):
+    """About SPLIT_PROGRAMS programs (the sizes measured fastest on an H100 for decode lists of
+    128-640 entries); batch-invariant launches keep the one fixed size, whatever the batch."""
+    tiles, is_split = choose_tiles(rows, torch.bfloat16, batch_invariant=False, entries=entries)
+    assert is_split and tiles.split_size == split and tiles.block_n == min(32, split)
+    fixed, _ = choose_tiles(rows, torch.bfloat16, batch_invariant=True, entries=entries)
+    assert fixed.split_size == 128
+
+
+def test_short_splits_match_the_reference():
+    """The default policy at one row over a long list (many 16-entry splits), against the
+    reference, and against one fixed split size within the rounding of bf16 outputs."""
+    q, kv, idx, sink, scale = _inputs(3, 1, 64, 64, 200, 24, 300)
+    got = backend.ops[OP](q, kv, idx, sink, scale)
+    torch.testing.assert_close(got, reference(q, kv, idx, sink, scale), atol=1.6e-2, rtol=1.6e-2)
+    fixed = backend.ops[OP](q, kv, idx, sink, scale, tiles=AttentionTiles(split_rows_max=10**9))
+    torch.testing.assert_close(got, fixed, atol=8e-3, rtol=8e-3)
+
+
 def test_int64_indices_and_empty_list():
     q, kv, idx, sink, scale = _inputs(2, 3, 16, 64, 8, 24, 90, dtype=torch.float32)
     got = backend.ops[OP](q, kv, idx.long(), sink, scale)

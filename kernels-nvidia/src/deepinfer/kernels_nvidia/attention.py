@@ -7,13 +7,15 @@ accumulators, ``exp2`` with ``log2 e`` folded into the scale).
 
 Two launch shapes, one kernel:
 
-- split: the index list is cut into splits of a FIXED number of entries (``split_size``), one
+- split: the index list is cut into splits of a fixed number of entries (``split_size``), one
   program per (row, head block, split), each writing an unnormalised fp32 partial; a second
-  kernel merges a row's splits in split order and adds the sink. Nothing depends on the number
-  of rows, so a row's output is bitwise identical for every batch size: with
-  ``DEEPINFER_BATCH_INVARIANT=1`` this path serves every launch. Otherwise it serves only tiny
-  batches (``SPLIT_ROWS_MAX`` rows), where it is the only way to fill the GPU: the partials of
-  64 heads x 512 dims in fp32 outweigh the FP8 rows they summarise.
+  kernel merges a row's splits in split order and adds the sink. With
+  ``DEEPINFER_BATCH_INVARIANT=1`` this path serves every launch with one split size, so nothing
+  depends on the number of rows and a row's output is bitwise identical for every batch size.
+  Otherwise it serves only tiny batches (``SPLIT_ROWS_MAX`` rows), where it is the only way to
+  fill the GPU (the partials of 64 heads x 512 dims in fp32 outweigh the FP8 rows they
+  summarise), with splits as short as it takes to give about ``SPLIT_PROGRAMS`` programs:
+  a decode row's list is only 128-640 entries, so at batch 1 the fixed size left 1-5 programs.
 - whole list: one program per (row, head block) walks the whole list and finishes in place.
 
 Default tiles are the fastest measured on an H200 (``benchmarks/kernels/bench_attention.py``):
@@ -27,7 +29,7 @@ three sources read in place (:mod:`.attention_rows`), each of its own dtype.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -42,6 +44,8 @@ LOG2E = 1.4426950408889634
 
 
 SPLIT_ROWS_MAX = 32  # rows up to which the split path runs when batch invariance is off
+SPLIT_PROGRAMS = 128  # programs the split size aims at when batch invariance is off
+MIN_SPLIT = 16  # the shortest split (one 16-row tile)
 
 
 @dataclass(frozen=True)
@@ -66,12 +70,20 @@ WHOLE_LIST_TILES = AttentionTiles(block_n=64, num_stages=2, halves=True)
 FP32_TILES = AttentionTiles(head_block=16, block_n=16, num_warps=4)
 
 
-def choose_tiles(rows: int, dtype: torch.dtype, *, batch_invariant: bool):
-    """(tiles, is_split) for ``rows`` query rows of ``dtype``."""
+def choose_tiles(rows: int, dtype: torch.dtype, *, batch_invariant: bool, entries: int = 0):
+    """(tiles, is_split) for ``rows`` query rows of ``dtype`` over lists of ``entries``
+    indices. Batch-invariant launches keep ``SPLIT_TILES``' fixed split size."""
     is_split = batch_invariant or rows <= SPLIT_ROWS_MAX
     if dtype == torch.float32:
         return FP32_TILES, is_split
-    return (SPLIT_TILES if is_split else WHOLE_LIST_TILES), is_split
+    if not is_split:
+        return WHOLE_LIST_TILES, False
+    if batch_invariant:
+        return SPLIT_TILES, True
+    wanted = triton.next_power_of_2(max(1, rows * entries // SPLIT_PROGRAMS))
+    split = max(MIN_SPLIT, min(SPLIT_TILES.split_size, wanted))
+    block_n = min(SPLIT_TILES.block_n, split)
+    return replace(SPLIT_TILES, split_size=split, block_n=block_n), True
 
 
 @triton.jit
@@ -217,7 +229,9 @@ def sparse_mqa_sink(q, kv, indices, sink, scale, *, tiles: AttentionTiles | None
     if is_float32(sources) or q.dtype not in (torch.bfloat16, torch.float16):
         q = q.float()
     if tiles is None or tiles.split_rows_max is None:
-        auto, is_split = choose_tiles(q.shape[0], q.dtype, batch_invariant=envs.batch_invariant())
+        auto, is_split = choose_tiles(
+            q.shape[0], q.dtype, batch_invariant=envs.batch_invariant(), entries=indices.shape[1]
+        )
         tiles = tiles or auto
     else:
         is_split = q.shape[0] <= tiles.split_rows_max
