@@ -116,7 +116,9 @@ def test_attention_stack_kernels_never_sync_with_the_host():
     h, f = randn(8, 4, 4096), randn(8, 4096)
     fn, base, scale = randn(24, 16384, dtype=torch.float32) * 0.01, randn(24), randn(3)
     scores = randn(8, 2048, dtype=torch.float32)
-    cand = torch.arange(2048, device="cuda").expand(8, -1).contiguous()
+    seq_rows = torch.arange(2048, device="cuda").expand(2, -1).contiguous()  # two sequences
+    q_seq = torch.tensor([0] * 4 + [1] * 4, device="cuda")
+    counts = torch.full((8,), 1500, device="cuda")
     ang = randn(8, 32, dtype=torch.float32)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -129,8 +131,10 @@ def test_attention_stack_kernels_never_sync_with_the_host():
         )
         ops["hc_collapse"](h, pre)
         ops["hc_expand"](f, h, post, comb)
-        ops["indexer_scores"](randn(8, 64, 128), randn(8, 64), randn(2048, 128), cand)
-        ops["select_topk"](scores, cand, 512)
+        ops["indexer_scores"](
+            randn(8, 64, 128), randn(8, 64), randn(2048, 128), seq_rows, q_seq, counts
+        )
+        ops["select_topk"](scores, seq_rows, q_seq, 512)
         ops["candidate_block_mask"](scores, torch.full((8,), 2000, device="cuda"), 64, 8)
         ops["hadamard_rotate"](randn(8, 128))
         ops["compress_pool"](randn(256, 8, 512), randn(256, 8, 512, dtype=torch.float32))
