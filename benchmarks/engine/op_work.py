@@ -78,7 +78,9 @@ def _products(name: str, a: dict[str, Any]) -> tuple[float, str, int] | None:
     if name == "indexer_scores":  # q [T, Hi, d] against C candidates
         q = a["q"]
         rate = "fp8" if q.dtype == torch.float8_e4m3fn else "bf16"
-        return 2.0 * q.shape[0] * q.shape[1] * q.shape[2] * a["seq_rows"].shape[1], rate, 0
+        # seq_rows [B, C]; trees before 2026-12-07 passed candidates [T, C] (A/B runs count both)
+        candidates = (a["seq_rows"] if "seq_rows" in a else a["candidates"]).shape[1]
+        return 2.0 * q.shape[0] * q.shape[1] * q.shape[2] * candidates, rate, 0
     return None
 
 

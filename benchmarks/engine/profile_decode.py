@@ -138,7 +138,7 @@ def _torch_totals(prof, steps: int) -> dict:
                 "calls": e.count / steps,
                 "device_ms": getattr(e, "self_device_time_total", 0) / 1e3 / steps,
             }
-            for e in top[:12]
+            for e in top[:40]
         ],  # fmt: skip
     }
 
