@@ -293,6 +293,22 @@ def test_f32_bf16_linear_rows_do_not_depend_on_the_batch():
         assert torch.equal(gemm_dense.linear_f32_bf16(x[:m].contiguous(), w), full[:m])
 
 
+def test_f32_bf16_linear_splits_k_for_a_weight_of_few_rows():
+    """The router's shape class (few weight rows, long K) runs in K chunks summed in chunk
+    order: the reference's products, rows independent of the batch; the LM head's does not."""
+    assert gemm_dense.k_splits(256, 4096) == (32, 128)  # V4-Flash router: 64 programs
+    assert gemm_dense.k_splits(129280, 4096) == (1, 4096)  # the LM head
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(19, 1000, generator=gen) * 3).to(DEVICE)
+    w = torch.randn(40, 1000, generator=gen).bfloat16().to(DEVICE)
+    assert gemm_dense.k_splits(40, 1000)[0] > 1
+    got = gemm_dense.linear_f32_bf16(x, w)
+    want = OPS["linear"].reference(x, w, out_dtype=torch.float32)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * 1000**0.5)
+    for m in (1, 7):
+        assert torch.equal(gemm_dense.linear_f32_bf16(x[:m].contiguous(), w), got[:m])
+
+
 @pytest.mark.gpu
 @gpu
 def test_f32_bf16_linear_at_the_head_shape():

@@ -17,7 +17,10 @@ above that.
 The weight rows are the product's M side (``out^T = w x^T``) and the activation rows are always
 taken 16 at a time, so a row's result does not depend on how many rows the batch has (batch
 invariant by construction); the programs of one weight tile run next to each other and share
-its bytes through L2.
+its bytes through L2. A weight of few rows (the router: 256 x 4,096) would give a decode step
+only a couple of programs, each walking all of K: its K is cut into ``splits`` chunks (a number
+that depends on the weight's shape only, so rows stay batch invariant), each program sums one
+chunk, and a second kernel adds the chunks' partials in chunk order.
 """
 
 from __future__ import annotations
@@ -29,16 +32,21 @@ import triton.language as tl
 BLOCK_M = 16  # activation rows per program (fixed: batch invariance)
 BLOCK_N = 128
 BLOCK_K = 64
+SPLIT_PROGRAMS = 128  # programs per 16 activation rows that splitting K aims at
 
 
 @triton.jit
 def _f32_bf16_kernel(
-    x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_o, num_m,
+    x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_o, num_m, k_chunk, stride_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """One ``[BLOCK_N weight rows, BLOCK_M activation rows]`` output tile; programs are ordered
+    """One ``[BLOCK_N weight rows, BLOCK_M activation rows]`` output tile over K chunk
+    ``program_id(1)`` (written at ``out_ptr + chunk * stride_split``); programs are ordered
     activation tile fastest, so the tiles reading one weight tile run together."""
     pid = tl.program_id(0)
+    k_start = tl.program_id(1) * k_chunk
+    k_end = tl.minimum(k_start + k_chunk, K)
+    out_ptr += tl.program_id(1).to(tl.int64) * stride_split
     pid_m = pid % num_m
     pid_n = pid // num_m
     rows_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -49,8 +57,8 @@ def _f32_bf16_kernel(
     x_rows = tl.where(mask_m, rows_m, 0).to(tl.int64)
     cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kmask = (k0 + cols) < K
+    for k0 in range(k_start, k_end, BLOCK_K):
+        kmask = (k0 + cols) < k_end
         w = tl.load(w_ptr + w_rows[:, None] * stride_w + (k0 + cols)[None, :],
                     mask=kmask[None, :], other=0.0)  # fmt: skip
         # the activations transposed, [BLOCK_K, BLOCK_M] fp32
@@ -72,6 +80,29 @@ def _f32_bf16_kernel(
     tl.store(out, acc, mask=mask_n[:, None] & mask_m[None, :])
 
 
+@triton.jit
+def _sum_splits_kernel(part_ptr, out_ptr, numel, splits, BLOCK: tl.constexpr):
+    """``out = part[0] + part[1] + ...`` in chunk order (``part`` ``[splits, numel]``)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in range(splits):
+        acc += tl.load(part_ptr + s * numel + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, acc, mask=mask)
+
+
+def k_splits(n: int, k: int) -> tuple[int, int]:
+    """(chunks, chunk length) K is cut into for an ``[n, k]`` weight: about ``SPLIT_PROGRAMS``
+    programs per activation tile, at least two ``BLOCK_K`` blocks per chunk; one chunk for a
+    weight of many rows (the LM head)."""
+    blocks = triton.cdiv(k, BLOCK_K)
+    wanted = min(SPLIT_PROGRAMS // triton.cdiv(n, BLOCK_N), blocks // 2)
+    if wanted < 2:
+        return 1, blocks * BLOCK_K
+    chunk = triton.cdiv(blocks, 1 << (wanted.bit_length() - 1)) * BLOCK_K
+    return triton.cdiv(k, chunk), chunk
+
+
 def linear_f32_bf16(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``x [M, K]`` fp32 (unit column stride) times ``w [N, K]`` bf16 (unit column stride) ->
     fp32 ``[M, N]``."""
@@ -87,11 +118,16 @@ def linear_f32_bf16(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if m == 0 or n == 0:
         return out
     num_m = triton.cdiv(m, BLOCK_M)
-    grid = (num_m * triton.cdiv(n, BLOCK_N),)
+    splits, chunk = k_splits(n, k)
+    part = out if splits == 1 else torch.empty((splits, m, n), dtype=out.dtype, device=x.device)
+    grid = (num_m * triton.cdiv(n, BLOCK_N), splits)
     _f32_bf16_kernel[grid](
-        x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), num_m,
+        x, w, part, m, n, k, x.stride(0), w.stride(0), n, num_m, chunk, m * n,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4, num_stages=4,
     )  # fmt: skip
+    if splits > 1:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](part, out, m * n, splits, BLOCK=block)
     return out
 
 
