@@ -1,8 +1,8 @@
 """LLM(data_parallel_size=N) on CPU processes over gloo, on tiny real checkpoints.
 
 With ``DEEPINFER_BATCH_INVARIANT=1`` greedy and seeded outputs of mixed prompts equal the
-single-process run token for token and logprob for logprob (16 short prompts: the invariant CPU
-path runs row by row); without it, the tokens of 50 prompts are the same and their logprobs
+single-process run token for token and logprob for logprob (50 short prompts, both
+checkpoints at 2 and 4 ranks); without it, the tokens of 50 prompts are the same and their logprobs
 agree within 1e-4, two of them with an image (V4.1's tower) run on different ranks. Asynchronous
 scheduling (the default) sends the ranks their next step before collecting the last one; off,
 they step synchronously: the same tokens. A bad request fails alone, a killed or stopped worker
@@ -30,7 +30,7 @@ from deepinfer.parallel import WorkerError
 from deepinfer.sampling import SamplingParams, StructuredOutputs
 
 MAX_TOKENS = 3
-NUM_INVARIANT_PROMPTS = 16
+NUM_INVARIANT_PROMPTS = 50
 IMAGE_ID = 15  # tiny_v41_config's image_token_id
 IMAGE_PROMPTS = {3: (20, 12), 4: (10, 24)}  # prompt index: (width, height) of its image
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -118,7 +118,7 @@ def _assert_one_engram_copy(llm: LLM, directory) -> None:
     assert {perms for *_, perms in files[0]} == {"r--s"}
 
 
-@pytest.mark.parametrize("kind,ranks", [("v41", 2), ("v4", 4)])
+@pytest.mark.parametrize("kind,ranks", [("v41", 2), ("v41", 4), ("v4", 2), ("v4", 4)])
 def test_batch_invariant_outputs_equal_the_single_process(checkpoints, monkeypatch, kind, ranks):
     monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
     ahead = kind == "v41"  # asynchronous ranks against a synchronous process, and the reverse
@@ -164,16 +164,37 @@ def test_logprobs_agree_images_included_and_a_bad_request_fails_alone(
         mixed = llm.generate(["a", "b", "c", "d"], [good, bad, good, good], use_tqdm=False)
     finally:
         llm.close()
-    for got, want in zip(outputs, expected, strict=True):
-        assert got.outputs[0].token_ids == want.outputs[0].token_ids
-        for got_lp, want_lp in zip(got.outputs[0].logprobs, want.outputs[0].logprobs, strict=True):
-            assert got_lp.keys() == want_lp.keys()
-            assert all(abs(got_lp[t] - want_lp[t]) <= 1e-4 for t in got_lp)
+    _assert_logprobs_agree(outputs, expected)
     assert {ranks[index] for index in IMAGE_PROMPTS} == {0, 1}
     for index in IMAGE_PROMPTS:  # the placeholder became the image's span
         assert len(outputs[index].prompt_token_ids) > len(_prompts()[index]) + 1
     assert mixed[1].outputs[0].finish_reason == "error" and mixed[1].outputs[0].error
     assert [mixed[i].outputs[0].finish_reason for i in (0, 2, 3)] == ["length"] * 3
+
+
+def _assert_logprobs_agree(outputs, expected) -> None:
+    """The same tokens, and each token's top logprobs within 1e-4."""
+    for got, want in zip(outputs, expected, strict=True):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+        for got_lp, want_lp in zip(got.outputs[0].logprobs, want.outputs[0].logprobs, strict=True):
+            assert got_lp.keys() == want_lp.keys()
+            assert all(abs(got_lp[t] - want_lp[t]) <= 1e-4 for t in got_lp)
+
+
+@pytest.mark.parametrize("kind,ranks", [("v41", 4), ("v4", 2), ("v4", 4)])
+def test_logprobs_agree_without_the_flag(checkpoints, kind, ranks):
+    """The rest of the matrix beside the V4.1 2-rank case above: 50 prompts, float numerics."""
+    expected = _generate(_engine(checkpoints[kind], numerics="float"))
+    llm = _engine(
+        checkpoints[kind], data_parallel_size=ranks, expert_parallel_size=ranks,
+        numerics="float",
+    )  # fmt: skip
+    try:
+        outputs = _generate(llm)
+    finally:
+        llm.close()
+    assert [o.request_id for o in outputs] == [o.request_id for o in expected]
+    _assert_logprobs_agree(outputs, expected)
 
 
 @pytest.mark.parametrize("fault", ["killed", "stopped"])
