@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from deepinfer.engine.core.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from deepinfer.engine.core.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, TokenBytes
 from deepinfer.engine.core.request import Request
 from deepinfer.engine.core.stop import check_new_token
 from deepinfer.engine.testing.fake_executor import ByteTokenizer
@@ -87,6 +87,47 @@ def test_deltas_of_random_ids_match_two_decodes_and_the_full_decode(skip):
             held_back = full[len(joined) :]
             assert full.startswith(joined)
             assert not held_back or held_back.endswith(REPLACEMENT_CHAR)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("kind", ["embedded", "bpe"])
+def test_byte_path_deltas_equal_the_window_decodes(kind, skip):
+    """With a TokenBytes table (byte-level tokenizers) the deltas are the window decodes',
+    for random ids mixing whole words, split UTF-8 bytes, bad bytes and added tokens."""
+    from deepinfer.engine.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(EMBEDDED) if kind == "embedded" else _bpe_tokenizer()
+    backend = getattr(tok, "backend", tok)
+    token_bytes = TokenBytes.of(tok)
+    assert token_bytes is not None
+    vocab = backend.get_vocab_size()
+    added = sorted(backend.get_added_tokens_decoder())
+    words = [i for i in range(vocab) if i not in added]
+    rng = random.Random(11)
+    num_byte_path = 0
+    for trial in range(400):
+        pool = words if trial % 3 else words + added * 20  # a third with many added tokens
+        prompt = [rng.choice(pool) for _ in range(rng.randrange(8))]
+        out = [rng.choice(pool) for _ in range(rng.randrange(1, 60))]
+        window = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip)
+        fast = IncrementalDetokenizer(
+            tok, prompt, skip_special_tokens=skip, token_bytes=token_bytes
+        )
+        for t in out:
+            num_byte_path += fast.pending is not None
+            assert fast.append(t) == window.append(t)
+            assert (fast.window, fast.read_offset) == (window.window, window.read_offset)
+            assert fast.prefix_text == window.prefix_text
+    assert num_byte_path > 1000  # the byte path did run
+
+
+def test_token_bytes_only_for_byte_level_decoders():
+    assert TokenBytes.of(ByteTokenizer()) is None
+    from tokenizers import Tokenizer, decoders, models
+
+    tok = Tokenizer(models.BPE())
+    tok.decoder = decoders.Metaspace()
+    assert TokenBytes.of(tok) is None
 
 
 def _request(params, *, prompt=(10, 11), eos=1, tokenizer=None):

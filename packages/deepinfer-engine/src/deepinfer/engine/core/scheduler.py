@@ -26,7 +26,7 @@ from typing import Any
 
 from deepinfer.engine.core.block_manager import BlockManager, cdiv
 from deepinfer.engine.core.config import SchedulerConfig
-from deepinfer.engine.core.detokenizer import IncrementalDetokenizer
+from deepinfer.engine.core.detokenizer import IncrementalDetokenizer, TokenBytes
 from deepinfer.engine.core.executor_view import ExecutorView
 from deepinfer.engine.core.image_spans import fit_to_image_spans
 from deepinfer.engine.core.request import (
@@ -66,6 +66,8 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
+        # byte-level tokenizers: token bytes shared by every request's detokeniser
+        self._token_bytes = TokenBytes.of(tokenizer) if tokenizer is not None else None
         self.clock = clock
         self.block_manager = BlockManager(config.num_blocks, config.block_size)
         self.state_slots = StateSlotPool(config.num_state_slots)
@@ -109,6 +111,7 @@ class Scheduler:
                 self.tokenizer,
                 request.prompt_token_ids,
                 skip_special_tokens=request.skip_special_tokens,
+                token_bytes=self._token_bytes,
             )
 
     def queue_state_copy(self, src_slot: int, dst_slot: int) -> None:
@@ -306,57 +309,61 @@ class Scheduler:
         """Apply one step's results; return what changed per sequence (finished ones too)."""
         updates: list[SequenceUpdate] = []
         now = self.clock()
+        requests, errors = self.requests, runner_output.errors
         for request_id in scheduler_output.num_scheduled_tokens:
-            request = self.requests.get(request_id)
-            if request is None or request.is_finished:
+            request = requests.get(request_id)
+            if request is None or request.status is RequestStatus.FINISHED:
                 continue  # aborted after scheduling
-            if request_id in runner_output.errors:
-                self._finish(request, FINISH_ERROR, error=runner_output.errors[request_id])
+            if errors and request_id in errors:
+                self._finish(request, FINISH_ERROR, error=errors[request_id])
                 continue
-            updates.extend(self._apply_step(request, scheduler_output, runner_output, now))
-        updates, self._pending_updates = updates + self._pending_updates, []
+            self._apply_step(request, scheduler_output, runner_output, now, updates)
+        if self._pending_updates:
+            updates, self._pending_updates = updates + self._pending_updates, []
         return updates  # (mark_finished took the finished ones out of ``running``)
 
-    def _apply_step(self, request, scheduler_output, runner_output, now):
+    def _apply_step(self, request, scheduler_output, runner_output, now, updates) -> None:
+        """Apply one request's step results; append its sequences' updates to ``updates``."""
         request_id = request.request_id
         sampled = runner_output.sampled_token_ids.get(request_id)
         is_running = request.status is RequestStatus.RUNNING  # (else preempted since: recomputes)
         drafts = scheduler_output.scheduled_spec_token_ids.get(request_id)
         if drafts and sampled and is_running:
             request.num_computed_tokens -= len(drafts) + 1 - len(sampled)  # rejected drafts
-        request.spec_token_ids = []
+        if request.spec_token_ids:
+            request.spec_token_ids = []
         prompt_logprobs = runner_output.prompt_logprobs.get(request_id)
         if prompt_logprobs and is_running:  # a preempted one recomputes them
             request.prompt_logprobs.extend(prompt_logprobs)
         if not sampled:
-            return []
+            return
         resolve_in_flight(request)
         logprobs = runner_output.logprobs.get(request_id, [])
         if request_id in scheduler_output.fork_seeds:
             if not is_running:
-                return []  # preempted before its fork: the recompute forks again
+                return  # preempted before its fork: the recompute forks again
             sequences = [request, *self._fork(request)]
-            return [
-                self._append_sampled(seq, [tok], logprobs[k : k + 1], now)
-                for k, (seq, tok) in enumerate(zip(sequences, sampled))
-            ]
+            for k, (seq, tok) in enumerate(zip(sequences, sampled)):
+                updates.append(self._append_sampled(seq, [tok], logprobs[k : k + 1], now))
+            return
         stats = runner_output.spec_stats.get(request_id)  # (None: no drafts verified)
-        update = self._append_sampled(request, sampled, logprobs, now, stats)
+        updates.append(self._append_sampled(request, sampled, logprobs, now, stats))
         new_drafts = runner_output.draft_token_ids.get(request_id)
         if new_drafts:
             request.speculates = True
-        # drafts follow the newest token: stale once a later step of the request is in flight
-        if new_drafts and request.status is RequestStatus.RUNNING and not request.num_placeholders:
-            room = self.config.max_model_len - request.num_tokens
-            request.spec_token_ids = list(new_drafts[: max(0, room)])
-        return [update]
+            # drafts follow the newest token: stale once a later step of the request is in flight
+            if request.status is RequestStatus.RUNNING and not request.num_placeholders:
+                room = self.config.max_model_len - len(request.all_token_ids)
+                request.spec_token_ids = list(new_drafts[: max(0, room)])
 
     def _append_sampled(self, request, token_ids, logprobs, now, stats=None) -> SequenceUpdate:
-        previous_len, max_len = request.text.length, self.config.max_model_len
-        appended, stop = append_tokens(request, token_ids, logprobs, max_len, now)
+        previous_len = request.text.length
+        appended, stop = append_tokens(request, token_ids, logprobs, self.config.max_model_len, now)
         if stop is not None:
             self.mark_finished(request, stop.finish_reason, stop_reason=stop.stop_reason)
-        return sequence_update(request, appended, logprobs[: len(appended)], previous_len, stats)
+        if logprobs:
+            logprobs = logprobs[: len(appended)]
+        return sequence_update(request, appended, logprobs, previous_len, stats)
 
     def _fork(self, parent: Request) -> list[Request]:
         """Fork ``parent`` into its samples; they run right after it in the running order."""
