@@ -55,9 +55,7 @@ class TokenBytes:
         self.tokenizer = tokenizer
         self.backend = backend
         self._chars = _byte_level_chars()
-        self._table: dict[int, bytes | None] = dict.fromkeys(
-            backend.get_added_tokens_decoder()
-        )
+        self._table: dict[int, bytes | None] = dict.fromkeys(backend.get_added_tokens_decoder())
 
     @classmethod
     def of(cls, tokenizer: Any) -> TokenBytes | None:

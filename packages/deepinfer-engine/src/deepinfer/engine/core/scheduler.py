@@ -53,6 +53,8 @@ from deepinfer.engine.core.updates import (
     sequence_update,
 )
 
+_NO_NEW_BLOCKS = (0, False)  # what ``_blocks_needed`` says of most decode steps
+
 
 class Scheduler:
     """FCFS token-budget scheduler with chunked prefill and preemption by recompute."""
@@ -139,23 +141,25 @@ class Scheduler:
 
     def _schedule_running(self, budget, scheduled, replaced, block_copies) -> tuple[int, bool]:
         preempted = False
+        running, can_allocate = self.running, self.block_manager.can_allocate
         index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
+        while index < len(running) and budget > 0:
+            request = running[index]
             num_new = self._num_tokens_to_schedule(request, budget)
             if num_new == 0:
                 index += 1
                 continue
             needed = self._blocks_needed(request, num_new)
-            while not self.block_manager.can_allocate(needed[0] + needed[1]):
-                victim = self.running.pop()
+            while not can_allocate(needed[0] + needed[1]):
+                victim = running.pop()
                 self._preempt(victim)
                 preempted = True
                 if victim is request:
                     break
                 needed = self._blocks_needed(request, num_new)  # a victim may have shared one
             else:
-                self._allocate(request, needed, replaced, block_copies)
+                if needed != _NO_NEW_BLOCKS:
+                    self._allocate(request, needed, replaced, block_copies)
                 scheduled[request.request_id] = num_new
                 budget -= num_new
                 index += 1
@@ -197,26 +201,24 @@ class Scheduler:
             budget -= num_new
 
     def _num_tokens_to_schedule(self, request: Request, budget: int) -> int:
-        if not can_run_ahead(request, self.config.max_model_len):
+        max_model_len = self.config.max_model_len
+        if not can_run_ahead(request, max_model_len):
             return 0
-        known = request.num_tokens + request.num_placeholders
-        wanted = known + len(request.spec_token_ids) - request.num_computed_tokens
-        room = self.config.max_model_len - request.num_computed_tokens
-        num_new = max(0, min(wanted, budget, room))
+        num_computed = request.num_computed_tokens
+        known = len(request.all_token_ids) + request.num_placeholders
+        wanted = known + len(request.spec_token_ids) - num_computed
+        num_new = max(0, min(wanted, budget, max_model_len - num_computed))
         return fit_to_image_spans(request, num_new) if request.images else num_new
 
     def _blocks_needed(self, request: Request, num_new: int) -> tuple[int, bool]:
         """(new blocks to append, whether the first block written is shared: copy on write)."""
         config = self.config
-        end = min(request.num_computed_tokens + num_new, config.max_model_len)
-        num_blocks = cdiv(end + config.num_lookahead_tokens, config.block_size)
-        num_append = max(0, num_blocks - len(request.block_ids))
-        first = request.num_computed_tokens // config.block_size
-        shared = (
-            first < len(request.block_ids)
-            and self.block_manager.ref_count(request.block_ids[first]) > 1
-        )
-        return num_append, shared
+        num_computed, block_ids = request.num_computed_tokens, request.block_ids
+        end = min(num_computed + num_new, config.max_model_len)
+        num_append = cdiv(end + config.num_lookahead_tokens, config.block_size) - len(block_ids)
+        first = num_computed // config.block_size
+        shared = first < len(block_ids) and self.block_manager.ref_count(block_ids[first]) > 1
+        return (num_append, shared) if num_append > 0 else (0, shared)
 
     def _allocate(self, request, needed: tuple[int, bool], replaced, block_copies) -> None:
         """Take the blocks ``_blocks_needed`` counted (a private copy of a shared one first)."""
@@ -274,18 +276,22 @@ class Scheduler:
         spec: dict[str, list[int]] = {}
         fork_seeds: dict[str, list[int]] = {}
         from_previous: set[str] = set()
+        requests, describe = self.requests, self._view.describe
         for request_id, num_new in scheduled.items():
-            request = self.requests[request_id]
-            if request.num_placeholders:
+            request = requests[request_id]
+            num_placeholders = request.num_placeholders
+            if num_placeholders:
                 from_previous.add(request_id)
-            data = self._view.describe(request, replaced.get(request_id, ()))
+            data = describe(request, replaced.get(request_id, ()) if replaced else ())
             (new_requests if isinstance(data, NewRequestData) else cached_requests).append(data)
-            num_known = request.num_tokens + request.num_placeholders - request.num_computed_tokens
+            num_known = len(request.all_token_ids) + num_placeholders - request.num_computed_tokens
+            awaits = False
             if num_new > num_known:
                 spec[request_id] = request.spec_token_ids[: num_new - num_known]
-            if request.forks_on_prompt_end and num_new >= num_known:
+                awaits = True
+            if request.num_pending_samples > 1 and num_new >= num_known:  # forks on prompt end
                 fork_seeds[request_id] = request_seeds(request)
-            awaits = request_id in spec or request_id in fork_seeds
+                awaits = True
             mark_in_flight(request, num_new, num_known, awaits=awaits)
         finished, preempted = self._view.take_forgotten()
         state_copies, self._pending_state_copies = self._pending_state_copies, []
