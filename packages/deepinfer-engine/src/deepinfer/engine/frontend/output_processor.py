@@ -9,12 +9,37 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from deepinfer.engine.core.request import StopConditions, num_samples
 from deepinfer.engine.core.scheduler_output import SequenceUpdate
 from deepinfer.engine.frontend.outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+# A streaming delta copies each changed sample per step: built positionally, as
+# ``dataclasses.replace`` (which takes 3 us) would, from CompletionOutput's fields in order.
+_COMPLETION_FIELDS = (
+    "index", "text", "token_ids", "logprobs", "finish_reason", "stop_reason", "error",
+    "reasoning_content", "content", "tool_calls",
+)  # fmt: skip
+if tuple(f.name for f in fields(CompletionOutput)) != _COMPLETION_FIELDS:
+    raise ImportError("CompletionOutput's fields changed: update _sample_delta to match")
+
+
+def _sample_delta(sample: CompletionOutput, text: str, token_ids, logprobs) -> CompletionOutput:
+    """``replace(sample, text=text, token_ids=token_ids, logprobs=logprobs)``."""
+    return CompletionOutput(
+        sample.index,
+        text,
+        token_ids,
+        logprobs,
+        sample.finish_reason,
+        sample.stop_reason,
+        sample.error,
+        sample.reasoning_content,
+        sample.content,
+        sample.tool_calls,
+    )
 
 
 @dataclass
@@ -27,9 +52,15 @@ class _SampleText:
 
     def apply(self, new_text: str, text_length: int, holdback: int, finished: bool) -> str:
         """Take one update; return the newly visible text."""
-        pending = (self.held_back + new_text)[: max(0, text_length - self.num_emitted)]
-        num_visible = len(pending) if finished else max(0, len(pending) - holdback)
-        visible, self.held_back = pending[:num_visible], pending[num_visible:]
+        pending = self.held_back + new_text if self.held_back else new_text
+        room = text_length - self.num_emitted
+        if len(pending) > room:  # a stop string cut the text
+            pending = pending[: max(0, room)]
+        if finished or not holdback:
+            visible, self.held_back = pending, ""
+        else:
+            num_visible = max(0, len(pending) - holdback)
+            visible, self.held_back = pending[:num_visible], pending[num_visible:]
         if visible:
             self.emitted.append(visible)
             self.num_emitted += len(visible)
@@ -50,10 +81,11 @@ class _Group:
     wants_prompt_logprobs: bool = False
     prompt_logprobs: list[dict[int, float] | None] | None = None
     streamed_tokens: list[int] = field(default_factory=list)
+    num_unfinished: int = 0  # samples without a finish reason (kept by ``OutputProcessor``)
 
     @property
     def finished(self) -> bool:
-        return all(s.finished for s in self.samples)
+        return not self.num_unfinished
 
 
 def _add_spec_stats(metrics: RequestMetrics, update: SequenceUpdate) -> None:
@@ -94,6 +126,7 @@ class OutputProcessor:
             metrics=RequestMetrics(arrival_time, num_prompt_tokens=len(prompt_token_ids)),
             wants_prompt_logprobs=getattr(params, "prompt_logprobs", None) is not None,
             streamed_tokens=[0] * n,
+            num_unfinished=n,
         )
 
     def process(self, updates: list[SequenceUpdate]) -> list[RequestOutput]:
@@ -105,13 +138,18 @@ class OutputProcessor:
         outputs); return, per request that changed, each changed sample's new visible text."""
         new_text: dict[str, dict[int, str]] = {}
         now = self.clock()
+        groups = self._groups
         for update in updates:
-            group = self._groups.get(update.group_id)
+            group_id = update.group_id
+            group = groups.get(group_id)
             if group is None:
                 continue
             visible = self._apply(group, update, now)
-            per_sample = new_text.setdefault(update.group_id, {})
-            per_sample[update.index] = per_sample.get(update.index, "") + visible
+            per_sample = new_text.get(group_id)
+            if per_sample is None:
+                new_text[group_id] = {update.index: visible}
+            else:
+                per_sample[update.index] = per_sample.get(update.index, "") + visible
         return new_text
 
     def forget(self, request_id: str) -> None:
@@ -128,26 +166,30 @@ class OutputProcessor:
         return self._output(request_id, group, outputs)
 
     def _apply(self, group: _Group, update: SequenceUpdate, now: float) -> str:
-        sample = group.samples[update.index]
-        sample.token_ids.extend(update.new_token_ids)
+        index, new_token_ids = update.index, update.new_token_ids
+        sample = group.samples[index]
+        metrics = group.metrics
+        if new_token_ids:
+            sample.token_ids.extend(new_token_ids)
+            metrics.num_generated_tokens += len(new_token_ids)
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
         if sample.logprobs is not None:
             sample.logprobs.extend(update.new_logprobs)
-        metrics = group.metrics
-        metrics.num_generated_tokens += len(update.new_token_ids)
         if update.num_verify_steps:
             _add_spec_stats(metrics, update)
-        if update.new_token_ids and metrics.first_token_time is None:
-            metrics.first_token_time = now
         if update.finished:
+            was_finished = sample.finish_reason is not None
             sample.finish_reason = update.finish_reason
             sample.stop_reason = update.stop_reason
             sample.error = update.error
+            group.num_unfinished += was_finished - (sample.finish_reason is not None)
             metrics.num_preemptions += update.num_preemptions
             if update.prompt_logprobs is not None and group.wants_prompt_logprobs:
                 group.prompt_logprobs = [None, *update.prompt_logprobs]
             if group.finished:
                 metrics.finished_time = now
-        text = group.texts[update.index]
+        text = group.texts[index]
         return text.apply(update.new_text, update.text_length, group.holdback, update.finished)
 
     def _delta(self, request_id: str, new_text: dict[int, str]) -> RequestOutput:
@@ -158,11 +200,7 @@ class OutputProcessor:
             start = group.streamed_tokens[k]
             group.streamed_tokens[k] = len(sample.token_ids)
             logprobs = None if sample.logprobs is None else sample.logprobs[start:]
-            deltas.append(
-                replace(
-                    sample, text=new_text[k], token_ids=sample.token_ids[start:], logprobs=logprobs
-                )
-            )
+            deltas.append(_sample_delta(sample, new_text[k], sample.token_ids[start:], logprobs))
         return self._output(request_id, group, deltas)
 
     @staticmethod
