@@ -45,15 +45,14 @@ from deepinfer.engine.core.scheduler_output import (
 from deepinfer.engine.core.state_slots import StateSlotPool
 from deepinfer.engine.core.updates import (
     append_tokens,
-    can_run_ahead,
     final_updates,
     fork_children,
     mark_in_flight,
+    num_tokens_to_schedule,
     resolve_in_flight,
     sequence_update,
+    take_drafts,
 )
-
-_NO_NEW_BLOCKS = (0, False)  # what ``_blocks_needed`` says of most decode steps
 
 
 class Scheduler:
@@ -142,10 +141,11 @@ class Scheduler:
     def _schedule_running(self, budget, scheduled, replaced, block_copies) -> tuple[int, bool]:
         preempted = False
         running, can_allocate = self.running, self.block_manager.can_allocate
+        max_model_len = self.config.max_model_len
         index = 0
         while index < len(running) and budget > 0:
             request = running[index]
-            num_new = self._num_tokens_to_schedule(request, budget)
+            num_new = num_tokens_to_schedule(request, budget, max_model_len)
             if num_new == 0:
                 index += 1
                 continue
@@ -158,7 +158,7 @@ class Scheduler:
                     break
                 needed = self._blocks_needed(request, num_new)  # a victim may have shared one
             else:
-                if needed != _NO_NEW_BLOCKS:
+                if needed[0] or needed[1]:  # (most decodes need no block)
                     self._allocate(request, needed, replaced, block_copies)
                 scheduled[request.request_id] = num_new
                 budget -= num_new
@@ -199,16 +199,6 @@ class Scheduler:
             self._allocate(request, needed, replaced, block_copies)
             scheduled[request.request_id] = num_new
             budget -= num_new
-
-    def _num_tokens_to_schedule(self, request: Request, budget: int) -> int:
-        max_model_len = self.config.max_model_len
-        if not can_run_ahead(request, max_model_len):
-            return 0
-        num_computed = request.num_computed_tokens
-        known = len(request.all_token_ids) + request.num_placeholders
-        wanted = known + len(request.spec_token_ids) - num_computed
-        num_new = max(0, min(wanted, budget, max_model_len - num_computed))
-        return fit_to_image_spans(request, num_new) if request.images else num_new
 
     def _blocks_needed(self, request: Request, num_new: int) -> tuple[int, bool]:
         """(new blocks to append, whether the first block written is shared: copy on write)."""
@@ -285,10 +275,9 @@ class Scheduler:
             data = describe(request, replaced.get(request_id, ()) if replaced else ())
             (new_requests if isinstance(data, NewRequestData) else cached_requests).append(data)
             num_known = len(request.all_token_ids) + num_placeholders - request.num_computed_tokens
-            awaits = False
-            if num_new > num_known:
+            awaits = num_new > num_known
+            if awaits:
                 spec[request_id] = request.spec_token_ids[: num_new - num_known]
-                awaits = True
             if request.num_pending_samples > 1 and num_new >= num_known:  # forks on prompt end
                 fork_seeds[request_id] = request_seeds(request)
                 awaits = True
@@ -356,11 +345,7 @@ class Scheduler:
         updates.append(self._append_sampled(request, sampled, logprobs, now, stats))
         new_drafts = runner_output.draft_token_ids.get(request_id)
         if new_drafts:
-            request.speculates = True
-            # drafts follow the newest token: stale once a later step of the request is in flight
-            if request.status is RequestStatus.RUNNING and not request.num_placeholders:
-                room = self.config.max_model_len - len(request.all_token_ids)
-                request.spec_token_ids = list(new_drafts[: max(0, room)])
+            take_drafts(request, new_drafts, self.config.max_model_len)
 
     def _append_sampled(self, request, token_ids, logprobs, now, stats=None) -> SequenceUpdate:
         previous_len = request.text.length

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 
 from deepinfer.engine.core.block_manager import BlockManager, cdiv
+from deepinfer.engine.core.image_spans import fit_to_image_spans
 from deepinfer.engine.core.request import Request, RequestStatus, child_seed
 from deepinfer.engine.core.scheduler_output import SequenceUpdate, SpecDecodeStats
 from deepinfer.engine.core.stop import StopDecision, check_new_token
@@ -186,3 +187,24 @@ def can_run_ahead(request: Request, max_model_len: int) -> bool:
     num_tokens = request.num_tokens + request.num_placeholders
     num_output = num_tokens - request.num_prompt_tokens
     return num_output < request.stop_conditions.max_tokens and num_tokens < max_model_len
+
+
+def num_tokens_to_schedule(request: Request, budget: int, max_model_len: int) -> int:
+    """Tokens the request's next step takes (within ``budget``; 0 while it cannot run ahead
+    of its step in flight): the rest of its known tokens and drafts, up to ``max_model_len``."""
+    if not can_run_ahead(request, max_model_len):
+        return 0
+    num_computed = request.num_computed_tokens
+    known = len(request.all_token_ids) + request.num_placeholders
+    wanted = known + len(request.spec_token_ids) - num_computed
+    num_new = max(0, min(wanted, budget, max_model_len - num_computed))
+    return fit_to_image_spans(request, num_new) if request.images else num_new
+
+
+def take_drafts(request: Request, draft_token_ids: list[int], max_model_len: int) -> None:
+    """Keep the executor's drafts for ``request``'s next step, to verify then."""
+    request.speculates = True
+    # drafts follow the newest token: stale once a later step of the request is in flight
+    if request.status is RequestStatus.RUNNING and not request.num_placeholders:
+        room = max_model_len - len(request.all_token_ids)
+        request.spec_token_ids = list(draft_token_ids[: max(0, room)])
