@@ -16,7 +16,7 @@ counts as host time.
 dispatch through torch; on a GPU those on device tensors are kernel launches or copies).
 ``--profile N`` prints the N most frequent of those ops and cProfile's top N functions of a
 further run, by own and by cumulative time, with the two forwards' subtrees left out, and
-writes the profile to ``spec_host_profile.prof`` (``pstats``).
+writes the profile to ``bench-out/spec_host_profile.prof`` (``pstats``).
 
     python -m benchmarks.engine.spec_host_profile --batches 1,8,64 --out bench-out/host.json
 """
@@ -198,7 +198,9 @@ def _ops_per_step(llm, clock: _Clock, prompts, args) -> float:
 
 
 def _print_profile(profiler: cProfile.Profile, top: int) -> None:
-    profiler.dump_stats("spec_host_profile.prof")
+    out = Path("bench-out")  # ignored by git
+    out.mkdir(exist_ok=True)
+    profiler.dump_stats(out / "spec_host_profile.prof")
     stats = pstats.Stats(profiler)
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats(top)
