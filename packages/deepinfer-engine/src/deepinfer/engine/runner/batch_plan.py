@@ -11,6 +11,7 @@ of every draft. A device runner turns the lists into tensors; nothing here touch
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,46 +144,67 @@ class StepPlan:
 
 def build_step_plan(state: RunnerState, scheduler_output: SchedulerOutput) -> StepPlan:
     """Lay out ``scheduler_output`` (already applied to ``state``) as a :class:`StepPlan`."""
+    so, sequences = scheduler_output, state.sequences
     lists: dict[str, list] = {name: [] for name in StepPlan.__slots__}
-    lists["cu_seqlens_q"].append(0)
-    for b, (request_id, num_new) in enumerate(scheduler_output.num_scheduled_tokens.items()):
-        seq = state.sequences[request_id]
-        drafts = scheduler_output.scheduled_spec_token_ids.get(request_id, [])
-        seeds = scheduler_output.fork_seeds.get(request_id)
-        _add_request(lists, b, seq, num_new, drafts, seeds)
-    width = max((len(t) for t in lists["block_tables"]), default=0)
-    lists["block_tables"] = [t + [NULL_BLOCK_ID] * (width - len(t)) for t in lists["block_tables"]]
+    # the hot loop of a large batch: bound methods, the usual one-row sample inline
+    input_ids, positions = lists["input_ids"].extend, lists["positions"].extend
+    seq_lens, tables, slots = lists["seq_lens"].append, lists["block_tables"], lists["state_slots"]
+    is_fresh, num_drafts = lists["is_fresh"].append, lists["num_drafts"].append
+    sample_rows, sample_positions = lists["sample_rows"], lists["sample_positions"]
+    sample_seeds, sample_requests = lists["sample_seeds"], lists["sample_requests"]
+    spec, forks = so.scheduled_spec_token_ids, so.fork_seeds
+    row = 0
+    for b, (request_id, num_new) in enumerate(so.num_scheduled_tokens.items()):
+        seq = sequences[request_id]
+        drafts = spec.get(request_id, ()) if spec else ()
+        known = len(seq.token_ids)  # then the drafts (not copied with the whole sequence)
+        start = seq.num_computed_tokens
+        end = start + num_new
+        input_ids(seq.token_ids[start:end])
+        if end > known:
+            input_ids(drafts[max(start - known, 0) : end - known])
+        positions(range(start, end))
+        seq_lens(end)
+        tables.append(seq.block_ids)  # (copied when padded)
+        slots.append(seq.state_slot)
+        is_fresh(start == 0)
+        num_drafts(len(drafts))
+        if seq.images:
+            _add_images(lists, row, seq, start, end)
+        if getattr(seq.sampling_params, "prompt_logprobs", None) is not None:
+            _add_prompt_logprobs(lists, b, row, seq, start, end)
+        row += num_new
+        if end < known + len(drafts):
+            continue  # a prefill chunk that does not reach the end samples nothing
+        if drafts or (forks and request_id in forks):
+            _add_samples(lists, b, row - 1, end, seq.seed, drafts, forks.get(request_id))
+        else:  # one row: the last token's
+            sample_rows.append(row - 1)
+            sample_positions.append(end)
+            sample_seeds.append(seq.seed)
+            sample_requests.append(b)
+    lists["request_ids"] = list(so.num_scheduled_tokens)
+    lists["cu_seqlens_q"] = [0, *itertools.accumulate(so.num_scheduled_tokens.values())]
+    width = max(map(len, tables), default=0)
+    lists["block_tables"] = [t + [NULL_BLOCK_ID] * (width - len(t)) for t in tables]
     return StepPlan(**lists)
 
 
-def _add_request(lists, b, seq: RunnerSequence, num_new, drafts, seeds) -> None:
-    known = len(seq.token_ids)  # then the drafts (not copied with the whole sequence)
-    start = seq.num_computed_tokens
-    end = start + num_new
-    first_row = lists["cu_seqlens_q"][-1]
-    lists["request_ids"].append(seq.request_id)
-    lists["input_ids"].extend(seq.token_ids[start:end])
-    if end > known:
-        lists["input_ids"].extend(drafts[max(start - known, 0) : end - known])
-    lists["positions"].extend(range(start, end))
-    lists["cu_seqlens_q"].append(first_row + num_new)
-    lists["seq_lens"].append(end)
-    lists["block_tables"].append(seq.block_ids)  # (copied when padded)
-    lists["state_slots"].append(seq.state_slot)
+def _add_images(lists, first_row: int, seq: RunnerSequence, start: int, end: int) -> None:
     for image in seq.images:  # a span lies whole in one chunk (the scheduler's cut)
         if start <= image.offset < end:
             lists["images"].append((first_row + image.offset - start, image))
-    lists["is_fresh"].append(start == 0)
-    lists["num_drafts"].append(len(drafts))
-    if getattr(seq.sampling_params, "prompt_logprobs", None) is not None:
-        # row of position q predicts token q + 1: this step covers prompt tokens start+1 .. end
-        for position in range(start + 1, min(end + 1, seq.num_prompt_tokens)):
-            lists["prompt_logprob_rows"].append(first_row + position - 1 - start)
-            lists["prompt_logprob_targets"].append(seq.token_ids[position])
-            lists["prompt_logprob_requests"].append(b)
-    if end < known + len(drafts):
-        return  # a prefill chunk that does not reach the end samples nothing
-    last_row = first_row + num_new - 1
+
+
+def _add_prompt_logprobs(lists, b, first_row: int, seq: RunnerSequence, start, end) -> None:
+    # row of position q predicts token q + 1: this step covers prompt tokens start+1 .. end
+    for position in range(start + 1, min(end + 1, seq.num_prompt_tokens)):
+        lists["prompt_logprob_rows"].append(first_row + position - 1 - start)
+        lists["prompt_logprob_targets"].append(seq.token_ids[position])
+        lists["prompt_logprob_requests"].append(b)
+
+
+def _add_samples(lists, b, last_row: int, end: int, seed: int, drafts, seeds) -> None:
     if seeds:
         count = len(seeds)
         lists["sample_rows"].extend([last_row] * count)
@@ -192,5 +214,5 @@ def _add_request(lists, b, seq: RunnerSequence, num_new, drafts, seeds) -> None:
         count = len(drafts) + 1
         lists["sample_rows"].extend(range(last_row - len(drafts), last_row + 1))
         lists["sample_positions"].extend(range(end - len(drafts), end + 1))
-        lists["sample_seeds"].extend([seq.seed] * count)
+        lists["sample_seeds"].extend([seed] * count)
     lists["sample_requests"].extend([b] * count)
