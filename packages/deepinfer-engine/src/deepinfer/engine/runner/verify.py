@@ -118,48 +118,47 @@ class Verifier:
         """What :meth:`launch_plain`'s groups emit, from the tokens read back."""
         out, at = [], 0
         for g in groups:
-            rows = tokens[at : at + g.count]
-            out.append(self._emitted(plan, g, rows, [None] * len(rows), 0))
+            out.append(self._emitted(plan, g, tokens[at : at + g.count], None, 0))
             at += g.count
         return out
 
     def request_rows(self, plan: StepPlan, so: SchedulerOutput, errors) -> list[RequestRows]:
         """Group the sampling rows by request; requests whose grammar failed are left out."""
-        groups: list[RequestRows] = []
+        spans: list[list[int]] = []  # [b, first row, row count] per request, in row order
         for s, b in enumerate(plan.sample_requests):
-            if groups and groups[-1].b == b:
-                groups[-1].count += 1
-                continue
-            request_id = plan.request_ids[b]
-            seq = self.sequences[request_id]
-            drafts = list(so.scheduled_spec_token_ids.get(request_id, ())[: plan.num_drafts[b]])
-            mode = verify_mode(seq.sampling_params, seq.has_user_seed, self.acceptance)
-            fork = request_id in so.fork_seeds
-            groups.append(RequestRows(b, request_id, s, 1, drafts, fork, mode))
-        ready = []
-        for g in groups:
-            if self.grammar is not None and not self.grammar.ready(g.request_id, errors):
-                continue
-            self._fill_rows(plan, g)
-            ready.append(g)
-        return ready
-
-    def _fill_rows(self, plan: StepPlan, g: RequestRows) -> None:
-        seq = self.sequences[g.request_id]
-        if g.is_fork:  # one seed per row
-            g.params = [_row_params(seq, plan.sample_seeds[g.first + j]) for j in range(g.count)]
-        else:
-            g.params = [_row_params(seq, plan.sample_seeds[g.first])] * g.count
-        # only penalties and bans read a row's history (the others get an empty one, uncopied)
-        if seq.sampling_params.has_penalty or seq.sampling_params.has_bans:
-            generated = seq.token_ids[seq.num_prompt_tokens :]
-            if g.is_fork:
-                g.histories = [generated] * g.count
+            if spans and spans[-1][0] == b:
+                spans[-1][2] += 1
             else:
-                g.histories = [generated + g.drafts[:j] for j in range(g.count)]
-        else:
-            g.histories = [()] * g.count
-        state = self.grammar.state(g.request_id) if self.grammar is not None else None
+                spans.append([b, s, 1])
+        groups: list[RequestRows] = []
+        spec, forks, seeds = so.scheduled_spec_token_ids, so.fork_seeds, plan.sample_seeds
+        for b, first, count in spans:
+            request_id = plan.request_ids[b]
+            if self.grammar is not None and not self.grammar.ready(request_id, errors):
+                continue
+            seq = self.sequences[request_id]
+            params = seq.sampling_params
+            num_drafts = plan.num_drafts[b]
+            drafts = list(spec.get(request_id, ())[:num_drafts]) if num_drafts else []
+            fork = request_id in forks
+            if fork:  # one seed per row
+                row_params = [_row_params(seq, seeds[first + j]) for j in range(count)]
+            else:
+                row_params = [_row_params(seq, seeds[first])] * count
+            # only penalties and bans read a row's history (the others get one empty, uncopied)
+            if params.has_penalty or params.has_bans:
+                histories = _histories(seq, drafts, count, fork)
+            else:
+                histories = [()] * count
+            mode = verify_mode(params, seq.has_user_seed, self.acceptance)
+            g = RequestRows(b, request_id, first, count, drafts, fork, mode, row_params, histories)
+            if self.grammar is not None:
+                self._fill_masks(g)
+            groups.append(g)
+        return groups
+
+    def _fill_masks(self, g: RequestRows) -> None:
+        state = self.grammar.state(g.request_id)
         if state is None:
             return
         g.masks = allocate_token_bitmask(g.count, self.grammar.vocab_size)
@@ -289,6 +288,15 @@ def _positions(plan: StepPlan, rows: list[int], logits: torch.Tensor) -> list[in
     if len(rows) == logits.shape[0] == len(plan.sample_positions) and rows[-1] == len(rows) - 1:
         return plan.sample_positions
     return [plan.sample_positions[r] for r in rows]
+
+
+def _histories(seq: RunnerSequence, drafts: list[int], count: int, fork: bool):
+    """Per row, the tokens its penalties and bans count: the generated ones, then the drafts
+    before the row's (a fork's rows all predict the same position)."""
+    generated = seq.token_ids[seq.num_prompt_tokens :]
+    if fork:
+        return [generated] * count
+    return [generated + drafts[:j] for j in range(count)]
 
 
 def _row_params(seq: RunnerSequence, seed: int) -> Any:
