@@ -5,6 +5,8 @@ read like the first token and write to the scratch slot and the null block only.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 
@@ -137,3 +139,23 @@ def test_a_refilled_buffer_equals_a_fresh_one():
     fixed.fill(used, *long_step)
     fixed.fill(used, *short_step, refill=True)
     assert np.array_equal(used, fresh)
+
+
+def test_refills_of_decode_steps_equal_fresh_fills():
+    """A refill rewrites only the visible columns past those every row kept through the same
+    blocks: decode steps that add entries, a new block, a replaced block and a shorter step
+    in between all leave the buffer as a fresh fill writes it."""
+    config = parse_config(tiny_v41_config(vision=False))
+    layout = CacheLayout(num_blocks=24, num_slots=6, block_size=16)
+    new = partial(DecodeLayout, config, layout, config.sliding_window, 4, 64, (2, 2))
+    fixed, used = new(), np.full(new().size, 12345, dtype=np.int64)
+    tables = [[1, 2, 0], [5, 6, 7]]
+    steps = [([30, 41], tables), ([31, 42], tables), ([32, 43], [[1, 2, 3], [5, 6, 7]]),
+             ([33, 44], [[1, 9, 3], [5, 6, 7]]), ([4, 45], [[1, 9, 3], [5, 6, 7]]),
+             ([34, 47], [[1, 9, 3], [5, 6, 7]])]  # fmt: skip
+    for i, (positions, step_tables) in enumerate(steps):
+        args = ([7, 8], positions, step_tables, [1, 2])
+        fixed.fill(used, *args, refill=i > 0)
+        fresh = np.zeros(fixed.size, dtype=np.int64)
+        new().fill(fresh, *args)
+        assert np.array_equal(used, fresh), i

@@ -32,6 +32,7 @@ reads nor the order it reads them in:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -110,7 +111,9 @@ class DecodeLayout:
         c, t = self.config, self.num_tokens
         self.kinds = compression_kinds(c, self.cache_layout.max_draft)
         self._filled: tuple[np.ndarray, dict] | None = None  # the last buffer and its views
-        self._visible_cols: dict[str, int] = {}  # per kind: visible columns the last fill wrote
+        # per kind, of the last fill: visible columns written, row tables and entry counts
+        self._visible_cols: dict[str, int] = {}
+        self._visible_of: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         if self.ring_size < c.sliding_window:
             raise ValueError(f"ring_size={self.ring_size}: expected at least the sliding "
                              f"window {c.sliding_window}")  # fmt: skip
@@ -152,7 +155,7 @@ class DecodeLayout:
             raise ValueError(f"step of {t} tokens up to position {int(p.max())} "
                              f"does not fit {n} tokens of context {self.context}")  # fmt: skip
         if not refill:
-            self._visible_cols = {}
+            self._visible_cols, self._visible_of = {}, {}
         cu = np.arange(t + 1) if cu_seqlens_q is None else np.asarray(cu_seqlens_q, np.int64)
         # each row's sequence; padding rows copy row 0, as one-token sequences of sequence 0
         seq = np.zeros(n, dtype=np.int64)
@@ -166,7 +169,9 @@ class DecodeLayout:
         start = p[cu[seq]]  # and that token's position
         end = p[cu[seq + 1] - 1] + 1  # seq_lens
         p = np.concatenate([p, np.full(n - t, p[0])])
+        # each row's block table and one null column (blocks past a table read the null block)
         tables = np.asarray(block_tables, dtype=np.int64).reshape(len(cu) - 1, -1)
+        tables = np.concatenate([tables, np.zeros((len(tables), 1), np.int64)], axis=1)[seq]
         # where each row's writes go: its own slot, the scratch slot for padding rows
         writes = np.where(real, s, SCRATCH_SLOT)
         v["input_ids"][:t] = ids
@@ -179,9 +184,10 @@ class DecodeLayout:
         v["cu_seqlens_q"][:] = np.arange(n + 1)
         ring = self.ring_size
         step_base = self.cache_layout.num_slots * ring
-        _window_rows(v["window_indices"], p, s, start, first, ring, step_base)
+        rotations = _rotations(ring, v["window_indices"].shape[1], self.cache_layout.num_slots)
+        _window_rows(v["window_indices"], p, s, start, first, ring, step_base, rotations)
         v["window_write_dst"][:] = _kept(writes, p, end, ring) * ring + p % ring
-        tokens = _Tokens(p, s, writes, start, first, end, seq, tables, t)
+        tokens = _Tokens(p, s, writes, start, first, end, tables, t)
         for k, count in zip(self.kinds, self.emits, strict=True):
             self._fill_kind(v, f"{k.ratio}.{int(k.overlap)}.", k, count, tokens)
 
@@ -193,37 +199,58 @@ class DecodeLayout:
 
     def _fill_kind(self, v, prefix: str, k: _Kind, count: int, tk: _Tokens) -> None:
         r, p, s, t = k.ratio, tk.positions, tk.slots, tk.num_real
-        emits = np.flatnonzero((p[:t] + 1) % r == 0)  # the tokens completing an entry, in order
+        counts = (p + 1) // r
+        emits = np.flatnonzero(counts[:t] * r == p[:t] + 1)  # the tokens completing an entry
         if len(emits) > count or (count and not len(emits)):
             raise ValueError(f"{len(emits)} tokens complete a ratio-{r} entry: this layout "
                              f"has {count} entry rows")  # fmt: skip
         kept = _kept(tk.writes, p, tk.end, k.state_rows)
         v[prefix + "state_write_dst"][:] = kept * k.state_rows + p % k.state_rows
-        counts = (p + 1) // r
-        # columns past the longest count are all -1: only the others are looked up, per
-        # sequence, and those a refill's previous fill left at -1 are not written again
-        visible, cols = v[prefix + "visible"], int(counts.max())
-        entries = _sequence_rows(tk.tables, cols, r, self.cache_layout)[tk.seq]
-        visible[:, :cols] = np.where(np.arange(cols) < counts[:, None], entries, -1)
-        visible[:, cols : self._visible_cols.get(prefix, visible.shape[1])] = -1
-        self._visible_cols[prefix] = cols
+        self._fill_visible(v[prefix + "visible"], prefix, r, counts, tk.tables)
         v[prefix + "visible_count"][:] = counts
         if not count:
             return
         base = self.cache_layout.num_slots * k.state_rows
-        pe, se, start = p[emits], s[emits], tk.start[emits][:, None]
-        entry = (pe + 1) // r - 1
+        se, start, entry = s[emits], tk.start[emits][:, None], counts[emits] - 1
         begin = (entry - 1) * r if k.overlap else entry * r
         q = begin[:, None] + np.arange(2 * r if k.overlap else r)
         # rows of [state | step tokens]: a token of the sequence's step, else its state ring
         src = np.where(q >= start, base + tk.first[emits][:, None] + q - start,
                        se[:, None] * k.state_rows + q % k.state_rows)  # fmt: skip
-        src = np.where(q < 0, -1, src)
-        dst = _arena_rows(tk.tables[tk.seq[emits]], entry[:, None], r, self.cache_layout)[:, 0]
-        pad = np.zeros(count - len(emits), dtype=np.int64)  # padding entries: the first again,
-        v[prefix + "emit_src"][:] = np.concatenate([src, src[pad]])  # written to the null row
-        v[prefix + "emit_positions"][:] = np.concatenate([entry, entry[pad]]) * r
-        v[prefix + "emit_rows"][:] = np.concatenate([dst, pad + NULL_ARENA_ROW])
+        src[q < 0] = -1
+        lay, n = self.cache_layout, len(emits)  # padding entries: the first, to the null row
+        block = np.minimum(entry * r // lay.block_size, tk.tables.shape[1] - 1)
+        per_block = lay.block_size // r
+        v[prefix + "emit_src"][:n] = src
+        v[prefix + "emit_src"][n:] = src[0]
+        v[prefix + "emit_positions"][:n] = entry * r
+        v[prefix + "emit_positions"][n:] = entry[0] * r
+        v[prefix + "emit_rows"][:n] = tk.tables[emits, block] * per_block + entry % per_block
+        v[prefix + "emit_rows"][n:] = NULL_ARENA_ROW
+
+    def _fill_visible(self, visible: np.ndarray, prefix: str, r: int, counts, tables) -> None:
+        """Each row's arena rows of entries ``0 .. counts - 1``, then ``-1``. Columns past the
+        longest count are all -1: only the others are looked up, and those a refill's previous
+        fill left at -1 are not written again; nor are the first columns that every row had
+        and has, through the same blocks (a decode step adds one entry to a long list)."""
+        cols, per_block = int(counts.max()), self.cache_layout.block_size // r
+        lo = 0
+        if prefix in self._visible_of:
+            old_tables, old_counts = self._visible_of[prefix]
+            lo = int(np.minimum(old_counts, counts).min())
+            blocks = -(-lo // per_block)
+            if blocks > min(old_tables.shape[1], tables.shape[1]) - 1 or not np.array_equal(
+                old_tables[:, :blocks], tables[:, :blocks]
+            ):
+                lo = 0
+        entries = np.arange(lo, cols)
+        # blocks past a table: its null column
+        rows = tables[:, np.minimum(entries // per_block, tables.shape[1] - 1)] * per_block
+        rows += entries % per_block
+        visible[:, lo:cols] = np.where(entries < counts[:, None], rows, -1)
+        visible[:, cols : self._visible_cols.get(prefix, visible.shape[1])] = -1
+        self._visible_cols[prefix] = cols
+        self._visible_of[prefix] = (tables, counts)
 
     def metadata(self, flat: torch.Tensor) -> tuple[ForwardBatch, AttentionMetadata]:
         """The batch and metadata the forward reads, as views of the device buffer ``flat``
@@ -270,7 +297,7 @@ class DecodeLayout:
 class _Tokens:
     """Per token row of a filled step: position, state slot, the slot its writes go to, the
     position and step row of its sequence's first token in the step, its sequence's length
-    after the step, its sequence; ``tables``: the block table of each sequence; ``num_real``
+    after the step, its sequence's block table with a null column appended; ``num_real``
     rows are the step's (the rest padding)."""
 
     positions: np.ndarray
@@ -279,56 +306,47 @@ class _Tokens:
     start: np.ndarray
     first: np.ndarray
     end: np.ndarray
-    seq: np.ndarray
     tables: np.ndarray
     num_real: int
 
 
-def _window_rows(out: np.ndarray, positions, slots, start, first, ring: int, step_base: int):
+def _window_rows(out: np.ndarray, positions, slots, start, first, ring: int, step_base: int,
+                 rotations: np.ndarray):  # fmt: skip
     """Write ``out[n, w]``: each token's window (positions ``p - w + 1 .. p``) as rows of
     ``[ring rows of all slots | the step's rows]``: from its slot's ring before its sequence's
     first token in the step (at position ``start``, step row ``first``), from the step's rows
-    from there on, -1 before position 0."""
+    from there on, -1 before position 0 (``rotations``: :func:`_rotations`)."""
     w = out.shape[1]
     oldest, cols = positions - w + 1, np.arange(w)
-    # q % ring for q = oldest + j: one rotation per row (w <= ring), no division per element
-    np.add((oldest % ring)[:, None], cols, out=out)
-    out -= ring * (out >= ring)
+    np.take(rotations, np.where(oldest >= 0, oldest % ring, ring - 1 - oldest), axis=0, out=out)
     out += (slots * ring)[:, None]
     if oldest.min() < 0:
-        out[oldest[:, None] + cols < 0] = -1
+        np.maximum(out, -1, out=out)
     # the step's own tokens are at most its longest sequence's count of last columns
     last = min(w, int((positions - start).max()) + 1)
     offset = (oldest - start)[:, None] + cols[w - last :]  # q - start
     np.copyto(out[:, w - last :], offset + (step_base + first)[:, None], where=offset >= 0)
 
 
+@functools.lru_cache(maxsize=16)
+def _rotations(ring: int, w: int, num_slots: int) -> np.ndarray:
+    """``[ring + w - 1, w]``: row ``o % ring`` holds the ring rows ``(o + j) % ring`` of the
+    window ``o .. o + w - 1`` (``o >= 0``); row ``ring - 1 - o`` that of a window starting
+    before position 0 (``o < 0``), its columns before 0 far enough below -1 that adding any
+    slot's ring base leaves them below -1 (clipped to -1 after)."""
+    cols = np.arange(w)
+    ahead = (np.arange(ring)[:, None] + cols) % ring
+    q = cols - np.arange(1, w)[:, None]  # o = -1, -2, ..., -(w - 1)
+    before = np.where(q >= 0, q, -num_slots * ring - 1)
+    table = np.concatenate([ahead, before]).astype(np.int64)
+    table.flags.writeable = False
+    return table
+
+
 def _kept(writes: np.ndarray, positions: np.ndarray, ends: np.ndarray, ring: int) -> np.ndarray:
     """The slot each row writes its ring row to: the eager step keeps only a sequence's last
     ``ring`` positions (older ones would share a row), the others go to the scratch slot."""
     return np.where(positions >= ends - ring, writes, SCRATCH_SLOT)
-
-
-def _arena_rows(tables: np.ndarray, entries: np.ndarray, ratio: int, lay: CacheLayout):
-    """Arena row of entry ``entries[n, c]`` of sequence ``n`` (blocks past the table: the null
-    block, as the runner pads tables with it)."""
-    per_block = lay.block_size // ratio
-    block = (entries * ratio) // lay.block_size
-    width = tables.shape[1]
-    ids = np.take_along_axis(tables, np.minimum(block, width - 1), axis=1)
-    ids = np.where(block < width, ids, 0)
-    return ids * per_block + entries % per_block
-
-
-def _sequence_rows(tables: np.ndarray, cols: int, ratio: int, lay: CacheLayout) -> np.ndarray:
-    """``[sequences, cols]``: arena rows of entries ``0 .. cols - 1`` of each sequence, as
-    :func:`_arena_rows` gives them (blocks past the table: the null block)."""
-    per_block = lay.block_size // ratio
-    need = -(-cols // per_block) - tables.shape[1]
-    if need > 0:
-        tables = np.pad(tables, ((0, 0), (0, need)))
-    rows = tables[:, :, None] * per_block + np.arange(per_block)
-    return rows.reshape(len(tables), -1)[:, :cols]
 
 
 def context_bucket(max_seq_len: int, minimum: int) -> int:
