@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from deepinfer.engine.tokenizer.tokenizer import byte_level_decoder
+
 REPLACEMENT_CHAR = "\ufffd"
 _INITIAL_CONTEXT_TOKENS = 5
 # The window's start stays put while it is short, so the text up to the read offset is the
@@ -31,19 +33,6 @@ class DecodingTokenizer(Protocol):
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
-def _byte_level_chars() -> dict[str, int]:
-    """GPT-2's byte-level alphabet: the character standing for each byte."""
-    printable = {*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
-    chars, extra = {}, 0
-    for byte in range(256):
-        if byte in printable:
-            chars[chr(byte)] = byte
-        else:
-            chars[chr(256 + extra)] = byte
-            extra += 1
-    return chars
-
-
 class TokenBytes:
     """The bytes of each vocabulary token of a byte-level tokenizer, filled as tokens come.
 
@@ -54,7 +43,7 @@ class TokenBytes:
     def __init__(self, tokenizer: DecodingTokenizer, backend: Any) -> None:
         self.tokenizer = tokenizer
         self.backend = backend
-        self._chars = _byte_level_chars()
+        self._chars = byte_level_decoder()
         self._table: dict[int, bytes | None] = dict.fromkeys(backend.get_added_tokens_decoder())
 
     @classmethod

@@ -9,26 +9,12 @@ fails that request alone.
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 import torch
 
+from deepinfer.engine.tokenizer.tokenizer import byte_level_decoder
 from deepinfer.sampling import GrammarCompilerService, StructuredOutputState, allocate_token_bitmask
-
-
-@cache
-def _byte_decoder() -> dict[str, int]:
-    """Inverse of byte-level BPE's byte -> printable-character table."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    mapping, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            mapping[chr(b)] = b
-        else:
-            mapping[chr(256 + extra)] = b
-            extra += 1
-    return mapping
 
 
 def tokenizer_info(tokenizer: Any, vocab_size: int) -> Any:
@@ -40,7 +26,7 @@ def tokenizer_info(tokenizer: Any, vocab_size: int) -> Any:
     """
     import xgrammar as xgr
 
-    decoder = _byte_decoder()
+    decoder = byte_level_decoder()
     special = {t.content for t in tokenizer.backend.get_added_tokens_decoder().values()}
     vocab: list[bytes] = []
     for token_id in range(vocab_size):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,21 @@ from deepinfer.engine.tokenizer.special_tokens import (
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+
+
+@cache
+def byte_level_decoder() -> dict[str, int]:
+    """Byte-level BPE's printable character -> the byte it stands for (the inverse of GPT-2's
+    byte -> character table, which ``tokenizers``' ``ByteLevel`` uses)."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)}
+    mapping, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            mapping[chr(b)] = b
+        else:
+            mapping[chr(256 + extra)] = b
+            extra += 1
+    return mapping
 
 
 @dataclass(frozen=True)
