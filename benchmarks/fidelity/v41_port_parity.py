@@ -21,8 +21,12 @@ Two more rows locate the fp32 gap that seeds the flips:
 - ``port_chunked``: the port against itself, the same tokens prefilled in two halves (its cache
   carried over) instead of at once. The port's own attention sums follow its call's key axis,
   so this is the spread the port's numerics have between two ways of running one sequence.
+- ``port_perturbed`` (every element of the port's first hidden states one fp32 ulp up or down),
+  ``port_perturbed_one`` (one element one ulp) and ``port_threads1`` (the port on one thread):
+  the port against itself under the smallest differences an fp32 implementation can have
+  (``port_self``), the ceiling for any implementation not bit-identical to it.
 
-    python -m benchmarks.fidelity.v41_port_parity --port /tmp/v41port --out parity.json
+    python -m benchmarks.fidelity.v41_port_parity --port PORT_DIR --out parity.json
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import environment, print_table, write_json
+from benchmarks.fidelity.port_self import PERTURBED, compare, flips, run_port, self_rows
 from deepinfer.engine.checkpoint.transformers_names import from_transformers
 from deepinfer.engine.model.cache import overlapped
 from deepinfer.engine.model.config_parsing import parse_config
@@ -74,7 +79,6 @@ HEADS = {
     # no site splits (40 % 32, 40 % 16, 24 % 32): neither side rounds
     "inactive": dict(head_dim=40, qk_rope_head_dim=8, index_head_dim=24),
 }
-SITES = ("kv", "index_k", "index_q", "entries")
 
 
 def _port(directory: str):
@@ -101,32 +105,6 @@ def _randomise(model: torch.nn.Module, gen: torch.Generator) -> None:
                 t.copy_(1 + 0.1 * noise)
             else:
                 t.copy_(0.1 * noise)
-
-
-class _PortSites:
-    """Records (and names) every call of the port's two rounding functions."""
-
-    def __init__(self, modeling) -> None:
-        self.modeling, self.layer, self.calls = modeling, -1, {}
-        self.fp8, self.fp4 = modeling._fake_quant_fp8_block, modeling._fake_quant_fp4_block
-        modeling._fake_quant_fp8_block = self._kv
-        modeling._fake_quant_fp4_block = self._fp4
-
-    def _record(self, site: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        d = x.shape[-1]
-        self.calls[(self.layer, site)] = (x.reshape(-1, d).clone(), y.reshape(-1, d).clone())
-        return y
-
-    def _kv(self, x, block_size=32):
-        return self._record("kv", x, self.fp8(x, block_size))
-
-    def _fp4(self, x, block_size, e4m3_scales=False):
-        site = "entries" if e4m3_scales else ("index_k" if x.dim() == 3 else "index_q")
-        return self._record(site, x, self.fp4(x, block_size, e4m3_scales))
-
-    def hook(self, model) -> None:
-        for i, layer in enumerate(model.model.layers):
-            layer.register_forward_pre_hook(lambda _m, _a, i=i: setattr(self, "layer", i))
 
 
 class _OurSites:
@@ -217,40 +195,6 @@ def _ours(config, state, forced: dict | None):
     return model, calls
 
 
-def _flips(port_calls: dict, our_calls: dict) -> list[dict[str, Any]]:
-    """Per site in forward order: elements rounded differently and the input gap behind them."""
-    rows = []
-    for key in sorted(port_calls, key=lambda k: (k[0], SITES.index(k[1]))):
-        if key not in our_calls:
-            rows.append({"layer": key[0], "site": key[1], "missing_in_ours": True})
-            continue
-        (xp, yp), (xo, yo) = port_calls[key], our_calls[key]
-        rounds = bool((yp != xp).any())  # an unrounded site passes its input's gap through
-        differ = (yp != yo) if rounds else torch.zeros_like(yp, dtype=torch.bool)
-        row = {"layer": key[0], "site": key[1], "elements": yp.numel(), "rounds": rounds,
-               "flips": int(differ.sum()), "max_in_gap": float((xp - xo).abs().max())}  # fmt: skip
-        if differ.any():
-            r, c = (int(v) for v in differ.nonzero()[0])
-            row["first"] = {"row": r, "col": c, "in_port": float(xp[r, c]),
-                            "in_ours": float(xo[r, c]), "out_port": float(yp[r, c]),
-                            "out_ours": float(yo[r, c])}  # fmt: skip
-        rows.append(row)
-    return rows
-
-
-def _compare(want: torch.Tensor, got: torch.Tensor) -> dict[str, Any]:
-    delta = (got.log_softmax(-1) - want.log_softmax(-1)).abs()
-    per_pos = delta.amax(-1)
-    worst = int(per_pos.argmax())
-    return {
-        "argmax_agree": float((got.argmax(-1) == want.argmax(-1)).float().mean()),
-        "mean_abs_dlogp": float(delta.mean()),
-        "max_abs_dlogp": float(delta.max()),
-        "worst_position": worst,
-        "positions_over_1e-3": int((per_pos > 1e-3).sum()),
-    }
-
-
 def run_case(cfg_mod, modeling, heads: str, seed: int, tokens: int) -> dict[str, Any]:
     raw = _config(heads)
     text = raw["text_config"]
@@ -265,19 +209,17 @@ def run_case(cfg_mod, modeling, heads: str, seed: int, tokens: int) -> dict[str,
     tokenizer = testing_tokenizer_for(text["vocab_size"])
     from transformers import PreTrainedTokenizerFast
 
-    if text["engram_layer_ids"]:
-        port.model.bind_tokenizer(PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend))
-    sites = _PortSites(modeling)
-    sites.hook(port)
+    def rebind() -> None:  # a fresh n-gram history before each port run
+        if text["engram_layer_ids"]:
+            port.model.bind_tokenizer(PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend))
+
     ids = torch.randint(0, text["vocab_size"], (tokens,), generator=gen)
-    try:
-        with torch.no_grad():
-            want = port(input_ids=ids[None], use_cache=True).logits[0]
-    finally:
-        modeling._fake_quant_fp8_block, modeling._fake_quant_fp4_block = sites.fp8, sites.fp4
+    rebind()
+    want, port_calls = run_port(port, modeling, ids)
+    result: dict[str, Any] = {"heads": heads, "seed": seed, "tokens": tokens}
+    result.update(self_rows(port, modeling, ids, want, port_calls, seed, rebind))
     half = tokens // 2
-    if text["engram_layer_ids"]:  # a fresh n-gram history
-        port.model.bind_tokenizer(PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend))
+    rebind()
     with torch.no_grad():
         first = port(input_ids=ids[None, :half], use_cache=True)
         rest = port(
@@ -288,10 +230,9 @@ def run_case(cfg_mod, modeling, heads: str, seed: int, tokens: int) -> dict[str,
     state = {k: v for k, v in from_transformers(port.state_dict()).items()
              if not k.endswith("engram.embed.scale")}  # fmt: skip
     config = parse_config(raw)
-    result: dict[str, Any] = {"heads": heads, "seed": seed, "tokens": tokens}
     from deepinfer.engine.model.engram_hashing import compressed_token_map
 
-    for mode, forced in (("as_is", None), ("port_rounding", sites.calls), ("port_layout", None)):
+    for mode, forced in (("as_is", None), ("port_rounding", port_calls), ("port_layout", None)):
         model, calls = _ours(config, state, forced)
         model.bind_engram(compressed_token_map(tokenizer.backend))
         op = registry.OPS["sparse_mqa_sink"]
@@ -303,13 +244,10 @@ def run_case(cfg_mod, modeling, heads: str, seed: int, tokens: int) -> dict[str,
                 got = SimpleRunner(model, max_seqs=1, max_len=tokens).step({0: ids.tolist()})[0]
         finally:
             registry.OPS[op.name] = op
-        result[mode] = _compare(want, got)
+        result[mode] = compare(want, got)
         if mode == "as_is":
-            result["sites"] = _flips(sites.calls, calls)
-        if mode == "port_layout":
-            result[mode]["bitwise_equal"] = bool(torch.equal(got, want))
-    result["port_chunked"] = _compare(want, chunked)
-    result["port_chunked"]["bitwise_equal"] = bool(torch.equal(chunked, want))
+            result["sites"] = flips(port_calls, calls)
+    result["port_chunked"] = compare(want, chunked)
     return result
 
 
@@ -323,7 +261,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     cfg_mod, modeling = _port(args.port)
     cases = [run_case(cfg_mod, modeling, h, s, args.tokens) for h in HEADS for s in args.seeds]
-    modes = ("as_is", "port_rounding", "port_layout", "port_chunked")
+    modes = ("as_is", "port_layout", "port_chunked", *PERTURBED)
     keep = ("argmax_agree", "mean_abs_dlogp", "max_abs_dlogp")
     rows = [{"heads": c["heads"], "seed": c["seed"], **{f"{m}.{k}": c[m][k] for m in modes
              for k in keep}} for c in cases]  # fmt: skip
@@ -333,7 +271,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         first = flipped[0] if flipped else None
         print(f"{c['heads']} seed {c['seed']}: {len(flipped)} of {len(c['sites'])} sites flip; "
               f"first flip: {first}")  # fmt: skip
-    payload = {"environment": environment(), "args": vars(args), "cases": cases}
+        for m in PERTURBED:
+            print(f"  {m}: {c[m]['sites_flipping']} sites flip; first flip: {c[m]['first_flip']}")
+    # the port's directory is a scratch path on one machine: recorded as a placeholder
+    payload = {"environment": environment(), "args": {**vars(args), "port": "PORT"}, "cases": cases}
     write_json(args.out, payload)
     return payload
 

@@ -1,11 +1,13 @@
 """The port parity benchmark's ``port_layout`` row changes only where attention sums: our model
 with its attention reductions taken over the port's key axis gives our model's logits to fp32
-accuracy (the port itself is not needed for this)."""
+accuracy (the port itself is not needed for this); the ``port_perturbed`` rows move each
+perturbed element by exactly one fp32 ulp."""
 
 from __future__ import annotations
 
 import torch
 
+from benchmarks.fidelity import port_self
 from benchmarks.fidelity import v41_port_parity as parity
 from deepinfer.engine.model.config_parsing import parse_config
 from deepinfer.engine.model.engram_hashing import compressed_token_map
@@ -39,3 +41,16 @@ def test_port_layout_is_our_attention_summed_in_another_order() -> None:
     # (measured 1.0e-5). 256 tokens: the arenas hold their entries out of emission order, so
     # a column mapping that skipped the entry order moves whole rows (checked: it fails).
     torch.testing.assert_close(got.log_softmax(-1), want.log_softmax(-1), atol=1e-4, rtol=0)
+
+
+def test_port_perturbations_move_one_ulp() -> None:
+    x = torch.randn(1, 256, 128, generator=torch.Generator().manual_seed(0)) / 128**0.5
+    y = port_self.one_ulp_everywhere(x, seed=3)
+    assert bool((y != x).all())
+    assert torch.equal(torch.nextafter(y, x), x)  # one representable step from each element
+    up = (y > x).float().mean()
+    assert 0.45 < float(up) < 0.55  # both directions, drawn per element
+    assert torch.equal(port_self.one_ulp_everywhere(x, seed=3), y)
+    one = port_self.one_ulp_once(x)
+    assert int((one != x).sum()) == 1 and bool(one[0, 0, 0] > x[0, 0, 0])
+    assert torch.equal(torch.nextafter(one, x), x)
