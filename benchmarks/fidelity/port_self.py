@@ -139,9 +139,14 @@ def _against(want, want_calls, got, got_calls) -> dict[str, Any]:
     }
 
 
-def self_rows(port, modeling, ids, want, want_calls, seed: int, rebind) -> dict[str, Any]:
+def self_rows(
+    port, modeling, ids, want, want_calls, seed: int, rebind, draws: int = 1
+) -> dict[str, Any]:
     """The port against its own one-shot prefill (``want``, ``want_calls``) under each one-ulp
-    perturbation and on one thread. ``rebind`` gives the port a fresh n-gram history."""
+    perturbation and on one thread. ``rebind`` gives the port a fresh n-gram history. With
+    ``draws`` > 1, ``port_perturbed_draws`` also holds the metrics of that many sign draws
+    (draw k seeded ``seed + 1000 k``; draw 0 is ``port_perturbed``): which draws flip where is
+    chance, so one draw per model is a noisy ceiling."""
     rows: dict[str, Any] = {}
     for name, perturb in (
         ("port_perturbed", lambda out: one_ulp_everywhere(out, seed)),
@@ -158,4 +163,17 @@ def self_rows(port, modeling, ids, want, want_calls, seed: int, rebind) -> dict[
     finally:
         torch.set_num_threads(threads)
     rows["port_threads1"] = {**_against(want, want_calls, got, calls), "default_threads": threads}
+    if draws > 1:
+        rows["port_perturbed_draws"] = [_summary(rows["port_perturbed"])]
+        for k in range(1, draws):
+            rebind()
+            got, calls = run_port(
+                port, modeling, ids, lambda out, k=k: one_ulp_everywhere(out, seed + 1000 * k)
+            )
+            rows["port_perturbed_draws"].append(_summary(_against(want, want_calls, got, calls)))
     return rows
+
+
+def _summary(row: dict[str, Any]) -> dict[str, Any]:
+    keep = ("argmax_agree", "mean_abs_dlogp", "max_abs_dlogp", "bitwise_equal", "flips")
+    return {k: row[k] for k in keep}

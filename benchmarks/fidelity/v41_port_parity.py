@@ -195,7 +195,9 @@ def _ours(config, state, forced: dict | None):
     return model, calls
 
 
-def run_case(cfg_mod, modeling, heads: str, seed: int, tokens: int) -> dict[str, Any]:
+def run_case(
+    cfg_mod, modeling, heads: str, seed: int, tokens: int, draws: int = 1
+) -> dict[str, Any]:
     raw = _config(heads)
     text = raw["text_config"]
     port_text = {k: v for k, v in text.items() if k not in ("model_type", "engram_pad_token_id")}
@@ -217,7 +219,7 @@ def run_case(cfg_mod, modeling, heads: str, seed: int, tokens: int) -> dict[str,
     rebind()
     want, port_calls = run_port(port, modeling, ids)
     result: dict[str, Any] = {"heads": heads, "seed": seed, "tokens": tokens}
-    result.update(self_rows(port, modeling, ids, want, port_calls, seed, rebind))
+    result.update(self_rows(port, modeling, ids, want, port_calls, seed, rebind, draws))
     half = tokens // 2
     rebind()
     with torch.no_grad():
@@ -257,10 +259,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--draws", type=int, default=1, help="sign draws of port_perturbed")
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     cfg_mod, modeling = _port(args.port)
-    cases = [run_case(cfg_mod, modeling, h, s, args.tokens) for h in HEADS for s in args.seeds]
+    cases = [run_case(cfg_mod, modeling, h, s, args.tokens, args.draws) for h in HEADS
+             for s in args.seeds]  # fmt: skip
     modes = ("as_is", "port_layout", "port_chunked", *PERTURBED)
     keep = ("argmax_agree", "mean_abs_dlogp", "max_abs_dlogp")
     rows = [{"heads": c["heads"], "seed": c["seed"], **{f"{m}.{k}": c[m][k] for m in modes
@@ -273,6 +277,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"first flip: {first}")  # fmt: skip
         for m in PERTURBED:
             print(f"  {m}: {c[m]['sites_flipping']} sites flip; first flip: {c[m]['first_flip']}")
+        if "port_perturbed_draws" in c:
+            agree = [d["argmax_agree"] for d in c["port_perturbed_draws"]]
+            mean = [d["mean_abs_dlogp"] for d in c["port_perturbed_draws"]]
+            print(f"  {len(agree)} draws: argmax {min(agree):.3f}-{max(agree):.3f} "
+                  f"(mean {sum(agree) / len(agree):.3f}), mean |dlogp| {min(mean):.1e}-"
+                  f"{max(mean):.1e} (mean {sum(mean) / len(mean):.1e})")  # fmt: skip
     # the port's directory is a scratch path on one machine: recorded as a placeholder
     payload = {"environment": environment(), "args": {**vars(args), "port": "PORT"}, "cases": cases}
     write_json(args.out, payload)
