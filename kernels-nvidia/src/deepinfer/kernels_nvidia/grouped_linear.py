@@ -6,6 +6,12 @@ weight tile is dequantised in registers to ``x``'s dtype (an e4m3 value times a 
 exact in bf16) and fed to the tensor cores with an fp32 accumulator, so only the summation order
 differs from the reference. One program per (row tile, column tile, group); the tile choice
 depends on nothing but the group's shape, so a row's result never depends on the batch.
+
+Prefill-sized calls (``BF16_ROUTE_TOKENS`` rows or more, bf16 ``x``) outside batch-invariant mode
+take the bf16 route instead: the weight dequantised once per call to bf16 (exact, as above), then
+one batched cuBLAS GEMM over the groups with an fp32 accumulator. Same math, another summation
+order; the dequantised copy is re-read by every row tile, where the Triton kernel re-dequantises
+each weight tile for every row tile it meets.
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.kernels import OPS
+from deepinfer.kernels import OPS, envs
+from deepinfer.kernels_nvidia.gemm.bf16 import dequantize_to_bf16
 from deepinfer.kernels_nvidia.registry import implements
 
 _TENSOR_CORE_DTYPES = (torch.bfloat16, torch.float16)
+BF16_ROUTE_TOKENS = 512  # rows from which the bf16 route runs (batch invariance off)
 
 
 @triton.jit
@@ -88,6 +96,8 @@ def grouped_linear(
     if not supported or (scale is None and weight.dtype != x.dtype):
         return OPS["grouped_linear"].reference(x, weight, scale, block_size=block_size)
     weight = weight.contiguous()
+    if _takes_bf16_route(x, weight, scale, block_size, tokens):
+        return _bf16_route(x, weight, scale, block_size, groups, n)
     y = torch.empty(tokens, groups, n, dtype=x.dtype, device=x.device)
     if tokens == 0:
         return y
@@ -105,3 +115,20 @@ def grouped_linear(
         num_warps=4, num_stages=3,
     )  # fmt: skip
     return y
+
+
+def _takes_bf16_route(x, weight, scale, block_size, tokens: int) -> bool:
+    if tokens < BF16_ROUTE_TOKENS or x.dtype != torch.bfloat16 or envs.batch_invariant():
+        return False
+    if scale is None:
+        return weight.dtype == torch.bfloat16
+    return x.shape[2] % max(128, block_size[1]) == 0  # dequantize_to_bf16's column tiles
+
+
+def _bf16_route(x, weight, scale, block_size, groups: int, n: int) -> torch.Tensor:
+    """``[T, G, K] x [G * N, K]^T`` per group: bf16 weight (dequantised once), one batched
+    GEMM, the result laid out ``[T, G, N]`` like the kernel's."""
+    if scale is not None:
+        weight = dequantize_to_bf16(weight, scale.view(torch.uint8), tuple(block_size))
+    y = torch.bmm(x.transpose(0, 1), weight.view(groups, n, -1).transpose(1, 2))
+    return y.transpose(0, 1).contiguous()

@@ -55,6 +55,7 @@ def _cases(scale, shapes):
 
 
 register(
-    *_cases("small", [(3, 2, 128, 16), (5, 4, 256, 32)]),
+    # 520 rows: prefill-sized, where a backend may take another route than for few rows
+    *_cases("small", [(3, 2, 128, 16), (5, 4, 256, 32), (520, 2, 128, 16)]),
     *_cases("real", [(64, 8, 4096, 1024), (1024, 8, 4096, 1024)]),
 )
