@@ -1,13 +1,16 @@
 """The port against itself: the rounding sites of one port run, the metrics that compare two
 runs, and the runs that change nothing but the last bit of an fp32 value.
 
-``port_perturbed`` is the ceiling for any implementation that is not bit-identical to the port:
+``port_perturbed`` (and ``_attn``) is the ceiling for any implementation that is not bit-identical to the port:
 the port's own logits after one fp32 ulp of difference in its first hidden states (the
 embedding output), the size of difference a reordered sum leaves. Two sizes:
 
 - ``everywhere``: every element moved by one ulp, up or down at random (seeded). A reordered
   reduction leaves last-bit differences of either sign across its output; a uniform nudge of
   one sign would be mostly undone by the RMS norms that follow.
+- ``attn``: every element of layer 0's attention output moved the same way: the first value
+  where our model and the port differ (their attention sums in another order); here the
+  port's own rounding sites of layer 0 see no difference, as with ours.
 - ``one``: one element (the first token's first channel) moved one ulp up: the smallest change
   an fp32 forward can have.
 
@@ -23,7 +26,7 @@ from typing import Any
 import torch
 
 SITES = ("kv", "index_k", "index_q", "entries")
-PERTURBED = ("port_perturbed", "port_perturbed_one", "port_threads1")
+PERTURBED = ("port_perturbed", "port_perturbed_attn", "port_perturbed_one", "port_threads1")
 
 
 class PortSites:
@@ -77,12 +80,17 @@ def one_ulp_once(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def run_port(port, modeling, ids: torch.Tensor, perturb: Callable | None = None):
-    """One one-shot prefill of the port with its cache; ``perturb`` rewrites the embedding
-    output. Returns the logits and the rounding sites' (input, output) per (layer, site)."""
+def run_port(port, modeling, ids: torch.Tensor, perturb: Callable | None = None, at: str = "embed"):
+    """One one-shot prefill of the port with its cache; ``perturb`` rewrites the output of the
+    embedding (``at="embed"``) or of layer 0's attention (``at="attn0"``). Returns the logits
+    and the rounding sites' (input, output) per (layer, site)."""
     handles = []
-    if perturb is not None:
+    if perturb is not None and at == "embed":
         handles.append(port.model.embed.register_forward_hook(lambda _m, _a, out: perturb(out)))
+    elif perturb is not None:  # the attention returns (output, weights)
+        attn = port.model.layers[0].attn
+        hook = attn.register_forward_hook(lambda _m, _a, out: (perturb(out[0]), *out[1:]))
+        handles.append(hook)
     sites = PortSites(modeling)
     handles += sites.hook(port)
     try:
@@ -144,33 +152,29 @@ def self_rows(
 ) -> dict[str, Any]:
     """The port against its own one-shot prefill (``want``, ``want_calls``) under each one-ulp
     perturbation and on one thread. ``rebind`` gives the port a fresh n-gram history. With
-    ``draws`` > 1, ``port_perturbed_draws`` also holds the metrics of that many sign draws
-    (draw k seeded ``seed + 1000 k``; draw 0 is ``port_perturbed``): which draws flip where is
-    chance, so one draw per model is a noisy ceiling."""
+    ``draws`` > 1, ``<row>_draws`` also holds the metrics of that many sign draws of each
+    every-element row (draw k seeded ``seed + 1000 k``; draw 0 is the row itself): which draws
+    flip where is chance, so one draw per model is a noisy ceiling."""
     rows: dict[str, Any] = {}
-    for name, perturb in (
-        ("port_perturbed", lambda out: one_ulp_everywhere(out, seed)),
-        ("port_perturbed_one", one_ulp_once),
-    ):
+
+    def run(perturb=None, at="embed") -> dict[str, Any]:
         rebind()
-        got, calls = run_port(port, modeling, ids, perturb)
-        rows[name] = _against(want, want_calls, got, calls)
+        got, calls = run_port(port, modeling, ids, perturb, at)
+        return _against(want, want_calls, got, calls)
+
+    for name, at in (("port_perturbed", "embed"), ("port_perturbed_attn", "attn0")):
+        runs = [run(lambda out, k=k: one_ulp_everywhere(out, seed + 1000 * k), at)
+                for k in range(draws)]  # fmt: skip
+        rows[name] = runs[0]
+        if draws > 1:
+            rows[f"{name}_draws"] = [_summary(r) for r in runs]
+    rows["port_perturbed_one"] = run(one_ulp_once)
     threads = torch.get_num_threads()
-    rebind()
     torch.set_num_threads(1)
     try:
-        got, calls = run_port(port, modeling, ids)
+        rows["port_threads1"] = {**run(), "default_threads": threads}
     finally:
         torch.set_num_threads(threads)
-    rows["port_threads1"] = {**_against(want, want_calls, got, calls), "default_threads": threads}
-    if draws > 1:
-        rows["port_perturbed_draws"] = [_summary(rows["port_perturbed"])]
-        for k in range(1, draws):
-            rebind()
-            got, calls = run_port(
-                port, modeling, ids, lambda out, k=k: one_ulp_everywhere(out, seed + 1000 * k)
-            )
-            rows["port_perturbed_draws"].append(_summary(_against(want, want_calls, got, calls)))
     return rows
 
 

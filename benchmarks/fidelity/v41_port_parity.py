@@ -22,7 +22,8 @@ Two more rows locate the fp32 gap that seeds the flips:
   carried over) instead of at once. The port's own attention sums follow its call's key axis,
   so this is the spread the port's numerics have between two ways of running one sequence.
 - ``port_perturbed`` (every element of the port's first hidden states one fp32 ulp up or down),
-  ``port_perturbed_one`` (one element one ulp) and ``port_threads1`` (the port on one thread):
+  ``port_perturbed_attn`` (the same on layer 0's attention output), ``port_perturbed_one`` (one
+  element of the first hidden states one ulp) and ``port_threads1`` (the port on one thread):
   the port against itself under the smallest differences an fp32 implementation can have
   (``port_self``), the ceiling for any implementation not bit-identical to it.
 
@@ -277,10 +278,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"first flip: {first}")  # fmt: skip
         for m in PERTURBED:
             print(f"  {m}: {c[m]['sites_flipping']} sites flip; first flip: {c[m]['first_flip']}")
-        if "port_perturbed_draws" in c:
-            agree = [d["argmax_agree"] for d in c["port_perturbed_draws"]]
-            mean = [d["mean_abs_dlogp"] for d in c["port_perturbed_draws"]]
-            print(f"  {len(agree)} draws: argmax {min(agree):.3f}-{max(agree):.3f} "
+        for m in ("port_perturbed_draws", "port_perturbed_attn_draws"):
+            if m not in c:
+                continue
+            agree = [d["argmax_agree"] for d in c[m]]
+            mean = [d["mean_abs_dlogp"] for d in c[m]]
+            print(f"  {m}, {len(agree)} draws: argmax {min(agree):.3f}-{max(agree):.3f} "
                   f"(mean {sum(agree) / len(agree):.3f}), mean |dlogp| {min(mean):.1e}-"
                   f"{max(mean):.1e} (mean {sum(mean) / len(mean):.1e})")  # fmt: skip
     # the port's directory is a scratch path on one machine: recorded as a placeholder
