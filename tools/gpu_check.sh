@@ -2,7 +2,8 @@
 # On the GPU machine: install the workspace offline (tools/gpu_setup.sh) and run every GPU test
 # (`pytest -m gpu`) of the kernels, the NVIDIA backend, the engine, the integration suite and the
 # benchmarks' and examples' own tests: the kernel packages over 8 workers when pytest-xdist is
-# installed (Triton compiles dominate), the rest in one process.
+# installed (Triton compiles dominate), the rest in one process. Each group prints its 20
+# slowest tests (what a one-call run of the whole suite has to shorten).
 # Usage, from the repository root:
 #     bash tools/gpu_check.sh [WHEEL_DIR] [extra pytest arguments, e.g. -k moe]
 set -euo pipefail
@@ -16,12 +17,12 @@ if python3 -c "import xdist" 2>/dev/null; then
 fi
 status=0
 note() { [ "$1" -eq 5 ] || status=$1; }  # 5: a -k filter selected nothing in that group
-python3 -m pytest -m gpu -q -p no:cacheprovider "${parallel[@]}" \
+python3 -m pytest -m gpu -q -p no:cacheprovider --durations=20 "${parallel[@]}" \
     packages/deepinfer-kernels/tests kernels-nvidia/tests packages/deepinfer-sampling/tests \
     packages/deepinfer-spec/tests "$@" || note $?
 # One process: the engine and integration tests size their KV cache from the GPU's free memory,
 # which other workers on the same GPU take (8 workers: "no room for the KV cache").
-python3 -m pytest -m gpu -q -p no:cacheprovider packages/deepinfer-engine/tests integration \
+python3 -m pytest -m gpu -q -p no:cacheprovider --durations=20 packages/deepinfer-engine/tests integration \
     benchmarks/tests examples/tiny_model/tests "$@" \
     || note $?
 exit "$status"
