@@ -1,8 +1,9 @@
 """Partial interleaved RoPE (and its inverse) in Triton.
 
-One program copies a block of heads of one row: the leading ``D - rd`` channels pass through,
-the trailing ``rd / 2`` interleaved pairs are rotated by the row's angles in fp32. The two
-stores cover disjoint channels, so no ordering between them is needed.
+One program handles a block of heads of one row: the leading ``D - rd`` channels pass through
+(copied unless the call is in place), the trailing ``rd / 2`` interleaved pairs are rotated by
+the row's angles in fp32. The stores cover disjoint channels, so no ordering between them is
+needed; in place, each program reads its pairs before it overwrites them.
 """
 
 from __future__ import annotations
@@ -18,17 +19,19 @@ from deepinfer.kernels_nvidia.registry import implements
 def _rope_kernel(
     x_ptr, cos_ptr, sin_ptr, out_ptr,
     num_heads, dim, half, stride_xn, stride_xh, stride_on, stride_oh, stride_cn, stride_sn,
-    INVERSE: tl.constexpr, HB: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    INVERSE: tl.constexpr, PASSTHROUGH: tl.constexpr, HB: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
 ):  # fmt: skip
     n = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     hmask = heads < num_heads
     passthrough = dim - 2 * half
-    cols = tl.arange(0, BLOCK_D)
     x_row = x_ptr + n * stride_xn + heads[:, None] * stride_xh
     o_row = out_ptr + n * stride_on + heads[:, None] * stride_oh
-    keep = hmask[:, None] & (cols < passthrough)[None, :]
-    tl.store(o_row + cols[None, :], tl.load(x_row + cols[None, :], mask=keep), mask=keep)
+    if PASSTHROUGH:
+        cols = tl.arange(0, BLOCK_D)
+        keep = hmask[:, None] & (cols < passthrough)[None, :]
+        tl.store(o_row + cols[None, :], tl.load(x_row + cols[None, :], mask=keep), mask=keep)
 
     pairs = tl.arange(0, BLOCK_R)
     pmask = pairs < half
@@ -45,8 +48,23 @@ def _rope_kernel(
     tl.store(o_row + even_cols[None, :] + 1, (a * sin[None, :] + b * cos[None, :]).to(ty), mask=m2)
 
 
+def _rows(t: torch.Tensor, n: int, dim: int) -> torch.Tensor | None:
+    """``t`` as a ``[N, H, D]`` view with unit channel stride, or None if it has none."""
+    try:
+        t3 = t.view(n, -1, dim)
+    except RuntimeError:
+        return None
+    return t3 if t3.stride(2) == 1 or dim == 1 else None
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or (
+        a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+    )
+
+
 @implements("apply_rope")
-def apply_rope(x, cos, sin, *, inverse=False):
+def apply_rope(x, cos, sin, *, inverse=False, out=None):
     if x.dim() < 2:
         raise ValueError(f"x: expected [N, ..., D], got shape {tuple(x.shape)}")
     n, dim = x.shape[0], x.shape[-1]
@@ -57,16 +75,21 @@ def apply_rope(x, cos, sin, *, inverse=False):
     half = cos.shape[1]
     if 2 * half > dim:
         raise ValueError(f"cos: rd = {2 * half} rotary dims exceed the head dim {dim}")
+    if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
+        raise ValueError(
+            f"out: expected {tuple(x.shape)} {x.dtype}, got {tuple(out.shape)} {out.dtype}"
+        )
+    in_place = out is not None and _same_view(out, x)
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
-        return torch.empty_like(x)
-    x3 = x.reshape(n, -1, dim)
-    if x3.stride(2) != 1:
-        x3 = x3.contiguous()
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    out3 = out.view(n, -1, dim)
-    heads = x3.shape[1]
-    if n == 0 or heads == 0:
         return out
+    x3, out3 = _rows(x, n, dim), _rows(out, n, dim)
+    if out3 is None or (in_place and x3 is None):  # no [N, H, D] view to write through
+        return out.copy_(apply_rope(x, cos, sin, inverse=inverse))
+    if x3 is None:
+        x3 = x.reshape(n, -1, dim).contiguous()
+    heads = x3.shape[1]
     cos = cos.float() if cos.stride(1) == 1 else cos.float().contiguous()
     sin = sin.float() if sin.stride(1) == 1 else sin.float().contiguous()
     hb = min(16, triton.next_power_of_2(heads))
@@ -74,7 +97,7 @@ def apply_rope(x, cos, sin, *, inverse=False):
         x3, cos, sin, out3,
         heads, dim, half, x3.stride(0), x3.stride(1), out3.stride(0), out3.stride(1),
         cos.stride(0), sin.stride(0),
-        INVERSE=inverse, HB=hb, BLOCK_D=triton.next_power_of_2(dim),
+        INVERSE=inverse, PASSTHROUGH=not in_place, HB=hb, BLOCK_D=triton.next_power_of_2(dim),
         BLOCK_R=max(1, triton.next_power_of_2(half)), num_warps=4,
     )  # fmt: skip
     return out

@@ -67,6 +67,21 @@ def test_kit_catches_a_write_that_stores_nothing():
         check_case(writes_nothing, case, "cpu")
 
 
+def test_kit_catches_an_in_place_form_that_drops_the_passthrough():
+    """``out=x`` must leave the channels it does not rotate as they were."""
+    rope = kernels.OPS["apply_rope"].reference
+
+    def zeroes_passthrough(x, cos, sin, *, inverse=False, out=None):
+        result = rope(x, cos, sin, inverse=inverse, out=out)
+        if out is x:
+            out[..., : x.shape[-1] - 2 * cos.shape[-1]] = 0
+        return result
+
+    case = cases_for(["apply_rope"], "small")[0]
+    with pytest.raises(AssertionError, match="in place"):
+        check_case(zeroes_passthrough, case, "cpu")
+
+
 def test_inputs_are_fresh_random_and_never_zero():
     case = SMALL[0]
     g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)

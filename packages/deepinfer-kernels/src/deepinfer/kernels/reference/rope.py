@@ -6,11 +6,16 @@ import torch
 
 
 def apply_rope(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inverse: bool = False
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    inverse: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     rope_dim = 2 * cos.shape[-1]
-    xf = x.float()
-    pairs = xf[..., -rope_dim:].unflatten(-1, (-1, 2))
+    keep = x.shape[-1] - rope_dim
+    pairs = x[..., keep:].float().unflatten(-1, (-1, 2))
     extra = x.dim() - cos.dim()
     c = cos.float().reshape(cos.shape[0], *([1] * extra), cos.shape[-1])
     s = sin.float().reshape(sin.shape[0], *([1] * extra), sin.shape[-1])
@@ -18,4 +23,16 @@ def apply_rope(
         s = -s
     even, odd = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack((even * c - odd * s, even * s + odd * c), dim=-1).flatten(-2)
-    return torch.cat((xf[..., :-rope_dim], rotated), dim=-1).to(x.dtype)
+    if out is None:
+        return torch.cat((x[..., :keep], rotated.to(x.dtype)), dim=-1)
+    if not _same_view(out, x):
+        out[..., :keep].copy_(x[..., :keep])
+    out[..., keep:].copy_(rotated)
+    return out
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` and ``b`` are the same elements (``out=x``: the in-place form)."""
+    return a is b or (
+        a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+    )

@@ -4,7 +4,8 @@ A :class:`Case` makes fresh random inputs for one op (never zeros), names the ou
 passed as ``out=`` buffers and the tolerance its dtype allows. :func:`check_case` runs an
 implementation three ways — allocating its own outputs, writing into NaN-poisoned buffers, and on
 non-contiguous views of the inputs where the case has them — and compares each result with the
-reference twin run on the same inputs. Cases live in ``deepinfer.kernels.testing.cases``, one
+reference twin run on the same inputs; for an op with an in-place form (``out=x``) it also
+checks that form bitwise against the allocating call, on contiguous and non-contiguous inputs. Cases live in ``deepinfer.kernels.testing.cases``, one
 module per op family, at two scales: ``small`` (CPU, Triton interpreter) and ``real`` (model
 sizes, on the device).
 
@@ -44,6 +45,7 @@ class Case:
     that select (``deepinfer.kernels.testing.selection``), where near-tied choices may differ.
     writes: positions of the arguments the op writes into (a cache); the reference runs on
     copies of them, so what is compared is what the implementation wrote.
+    in_place: position of the argument ``out=`` may be (the op's in-place form), or None.
     """
 
     op: str
@@ -57,6 +59,7 @@ class Case:
     tags: frozenset[str] = field(default_factory=frozenset)
     compare: Comparison | None = None
     writes: tuple[int, ...] = ()
+    in_place: int | None = None
 
     def __str__(self) -> str:
         return f"{self.op}-{self.name}"
@@ -139,7 +142,10 @@ def check_case(
     want_t = _as_tuple(want)
 
     inputs = (args, kwargs)
-    _compare(impl(*args, **kwargs), want, case, "allocating", inputs)
+    allocated = impl(*args, **kwargs)
+    _compare(allocated, want, case, "allocating", inputs)
+    if case.in_place is not None:
+        _check_in_place(impl, case, args, kwargs, allocated, "")
 
     if case.out_names:
         outs = {n: _poisoned_like(w) for n, w in zip(case.out_names, want_t)}
@@ -154,6 +160,21 @@ def check_case(
             f"{case}: make_strided produced no non-contiguous input"
         )
         _compare(impl(*strided, **kwargs), want, case, "non-contiguous inputs", inputs)
+        if case.in_place is not None:
+            _check_in_place(impl, case, strided, kwargs, allocated, " on non-contiguous inputs")
+
+
+def _check_in_place(impl, case: Case, args, kwargs, allocated: torch.Tensor, how: str) -> None:
+    """``impl(..., x, ..., out=x)`` on a copy of ``x`` (kept in its layout) returns that copy,
+    holding bitwise the allocating call's result."""
+    i = case.in_place
+    target = torch.empty_strided(
+        args[i].shape, args[i].stride(), dtype=args[i].dtype, device=args[i].device
+    )
+    target.copy_(args[i])
+    got = impl(*args[:i], target, *args[i + 1 :], **kwargs, out=target)
+    assert got is target, f"{case} (in place{how}): did not return out"
+    assert torch.equal(target, allocated), f"{case} (in place{how}): differs from allocating"
 
 
 def patch_triton_interpreter() -> None:

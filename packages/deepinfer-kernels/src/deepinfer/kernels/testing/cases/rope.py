@@ -1,5 +1,6 @@
 """Cases for apply_rope: partial interleaved RoPE on ``[N, D]`` and ``[N, H, D]``, forward and
-inverse, at the attention (D 512, rd 64) and indexer (D 128, rd 64) shapes."""
+inverse, at the attention (D 512, rd 64) and indexer (D 128, rd 64) shapes; into ``out=`` and in
+place (``out=x``)."""
 
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ def _cases(scale, shapes, dtypes):
                 make = functools.partial(
                     _inputs, shape=shape, rope_dim=rope_dim, dtype=dtype, inverse=inverse
                 )
-                cases.append(Case("apply_rope", name, scale, make, make_strided=_strided,
-                                  atol=atol, rtol=rtol))  # fmt: skip
+                cases.append(Case("apply_rope", name, scale, make, out_names=("out",),
+                                  make_strided=_strided, atol=atol, rtol=rtol,
+                                  in_place=0))  # fmt: skip
     return cases
 
 
