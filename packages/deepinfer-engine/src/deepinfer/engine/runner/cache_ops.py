@@ -42,11 +42,34 @@ def copy_slots(cache: ModelCache, copies: list[tuple[int, int]]) -> None:
 
 def reset_slot(cache: ModelCache, slot: int) -> None:
     """Return a state slot to its initial contents (a new sequence starts clean)."""
+    reset_slots(cache, [slot])
+
+
+def reset_slots(cache: ModelCache, slots: list[int]) -> None:
+    """Return state slots to their initial contents: one fill per cache tensor and run of
+    consecutive slots (a step's new sequences usually hold consecutive slots), not one per
+    tensor and slot."""
+    if not slots:
+        return
     n = cache.layout.num_slots
+    runs = _runs(sorted(set(slots)))
     for key, t in cache.tensors.items():
         if not cache.is_arena(key):
-            t[_rows(t, n, slot)] = float("-inf") if key.endswith("_score") else 0
+            value = float("-inf") if key.endswith("_score") else 0
+            for first, last in runs:
+                t[_rows(t, n, first).start : _rows(t, n, last).stop] = value
     if "engram_history" in cache.extra:
         from deepinfer.engine.model.engram_history import reset_history
 
-        reset_history(cache.extra["engram_history"], torch.tensor([slot]))
+        reset_history(cache.extra["engram_history"], torch.tensor(slots))
+
+
+def _runs(ids: list[int]) -> list[tuple[int, int]]:
+    """Sorted ids as ``(first, last)`` runs of consecutive ids."""
+    runs = [[ids[0], ids[0]]]
+    for i in ids[1:]:
+        if i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return [(a, b) for a, b in runs]

@@ -40,7 +40,7 @@ from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.runner.async_step import PendingStep, read_back, sync_guard, take_rows
 from deepinfer.engine.runner.batch_plan import RunnerState, StepPlan, build_step_plan
-from deepinfer.engine.runner.cache_ops import copy_blocks, copy_slots, reset_slot
+from deepinfer.engine.runner.cache_ops import copy_blocks, copy_slots, reset_slots
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
 from deepinfer.engine.runner.drafting import DraftRequest, DraftSource, Proposal
 from deepinfer.engine.runner.grammar import GrammarManager
@@ -188,10 +188,11 @@ class ModelRunner:
             self.proposals.pop(request_id, None)
             if self.grammar is not None:
                 self.grammar.forget(request_id)
+        # new sequences start from clean state slots
+        fresh = [new.state_slot for new in so.new_requests if new.num_computed_tokens == 0]
+        reset_slots(self.cache, fresh)
         for new in so.new_requests:
             self.proposals.pop(new.request_id, None)
-            if new.num_computed_tokens == 0:
-                reset_slot(self.cache, new.state_slot)
             if self.grammar is not None:
                 seq = sequences[new.request_id]
                 generated = seq.token_ids[seq.num_prompt_tokens :]
