@@ -84,17 +84,19 @@ class Attention(nn.Module):
         cos, sin = ctx.angles[self.ratio > 0]
         qr = self.q_norm(self.wq_a(x))
         q = self.q_head_norm(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)))
-        q = K.apply_rope(q, cos, sin)
+        # RoPE in place (out=): the rotated tensors are fresh and read nowhere else
+        q = K.apply_rope(q, cos, sin, out=q)
         # the keys come from every row of the step (under context parallelism, gathered)
         k_cos, k_sin = ctx.angles_of_keys(self.ratio > 0)
         kv = self.kv_norm(self.wkv(ctx.keys_of(x)))
-        kv = self.simulate_kv(K.apply_rope(kv, k_cos, k_sin))
+        kv = self.simulate_kv(K.apply_rope(kv, k_cos, k_sin, out=kv))
         sources, indices = self.kv_sources(x, qr, kv, ctx)
         ctx.release_keys()
         o = K.sparse_mqa_sink(q, sources, indices, self.attn_sink, self.head_dim**-0.5)
         md = ctx.metadata
         ctx.cache.write(f"{self.layer_id}.window", md.window_write_dst, kv[md.window_write_src])
-        o = K.apply_rope(o.to(x.dtype), cos, sin, inverse=True)
+        o = o.to(x.dtype)
+        o = K.apply_rope(o, cos, sin, inverse=True, out=o)
         grouped = o.reshape(o.shape[0], self.groups, -1)
         z = K.grouped_linear(grouped, self.wo_a.weight, self.wo_a.scale, block_size=self.wo_a.block)
         return self.wo_b(z.flatten(1))
@@ -120,8 +122,14 @@ class Attention(nn.Module):
             return sources, window_indices
         arena, rows = self.compressed_entries(x, qr, ctx)
         offset = window.shape[0] + kv.shape[0]
-        compressed = torch.where(rows >= 0, rows + offset, rows).to(window_indices.dtype)
-        return (*sources, arena), torch.cat([window_indices, compressed], dim=1)
+
+        def join() -> Tensor:
+            compressed = torch.where(rows >= 0, rows + offset, rows).to(window_indices.dtype)
+            return torch.cat([window_indices, compressed], dim=1)
+
+        if not self.selection.same_rows_every_layer:
+            return (*sources, arena), join()
+        return (*sources, arena), ctx.shared("indices", (window_indices, rows), join, offset)
 
     def simulate_kv(self, kv: torch.Tensor) -> torch.Tensor:
         """Reference window-KV rounding (spec 2.3 step 7 / 7.1; :mod:`.variant`)."""
@@ -146,9 +154,9 @@ class Attention(nn.Module):
         plan = ctx.metadata.plans[(self.ratio, overlapped(self.config, self.layer_id))]
         key = f"{self.layer_id}.kv"
         latent = self.compressor(ctx.keys_of(x), ctx, plan, f"{self.layer_id}.comp")
-        cos_e, sin_e = ctx.entry_angles(plan.emit_positions)
+        cos_e, sin_e = ctx.entry_angles(plan)
         self.selection.write_keys(latent, cos_e, sin_e, ctx, plan)
-        entries = K.apply_rope(latent, cos_e, sin_e)
+        entries = K.apply_rope(latent, cos_e, sin_e, out=latent)  # its index keys are written
         # a packed arena rounds as the model does, from the unrounded rows (FP4 with e4m3
         # scales does not re-pack its own rounded values exactly)
         if key not in ctx.cache.formats:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -48,17 +50,23 @@ class Compressor(nn.Module):
     ) -> torch.Tensor:
         """x ``[T, D]`` -> the entries completed this step ``[E, dim]`` in ``x.dtype``."""
         if self.wgate is None:  # ratio 1: entry w is token w, emitted in this very step
-            state_rows = ctx.cache[f"{state}_kv"].shape[0]
-            return self.norm(self.wkv(x))[plan.emit_src[:, 0] - state_rows]
+            split, src = ctx.cache[f"{state}_kv"].shape[0], plan.emit_src
+            rows = ctx.shared("emit_step_rows", src, lambda: src[:, 0] - split, split)
+            return self.norm(self.wkv(x))[rows]
         kv = self.wkv(x, out_dtype=torch.float32)
         score = self.wgate(x, out_dtype=torch.float32)
         if self.ape is not None:
-            score = score + self.ape[ctx.positions_of_keys() % self.ratio]
+            keys = ctx.positions_of_keys()
+            phase = ctx.shared("phase", keys, lambda: keys % self.ratio, self.ratio)
+            score = score + self.ape[phase]
         state_kv, state_score = ctx.cache[f"{state}_kv"], ctx.cache[f"{state}_score"]
-        src = plan.emit_src.clamp(min=0)
-        missing = (plan.emit_src < 0).unsqueeze(-1)
-        kv_rows = _gather_two(state_kv, kv, src)
-        score_rows = _gather_two(state_score, score, src).masked_fill(missing, float("-inf"))
+        split, step_rows = state_kv.shape[0], kv.shape[0]
+        sources = ctx.shared(
+            "emit_sources", plan.emit_src, lambda: TwoSources.of(plan.emit_src, split, step_rows),
+            split, step_rows,
+        )  # fmt: skip
+        kv_rows = sources.take(state_kv, kv)
+        score_rows = sources.take(state_score, score).masked_fill(sources.missing, float("-inf"))
         if self.overlap:
             kv_rows, score_rows = self._overlap(kv_rows), self._overlap(score_rows)
         pooled = K.compress_pool(kv_rows, score_rows)
@@ -72,13 +80,32 @@ class Compressor(nn.Module):
         return torch.cat([rows[:, :r, :d], rows[:, r:, d:]], dim=1)
 
 
-def _gather_two(first: torch.Tensor, second: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``torch.cat([first, second])[rows]`` without copying ``first`` (the whole state pool):
-    rows below ``len(first)`` come from it, the rest from ``second``."""
-    split = first.shape[0]
-    in_first = (rows < split).view(*rows.shape, *([1] * (first.dim() - 1)))
-    from_first = first[rows.clamp(max=max(split - 1, 0))] if split else None
-    from_second = second[(rows - split).clamp(min=0, max=max(second.shape[0] - 1, 0))]
-    if from_first is None:
-        return from_second
-    return torch.where(in_first, from_first, from_second)
+@dataclass(frozen=True)
+class TwoSources:
+    """Where the rows ``[E, L]`` of ``[first | second]`` (``first``: the whole state pool of
+    ``split`` rows; ``second``: the step's rows; ``-1``: none) are, to gather them without
+    copying ``first``: rows below ``split`` from ``first``, the rest from ``second``. Computed
+    once a step per plan (every compressor of a kind gathers the same rows)."""
+
+    in_first: torch.Tensor | None  # [E, L] bool; None: the pool is empty
+    first_rows: torch.Tensor | None
+    second_rows: torch.Tensor
+    missing: torch.Tensor  # [E, L, 1] bool, the -1 rows
+
+    @staticmethod
+    def of(rows: torch.Tensor, split: int, num_second: int) -> TwoSources:
+        src = rows.clamp(min=0)
+        second = (src - split).clamp(min=0, max=max(num_second - 1, 0))
+        missing = (rows < 0).unsqueeze(-1)
+        if not split:
+            return TwoSources(None, None, second, missing)
+        in_first = src < split
+        return TwoSources(in_first, src.clamp(max=max(split - 1, 0)), second, missing)
+
+    def take(self, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        """``torch.cat([first, second])[rows]`` (``rows`` clamped at 0)."""
+        from_second = second[self.second_rows]
+        if self.in_first is None:
+            return from_second
+        in_first = self.in_first.view(*self.in_first.shape, *([1] * (first.dim() - 1)))
+        return torch.where(in_first, first[self.first_rows], from_second)

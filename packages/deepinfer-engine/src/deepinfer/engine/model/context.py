@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -51,6 +52,20 @@ class StepContext:
     key_positions: torch.Tensor | None = None
     key_angles: dict[bool, tuple[torch.Tensor, torch.Tensor]] | None = None
     _gathered: tuple[torch.Tensor, torch.Tensor] | None = None
+    _shared: dict[tuple, tuple[object, Any]] = field(default_factory=dict, repr=False)
+
+    def shared(self, name: str, of: object, make: Callable[[], Any], *key: Hashable) -> Any:
+        """``make()`` once a step for every layer asking for ``name`` of the step tensor ``of``
+        (or tuple of them) and ``key``: index lists and angles derived from the metadata, which
+        layers of one kind share, cost one set of small ops a step instead of one a layer.
+        ``of`` is kept with the value, so the ``id`` of each names it for the whole step; the
+        context lives for one step (a graph replay reruns what the capture computed)."""
+        anchors = of if isinstance(of, tuple) else (of,)
+        full_key = (name, *map(id, anchors), *key)
+        entry = self._shared.get(full_key)
+        if entry is None:
+            entry = self._shared[full_key] = (anchors, make())
+        return entry[1]
 
     def cache_reads(self) -> CacheReads | None:
         """The metadata's lists for reading float copies of the step's cache rows, where the
@@ -62,7 +77,11 @@ class StepContext:
         none) as indices into it): float copies of the rows the step reads where
         :meth:`cache_reads` has them, else the arena in place."""
         if plan.read_rows is not None and self.cache_reads() is not None:
-            return self.cache.gather(key, plan.read_rows), read_index(plan.read_rows, rows)
+            if rows is plan.seq_rows or rows is plan.visible:  # the plan's own: once a step
+                index = self.shared("read_index", rows, lambda: read_index(plan.read_rows, rows))
+            else:
+                index = read_index(plan.read_rows, rows)
+            return self.cache.gather(key, plan.read_rows), index
         return self.cache.rows(key), rows
 
     def arena_reads(self, key: str, plan: CompressionPlan):
@@ -94,6 +113,9 @@ class StepContext:
     def angles_of_keys(self, compressed: bool) -> tuple[torch.Tensor, torch.Tensor]:
         return (self.angles if self.key_angles is None else self.key_angles)[compressed]
 
-    def entry_angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) of the compressed table at compressed-entry positions."""
-        return RopeTables.angles(self.rope.compress, positions)
+    def entry_angles(self, plan: CompressionPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) of the compressed table at ``plan``'s entry positions (once a step)."""
+        positions = plan.emit_positions
+        return self.shared(
+            "entry_angles", positions, lambda: RopeTables.angles(self.rope.compress, positions)
+        )

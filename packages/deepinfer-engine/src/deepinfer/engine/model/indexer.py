@@ -46,11 +46,12 @@ class Indexer(nn.Module):
         """Returns the chosen arena rows ``[T, index_topk]`` (``-1`` = none)."""
         key = f"{self.layer_id}.index_keys"
         entries = self.compressor(ctx.keys_of(x), ctx, plan, f"{self.layer_id}.index_comp")
-        cos_e, sin_e = ctx.entry_angles(plan.emit_positions)
-        entries = self.rounding.index(K.apply_rope(entries, cos_e, sin_e))
+        cos_e, sin_e = ctx.entry_angles(plan)
+        entries = self.rounding.index(K.apply_rope(entries, cos_e, sin_e, out=entries))
         ctx.cache.write(key, plan.emit_rows, entries)
         cos, sin = ctx.angles[True]
-        q = K.apply_rope(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)), cos, sin)
+        q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
+        q = K.apply_rope(q, cos, sin, out=q)
         q = self.rounding.index(q)
         weights = self.weights_proj(x, out_dtype=torch.float32) * self.weight_scale
         scores = K.indexer_scores(q, weights, *ctx.arena_reads(key, plan))

@@ -54,7 +54,8 @@ class IndexerV41(nn.Module):
     ) -> None:
         """Index keys of the entries completed this step, from the pre-RoPE latent, handed to
         ``store(arena rows, key rows)`` (the cache packs them in its format)."""
-        k = K.apply_rope(self.k_norm(self.wk(latent)), cos, sin)
+        k = self.k_norm(self.wk(latent))
+        k = K.apply_rope(k, cos, sin, out=k)
         k = self.rounding.index(k)
         store(plan.emit_rows, k)
 
@@ -69,7 +70,8 @@ class IndexerV41(nn.Module):
         """Chosen arena rows ``[T, index_topk]`` (``-1`` = none) of this index source, scored
         against the index keys of cache tensor ``keys``."""
         cos, sin = ctx.angles[True]
-        q = K.apply_rope(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)), cos, sin)
+        q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
+        q = K.apply_rope(q, cos, sin, out=q)
         q = self.rounding.index(q)
         weights = self.weights_proj(x, out_dtype=torch.float32) * self.weight_scale
         scores = K.indexer_scores(q, weights, *ctx.arena_reads(keys, plan))

@@ -204,18 +204,19 @@ def build_metadata(
         )  # fmt: skip
         for kind, state_rows in sorted(kinds.items())
     }
-    window_indices = window_rows.to(device)
     rings = None if max_reads is None else _ring_reads(window_rows, base, max_reads)
+    lists = {"window": window_rows, "src": w_src, "dst": w_dst}
+    lists = _to_device(lists, rings, plans, every, device)
     reads = None
     if rings is not None:
-        reads = CacheReads(rings[0].to(device), rings[1].to(device), of=window_indices)
+        reads = CacheReads(lists["ring_rows"], lists["ring_indices"], of=lists["window"])
     return AttentionMetadata(
         num_tokens=int(batch.input_ids.shape[0] if queries is None else len(queries)),
         window_base=base,
-        window_indices=window_indices,
-        window_write_src=w_src.to(device),
-        window_write_dst=w_dst.to(device),
-        plans={k: _to(p, device, k in every) for k, p in plans.items()},
+        window_indices=lists["window"],
+        window_write_src=lists["src"],
+        window_write_dst=lists["dst"],
+        plans={kind: lists[kind] for kind in plans},
         reads=reads,
     )
 
@@ -337,12 +338,36 @@ def reads_every_entry(config: ModelConfig, layer_id: int) -> bool:
     )
 
 
-def _to(plan: CompressionPlan, device: torch.device, all_visible: bool) -> CompressionPlan:
-    """``plan`` on ``device``, with its ``[T, C]`` lists formed there if ``all_visible``."""
-    moved = {
-        name: getattr(plan, name).to(device)
+def _to_device(lists: dict, rings, plans: dict, every: set, device: torch.device) -> dict:
+    """The step's host index lists, ``rings`` (``ring_rows``, ``ring_indices``) and ``plans``
+    on ``device`` through one transfer per dtype (they are all int64), not one per list:
+    views of one device buffer. The plans of the kinds in ``every`` (whose layers attend
+    every visible entry) get their ``[T, C]`` lists, formed there."""
+    if rings is not None:
+        lists = lists | {"ring_rows": rings[0], "ring_indices": rings[1]}
+    for kind, plan in plans.items():
+        lists = lists | {(kind, name): t for name, t in _plan_tensors(plan).items()}
+    if device.type != "cpu":
+        moved = {}
+        for dtype in {t.dtype for t in lists.values()}:
+            same = {k: t for k, t in lists.items() if t.dtype == dtype}
+            flat = torch.cat([t.reshape(-1) for t in same.values()]).to(device)
+            parts = flat.split([t.numel() for t in same.values()])
+            moved |= {k: part.view(t.shape) for (k, t), part in zip(same.items(), parts)}
+        lists = {k: moved[k] for k in lists}
+    for kind, plan in plans.items():
+        moved_plan = dataclasses.replace(
+            plan, **{name: lists[(kind, name)] for name in _plan_tensors(plan)}
+        )
+        if kind in every:
+            moved_plan = dataclasses.replace(moved_plan, visible=moved_plan.all_visible())
+        lists[kind] = moved_plan
+    return lists
+
+
+def _plan_tensors(plan: CompressionPlan) -> dict[str, torch.Tensor]:
+    return {
+        name: getattr(plan, name)
         for name in plan.__dataclass_fields__
         if isinstance(getattr(plan, name), torch.Tensor)
     }
-    plan = dataclasses.replace(plan, **moved)
-    return dataclasses.replace(plan, visible=plan.all_visible()) if all_visible else plan

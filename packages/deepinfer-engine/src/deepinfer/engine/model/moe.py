@@ -151,7 +151,9 @@ class MoE(nn.Module):
             routed = self._grouped(x, weights, ids)
         else:
             routed = self._looped(x, weights, ids)
-        return (routed + self.shared_experts(x).float()).to(x.dtype)
+        # routed: a fresh fp32 sum; adding the shared expert's bf16 rows in place widens them
+        # exactly, as a separate cast would
+        return routed.add_(self.shared_experts(x)).to(x.dtype)
 
     def expert_list(self) -> list[Expert]:
         """The routed experts by slot: expert id order, or under EP this rank's slots."""

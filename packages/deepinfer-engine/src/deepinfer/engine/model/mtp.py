@@ -139,7 +139,8 @@ class DSparkDraft(nn.ModuleList):
         for stage in self:
             # the same K=V rounding as the stage's own window rows (FP8 sim when simulating)
             attn = stage.attn
-            kv = attn.simulate_kv(K.apply_rope(attn.kv_norm(attn.wkv(x)), cos, sin))
+            kv = attn.kv_norm(attn.wkv(x))
+            kv = attn.simulate_kv(K.apply_rope(kv, cos, sin, out=kv))
             ring = cache[f"{stage.layer_id}.window"]
             ring.index_copy_(0, dst, kv[src].to(ring.dtype))
 

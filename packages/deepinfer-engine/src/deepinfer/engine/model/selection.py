@@ -15,7 +15,10 @@ from deepinfer.engine.model.metadata import CompressionPlan
 
 
 class AllVisible:
-    """Every visible entry (V4's heavily compressed layers)."""
+    """Every visible entry (V4's heavily compressed layers): the plan's rows, the same in every
+    layer of the kind."""
+
+    same_rows_every_layer = True
 
     def write_keys(self, latent, cos, sin, ctx: StepContext, plan: CompressionPlan) -> None:
         """No index keys to keep."""
@@ -27,6 +30,8 @@ class AllVisible:
 class OwnTopK:
     """V4 CSA: the layer's own indexer compresses its keys from ``x`` as it scores, and keeps
     each query's top k."""
+
+    same_rows_every_layer = False
 
     def __init__(self, indexer: Indexer) -> None:
         self.indexer = indexer
@@ -42,6 +47,8 @@ class SharedTopK:
     """V4.1 CSA2: a kv source writes the index keys of its group from its compressor's latent;
     an index source scores them and keeps each query's top k (``ctx.selected``), which the
     layers after it of the same ratio reuse."""
+
+    same_rows_every_layer = False  # an index source's picks, fresh each time it scores
 
     def __init__(self, config: ModelConfig, layer_id: int, indexer: IndexerV41 | None) -> None:
         self.indexer, self.layer_id = indexer, layer_id
