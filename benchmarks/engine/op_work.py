@@ -5,7 +5,9 @@ Products are counted as FLOPs (2 per multiply-add) at the rate their operands ru
 linears with FP8 or packed-FP4 weights and for the FP4 experts (activations go in as FP8), bf16
 for float weights, the attention core and the indexer scores. A linear's weights must also be
 read once, so its floor is the larger of the two. Every other op is counted as the bytes of the
-tensors it is given and returns, read or written once (the floor of a memory-bound op).
+tensors it is given and returns, read or written once (the floor of a memory-bound op); an
+``out=`` buffer it returns is counted once, and ``apply_rope`` in place (``out=x``) moves only
+its rotary channels.
 """
 
 from __future__ import annotations
@@ -84,6 +86,25 @@ def _products(name: str, a: dict[str, Any]) -> tuple[float, str, int] | None:
     return None
 
 
+def _moved(name: str, a: dict[str, Any], out: Any) -> int:
+    """Bytes a memory-bound op reads and writes: its tensors once each (a returned ``out=``
+    buffer once); ``apply_rope(x, out=x)`` reads and writes the rotary channels only."""
+    buffer = a.get("out")
+    x = a.get("x")
+    if (
+        name == "apply_rope"
+        and buffer is not None
+        and x is not None
+        and buffer.data_ptr() == x.data_ptr()
+    ):
+        cos = a["cos"]
+        rotary = x.numel() // x.shape[-1] * 2 * cos.shape[-1] * x.element_size()
+        return 2 * rotary + tensor_bytes([cos, a["sin"]])
+    if buffer is not None and buffer is out:
+        a = {k: v for k, v in a.items() if k != "out"}
+    return tensor_bytes(list(a.values())) + tensor_bytes(out)
+
+
 def count(name: str, args: tuple, kwargs: dict, out: Any, device: Device) -> OpWork:
     """The work of one call of op ``name`` and its ceiling time on ``device``."""
     try:
@@ -92,7 +113,7 @@ def count(name: str, args: tuple, kwargs: dict, out: Any, device: Device) -> OpW
         arguments = {"args": args, **kwargs}
     products = _products(name, arguments) if "args" not in arguments else None
     if products is None:
-        moved = tensor_bytes(list(arguments.values())) + tensor_bytes(out)
+        moved = _moved(name, arguments, out)
         return OpWork(1, 0.0, float(moved), moved / device.bandwidth, {"bytes"})
     flops, rate, weight_bytes = products
     per_s = device.flops if rate == "fp8" else device.attention_flops or device.flops
