@@ -6,8 +6,9 @@ compilation, graph captures), then again with every ``EngineCore.step`` call tim
 ``--skip``-th step on, ``torch.profiler`` recording device kernels only. Device numbers come
 from the kernels' own intervals: the window runs from the first profiled kernel to the last;
 busy time is the union of kernel intervals in it; idle time is the rest, reported per step
-along with the longest gap and the count of gaps above 20 us. Without CUDA the device numbers
-are None (host times still come out).
+along with the longest gap and the count of gaps above 20 us, and where those gaps sit: per
+(kernel before, kernel after) pair, their count and idle time per step (``gap_sites``, the
+largest first). Without CUDA the device numbers are None (host times still come out).
 
     python -m benchmarks.engine.step_timeline --dummy-layers 4 --batch 64 --out t.json
 """
@@ -62,13 +63,33 @@ def device_gaps(intervals: list[tuple[float, float]]) -> dict:
     return {"window_us": window, "busy_us": busy, "gaps": gaps}
 
 
-def _kernel_intervals(profiler) -> list[tuple[float, float]]:
+def _kernels(profiler) -> list[tuple[float, float, str]]:
     cuda = torch.autograd.DeviceType.CUDA
     return [
-        (e.time_range.start, e.time_range.end)
+        (e.time_range.start, e.time_range.end, e.name)
         for e in profiler.events()
         if e.device_type == cuda and e.time_range.end > e.time_range.start
     ]
+
+
+def gap_sites(kernels: list[tuple[float, float, str]], steps: int, top: int = 6) -> list[dict]:
+    """Gaps above ``GAP_US`` between consecutive kernels, grouped by the names of the kernel
+    that ends before and the one that starts after: count and idle ms per step, largest first."""
+    sites: dict[tuple[str, str], list[float]] = {}
+    kernels = sorted(kernels)
+    if not kernels:
+        return []
+    end, last = kernels[0][1], kernels[0][2]
+    for s, e, name in kernels[1:]:
+        if s - end > GAP_US:
+            sites.setdefault((last[:60], name[:60]), []).append(s - end)
+        if e > end:
+            end, last = e, name
+    rows = [
+        {"before": b, "after": a, "per_step": len(g) / steps, "ms_per_step": sum(g) / steps / 1e3}
+        for (b, a), g in sites.items()
+    ]
+    return sorted(rows, key=lambda r: -r["ms_per_step"])[:top]
 
 
 def measure(llm, prompts: list[list[int]], max_tokens: int, *, skip: int = 3) -> dict:
@@ -93,18 +114,20 @@ def measure(llm, prompts: list[list[int]], max_tokens: int, *, skip: int = 3) ->
         "host_ms": statistics.median(clock.host_s) * 1e3 if steps else None,
         "wall_ms": sum(clock.host_s) / max(steps, 1) * 1e3,
         "gpu_busy_ms": None, "idle_ms": None, "busy_frac": None, "max_gap_ms": None,
-        "gaps": None,
+        "gaps": None, "gap_sites": None,
     }  # fmt: skip
     if profiler is not None and clock.calls >= skip:
         torch.cuda.synchronize()
         profiler.stop()
-        timeline = device_gaps(_kernel_intervals(profiler))
+        kernels = _kernels(profiler)
+        timeline = device_gaps([(s, e) for s, e, _ in kernels])
         window, busy, gaps = timeline["window_us"], timeline["busy_us"], timeline["gaps"]
         result.update({
             "gpu_busy_ms": busy / steps / 1e3, "idle_ms": (window - busy) / steps / 1e3,
             "busy_frac": busy / window if window else None,
             "max_gap_ms": max(gaps, default=0.0) / 1e3,
             "gaps": sum(1 for g in gaps if g > GAP_US) / steps,
+            "gap_sites": gap_sites(kernels, steps),
         })  # fmt: skip
     return result
 
@@ -149,6 +172,12 @@ def main(argv=None) -> list[dict]:
             prompts = torch.randint(3, vocab, (batch, args.prompt_len), generator=gen).tolist()
             rows.append(measure(llm, prompts, args.tokens))
     print_table(rows, COLUMNS)
+    for row in rows:
+        for site in row["gap_sites"] or []:
+            print(
+                f"  batch {row['batch']} async {row['async']}: {site['ms_per_step']:.3f} ms/step in "
+                f"{site['per_step']:.2f} gaps/step, {site['before']} -> {site['after']}"
+            )
     write_json(args.out, {"env": environment(), "args": vars(args), "rows": rows})
     return rows
 
