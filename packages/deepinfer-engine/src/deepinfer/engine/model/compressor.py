@@ -66,7 +66,8 @@ class Compressor(nn.Module):
             split, step_rows,
         )  # fmt: skip
         kv_rows = sources.take(state_kv, kv)
-        score_rows = sources.take(state_score, score).masked_fill(sources.missing, float("-inf"))
+        # take returns fresh rows: mask them in place
+        score_rows = sources.take(state_score, score).masked_fill_(sources.missing, float("-inf"))
         if self.overlap:
             kv_rows, score_rows = self._overlap(kv_rows), self._overlap(score_rows)
         pooled = K.compress_pool(kv_rows, score_rows)

@@ -44,10 +44,12 @@ class V4Rounding:
         self.rounds_index = config.index_head_dim % INDEX_BLOCK == 0
 
     def kv(self, kv: torch.Tensor) -> torch.Tensor:
+        """Rounds ``kv`` in place (callers pass a fresh tensor): one launch, no concatenation."""
         if not self.rounds_kv:
             return kv
-        nope = self.nope_dim
-        return torch.cat([K.fp8_sim(kv[..., :nope], 64), kv[..., nope:]], dim=-1)
+        nope = kv[..., : self.nope_dim]
+        K.fp8_sim(nope, 64, out=nope)
+        return kv
 
     def entries(self, entries: torch.Tensor) -> torch.Tensor:
         return self.kv(entries)
