@@ -19,13 +19,14 @@ from deepinfer.kernels_nvidia.registry import IMPLEMENTATIONS
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
-OPS_HERE = ["fp8_gemm_nt", "linear"]
+OPS_HERE = ["fp8_gemm_nt", "linear", "linears"]
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
 
 
 def test_gemm_kernels_are_registered():
     assert IMPLEMENTATIONS["fp8_gemm_nt"] is gemm.fp8_gemm_nt
     assert IMPLEMENTATIONS["linear"] is gemm.linear
+    assert IMPLEMENTATIONS["linears"] is gemm.linears
 
 
 @pytest.mark.parametrize("case", cases_for(OPS_HERE, "small"), ids=str)
@@ -54,6 +55,24 @@ def test_linear_keeps_leading_dims():
     assert got.shape == (2, 3, 64) and got.dtype == torch.bfloat16
     flat = gemm.linear(x.view(6, 128), w, s, block_size=(32, 32), act_quant_group=32)
     assert torch.equal(got.view(6, 64), flat)
+
+
+@pytest.mark.parametrize("m, block", [(1, (128, 128)), (5, (32, 32)), (40, (128, 128))])
+def test_linears_equal_separate_linears(m, block):
+    """One shared activation quantisation: each output bit for bit its own ``linear`` call,
+    a dense weight among them included (it takes its own route)."""
+    gen = torch.Generator().manual_seed(m)
+    device = torch.device(DEVICE)
+    (w1, s1), (w2, s2) = (random_fp8_weight(gen, n, 256, block, device) for n in (160, 64))
+    dense = torch.randn(32, 256, generator=gen).to(DEVICE, torch.bfloat16)
+    x = torch.randn(m, 256, generator=gen).to(DEVICE, torch.bfloat16)
+    kw = {"block_size": block, "act_quant_group": block[1]}
+    weights, scales = (w1, w2, dense), (s1, s2, None)
+    got = gemm.linears(x, weights, scales, **kw)
+    for y, w, s in zip(got, weights, scales, strict=True):
+        assert torch.equal(y, gemm.linear(x, w, s, **kw))
+    with pytest.raises(ValueError, match="one scale each"):
+        gemm.linears(x, weights, scales[:2], **kw)
 
 
 def _product(m, n, k, block, seed):

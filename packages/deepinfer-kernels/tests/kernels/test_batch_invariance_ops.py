@@ -44,6 +44,7 @@ ROW_ARGS: dict[str, RowArgs] = {
     "hc_pre": RowArgs(("x", "collapse_pre")),
     "indexer_scores": RowArgs(("q", "weights", "candidates"), "candidates", column_output=True),
     "linear": RowArgs(("x",)),
+    "linears": RowArgs(("x",)),
     "pack_rows": RowArgs(("x",)),
     "rms_norm": RowArgs(("x",)),
     "rope_rotate_half": RowArgs(("x", "cos", "sin")),

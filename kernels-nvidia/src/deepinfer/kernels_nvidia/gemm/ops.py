@@ -45,6 +45,7 @@ __all__ = [
     "choose_plan",
     "fp8_gemm_nt",
     "linear",
+    "linears",
 ]
 
 # 64 x 128 tiles, 4 warps, 4 stages: two programs per SM, whose promotions overlap each other's
@@ -196,14 +197,7 @@ def linear(
         x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
         w = weight if weight.stride(-1) == 1 else weight.contiguous()
         return linear_f32_bf16(x2, w).view(*x.shape[:-1], weight.shape[0])
-    is_fp8_path = (
-        weight.dtype == torch.float8_e4m3fn
-        and scale is not None
-        and act_quant_group is not None
-        and x.shape[-1] % act_quant_group == 0
-        and act_quant_group in (16, 32, 64, 128, 256)
-    )
-    if not is_fp8_path:
+    if not _is_fp8_path(x, weight, scale, act_quant_group):
         if envs.batch_invariant() and x.device.type == "cuda":
             return _linear_invariant(x, weight, scale, block_size, act_quant_group, out_dtype)
         return OPS["linear"].reference(
@@ -219,6 +213,51 @@ def linear(
     xq, xs = quantize_rows(x2, act_quant_group, m_major=plan.kind == "cublas")
     y = fp8_gemm_nt_plan(xq, xs, weight, scale, tuple(block_size), out_dtype=out_dtype, plan=plan)
     return y.view(*x.shape[:-1], n)
+
+
+@implements("linears")
+def linears(
+    x, weights, scales, *, block_size=None, act_quant_group=None, out_dtype=None
+):  # fmt: skip
+    """:func:`linear` for each weight, the FP8 activation quantisation of ``x`` shared by the
+    FP8-path weights whose plans read the same scale layout (the rest call :func:`linear`)."""
+    if len(weights) != len(scales):
+        raise ValueError(f"{len(weights)} weights, {len(scales)} scales: expected one scale each")
+    kw = {"block_size": block_size, "act_quant_group": act_quant_group, "out_dtype": out_dtype}
+    shared = [_is_fp8_path(x, w, s, act_quant_group) for w, s in zip(weights, scales, strict=True)]
+    if sum(shared) < 2:
+        return tuple(linear(x, w, s, **kw) for w, s in zip(weights, scales, strict=True))
+    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    (m, k), bk = x2.shape, tuple(block_size)[1]
+    dtype = out_dtype or x.dtype
+    plans = [
+        default_plan(m, w.shape[0], k, act_quant_group, min(act_quant_group, bk),
+                     tuple(block_size), dtype, x.device) if use else None
+        for w, use in zip(weights, shared, strict=True)
+    ]  # fmt: skip
+    m_major = {p.kind == "cublas" for p in plans if p is not None}
+    if len(m_major) > 1:  # the plans read the scales in two layouts: quantise per weight
+        return tuple(linear(x, w, s, **kw) for w, s in zip(weights, scales, strict=True))
+    xq, xs = quantize_rows(x2, act_quant_group, m_major=m_major.pop())
+    out = []
+    for w, s, plan in zip(weights, scales, plans, strict=True):
+        if plan is None:
+            out.append(linear(x, w, s, **kw))
+            continue
+        y = fp8_gemm_nt_plan(xq, xs, w, s, tuple(block_size), out_dtype=dtype, plan=plan)
+        out.append(y.view(*x.shape[:-1], w.shape[0]))
+    return tuple(out)
+
+
+def _is_fp8_path(x, weight, scale, act_quant_group) -> bool:
+    return (
+        weight.dtype == torch.float8_e4m3fn
+        and scale is not None
+        and act_quant_group is not None
+        and x.shape[-1] % act_quant_group == 0
+        and act_quant_group in (16, 32, 64, 128, 256)
+    )
 
 
 def _linear_invariant(x, weight, scale, block_size, act_quant_group, out_dtype):

@@ -104,6 +104,13 @@ def linear_rowwise(
     return y.reshape(*x.shape[:-1], wc.shape[0]).to(out_dtype or x.dtype)
 
 
+def linears_rowwise(x, weights, scales, *, block_size=None, act_quant_group=None,
+                    out_dtype=None):  # fmt: skip
+    """The reference ``linears``: :func:`linear_rowwise` for each weight."""
+    kw = {"block_size": block_size, "act_quant_group": act_quant_group, "out_dtype": out_dtype}
+    return tuple(linear_rowwise(x, w, s, **kw) for w, s in zip(weights, scales, strict=True))
+
+
 def _concat(outputs: list[Any]) -> Any:
     if isinstance(outputs[0], tuple):
         return tuple(_concat(list(parts)) for parts in zip(*outputs))

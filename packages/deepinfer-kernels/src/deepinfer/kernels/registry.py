@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepinfer.kernels import envs
-from deepinfer.kernels.invariant import ROW_WISE, call_rowwise, linear_rowwise
+from deepinfer.kernels.invariant import ROW_WISE, call_rowwise, linear_rowwise, linears_rowwise
 from deepinfer.kernels.version import API_VERSION
 
 logger = logging.getLogger("deepinfer.kernels")
@@ -256,6 +256,8 @@ def resolve(name: str, args: tuple[Any, ...] = ()) -> Callable[..., Any]:
     reference = OPS[name].reference
     if name == "linear" and envs.batch_invariant():
         return linear_rowwise
+    if name == "linears" and envs.batch_invariant():
+        return linears_rowwise
     if name in ROW_WISE and envs.batch_invariant():
         contract = OPS[name].contract
         return functools.partial(call_rowwise, name, contract, reference)

@@ -14,7 +14,7 @@ from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.context import StepContext
 from deepinfer.engine.model.indexer import Indexer
 from deepinfer.engine.model.indexer_v41 import IndexerV41
-from deepinfer.engine.model.layers import LinearFactory, RMSNorm
+from deepinfer.engine.model.layers import LinearFactory, RMSNorm, project
 from deepinfer.engine.model.metadata import reads_every_entry
 from deepinfer.engine.model.selection import AllVisible, OwnTopK, SharedTopK
 from deepinfer.engine.model.variant import variant_of
@@ -82,13 +82,18 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """x ``[T, D]`` (normed, collapsed streams) -> ``[T, D]``."""
         cos, sin = ctx.angles[self.ratio > 0]
-        qr = self.q_norm(self.wq_a(x))
+        # the keys come from every row of the step (under context parallelism, gathered)
+        keys = ctx.keys_of(x)
+        if keys is x:  # wq_a and wkv read one input: quantise it once
+            q_latent, kv = project(x, self.wq_a, self.wkv)
+        else:
+            q_latent, kv = self.wq_a(x), self.wkv(keys)
+        qr = self.q_norm(q_latent)
         q = self.q_head_norm(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)))
         # RoPE in place (out=): the rotated tensors are fresh and read nowhere else
         q = K.apply_rope(q, cos, sin, out=q)
-        # the keys come from every row of the step (under context parallelism, gathered)
         k_cos, k_sin = ctx.angles_of_keys(self.ratio > 0)
-        kv = self.kv_norm(self.wkv(ctx.keys_of(x)))
+        kv = self.kv_norm(kv)
         kv = self.simulate_kv(K.apply_rope(kv, k_cos, k_sin, out=kv))
         sources, indices = self.kv_sources(x, qr, kv, ctx)
         ctx.release_keys()

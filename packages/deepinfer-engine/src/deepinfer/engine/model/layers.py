@@ -74,6 +74,26 @@ class Linear(nn.Module):
         return f"{self.in_features} -> {self.out_features}, {self.fmt}"
 
 
+def project(x: torch.Tensor, *linears: Linear) -> tuple[torch.Tensor, ...]:
+    """``tuple(linear(x) for linear in linears)``; linears of one storage format and input
+    quantisation go through one :func:`deepinfer.kernels.linears` call, which quantises ``x``
+    once for all of them (bit for bit the separate calls)."""
+    first = linears[0]
+    same = all(
+        (m.fmt, m.block, m.act_quant_group) == (first.fmt, first.block, first.act_quant_group)
+        for m in linears
+    )
+    if not same or first.act_quant_group is None:
+        return tuple(m(x) for m in linears)
+    return K.linears(
+        x,
+        tuple(m.weight for m in linears),
+        tuple(m.scale for m in linears),
+        block_size=first.block,
+        act_quant_group=first.act_quant_group,
+    )
+
+
 class RMSNorm(nn.Module):
     """Weighted RMSNorm (fp32 inside), weight stored in the checkpoint dtype."""
 

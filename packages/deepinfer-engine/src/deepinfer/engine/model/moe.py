@@ -29,7 +29,7 @@ from deepinfer.engine.model.expert_parallel import (
     expert_parallel_routed,
     token_keys,
 )
-from deepinfer.engine.model.layers import LinearFactory
+from deepinfer.engine.model.layers import LinearFactory, project
 from deepinfer.engine.model.variant import variant_of
 from deepinfer.parallel import ExpertParallelContext
 
@@ -95,7 +95,7 @@ class Expert(nn.Module):
         self.w1, self.w2, self.w3 = make(dim, inter), make(inter, dim), make(dim, inter)
 
     def forward(self, x: torch.Tensor, route_weight: torch.Tensor | None = None) -> torch.Tensor:
-        hidden = K.swiglu_clamped(self.w1(x), self.w3(x), self.limit)
+        hidden = K.swiglu_clamped(*project(x, self.w1, self.w3), self.limit)
         if route_weight is not None:
             hidden = hidden * route_weight.unsqueeze(-1)
         return self.w2(hidden.to(x.dtype))

@@ -7,7 +7,7 @@ import torch
 from deepinfer.kernels.reference import linear as ref
 from deepinfer.kernels.registry import op
 
-__all__ = ["linear", "grouped_linear"]
+__all__ = ["linear", "linears", "grouped_linear"]
 
 
 @op(reference=ref.linear)
@@ -30,6 +30,25 @@ def linear(
             that many elements along K (spec 4.3) before the product.
     Dense weights multiply in the promoted dtype; quantised ones dequantise exactly and
     accumulate in fp32. Returns ``[..., N]`` of ``out_dtype`` (default ``x.dtype``).
+    """
+
+
+@op(reference=ref.linears)
+def linears(
+    x: torch.Tensor,
+    weights: tuple[torch.Tensor, ...],
+    scales: tuple[torch.Tensor | None, ...],
+    *,
+    block_size: tuple[int, int] | None = None,
+    act_quant_group: int | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Several linears of one input: ``tuple(linear(x, w, s, ...) for w, s in zip(weights,
+    scales))``, each output bit for bit what :func:`linear` returns for its weight.
+
+    x, each weight and scale, ``block_size``, ``act_quant_group``, ``out_dtype``: as in
+    :func:`linear` (one ``block_size`` and ``act_quant_group`` for all). A backend may quantise
+    ``x`` to FP8 once for every FP8 weight (one launch instead of one per weight).
     """
 
 

@@ -52,6 +52,21 @@ def linear(
     return (xc @ wc.t()).to(out_dtype or x.dtype)
 
 
+def linears(
+    x: torch.Tensor,
+    weights: tuple[torch.Tensor, ...],
+    scales: tuple[torch.Tensor | None, ...],
+    *,
+    block_size: tuple[int, int] | None = None,
+    act_quant_group: int | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, ...]:
+    if len(weights) != len(scales):
+        raise ValueError(f"{len(weights)} weights, {len(scales)} scales: expected one scale each")
+    kw = {"block_size": block_size, "act_quant_group": act_quant_group, "out_dtype": out_dtype}
+    return tuple(linear(x, w, s, **kw) for w, s in zip(weights, scales, strict=True))
+
+
 def grouped_linear(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -1,4 +1,5 @@
-"""Cases for fp8_gemm_nt and the FP8-weight path of linear (activation quantised to FP8).
+"""Cases for fp8_gemm_nt and the FP8-weight path of linear and linears (activation quantised to
+FP8).
 
 Tolerances: every product of scaled e4m3 values is exact in fp32, so the reference and a kernel
 differ by fp32 summation order (Hopper's FP8 tensor cores also add with a shorter mantissa inside
@@ -52,6 +53,14 @@ def _linear_inputs(gen, device, *, m, n, k, block, dtype):
     return (x, weight, scale), {"block_size": block, "act_quant_group": block[1]}
 
 
+def _linears_inputs(gen, device, *, m, n, k, block, dtype):
+    """One input, two FP8 weights of different widths (the second ``n / 2`` rounded up to a
+    scale block)."""
+    (x, w1, s1), kw = _linear_inputs(gen, device, m=m, n=n, k=k, block=block, dtype=dtype)
+    w2, s2 = random_fp8_weight(gen, max(block[0], n // 2), k, block, device)
+    return (x, (w1, w2), (s1, s2)), kw
+
+
 def _padded_rows(args):
     a = args[0]
     wide = torch.zeros(a.shape[0], a.shape[1] + 64, dtype=a.dtype, device=a.device)
@@ -72,6 +81,10 @@ def _cases(scale, shapes):
             )
         make = functools.partial(_linear_inputs, m=m, n=n, k=k, block=block, dtype=torch.bfloat16)
         cases.append(Case("linear", f"fp8-{tag}", scale, make, atol=6e-2, rtol=2e-2))
+        if scale == "small":
+            make = functools.partial(_linears_inputs, m=m, n=n, k=k, block=block,
+                                     dtype=torch.bfloat16)  # fmt: skip
+            cases.append(Case("linears", f"fp8-{tag}", scale, make, atol=6e-2, rtol=2e-2))
     return cases
 
 
