@@ -35,6 +35,18 @@ def test_conformance_real(case):
     check_case(IMPLEMENTATIONS[case.op], case, DEVICE)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_swiglu_rounds_as_a_separate_cast(dtype):
+    """``out_dtype`` rounds in the store exactly as ``.to`` rounds the fp32 result."""
+    gen = torch.Generator().manual_seed(3)
+    gate, up = (torch.randn(5, 96, generator=gen).mul(6).to(DEVICE, dtype) for _ in range(2))
+    wide = moe_route.swiglu_clamped(gate, up, 10.0)
+    narrow = moe_route.swiglu_clamped(gate, up, 10.0, out_dtype=torch.bfloat16)
+    assert narrow.dtype == torch.bfloat16 and torch.equal(narrow, wide.to(torch.bfloat16))
+    half = moe_route.swiglu_clamped(gate, up, 10.0, out_dtype=torch.float16)
+    assert torch.equal(half, wide.to(torch.float16))
+
+
 def _moe_inputs(tokens, experts, dim, inter, top_k, gen):
     g = torch.Generator(device=DEVICE).manual_seed(
         int(torch.randint(0, 2**31, (1,), generator=gen))

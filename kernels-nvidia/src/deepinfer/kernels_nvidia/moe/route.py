@@ -120,22 +120,36 @@ def route_hash(logits, ids, *, scoring_func, route_scale, norm_eps, renormalize)
 
 
 @triton.jit
-def _swiglu_kernel(gate_ptr, up_ptr, out_ptr, n, limit, BLOCK: tl.constexpr):
+def _swiglu_kernel(gate_ptr, up_ptr, out_ptr, n, limit, BLOCK: tl.constexpr,
+                   TO_BF16: tl.constexpr):  # fmt: skip
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     g = tl.minimum(tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32), limit)
     u = tl.clamp(tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32), -limit, limit)
-    tl.store(out_ptr + offs, g / (1.0 + tl.exp(-g)) * u, mask=mask)
+    y = g / (1.0 + tl.exp(-g)) * u
+    if TO_BF16:  # round to nearest even on the bits, as torch's cast (finite values)
+        bits = y.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        y = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    tl.store(out_ptr + offs, y, mask=mask)
 
 
 @implements("swiglu_clamped")
-def swiglu_clamped(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+def swiglu_clamped(
+    gate: torch.Tensor, up: torch.Tensor, limit: float, *, out_dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """A bf16 result is rounded in the kernel (round to nearest even on the bits, exactly the
+    separate cast it replaces, the interpreter included); other narrow dtypes are cast after."""
     if gate.shape != up.shape:
         raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)}: expected one shape")
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        return swiglu_clamped(gate, up, limit).to(out_dtype)
     gate, up = gate.contiguous(), up.contiguous()
-    out = torch.empty(gate.shape, dtype=torch.float32, device=gate.device)
+    out = torch.empty(gate.shape, dtype=out_dtype, device=gate.device)
     n = gate.numel()
     block = 1024
     if n:
-        _swiglu_kernel[(triton.cdiv(n, block),)](gate, up, out, n, float(limit), BLOCK=block)
+        to_bf16 = out_dtype == torch.bfloat16
+        _swiglu_kernel[(triton.cdiv(n, block),)](gate, up, out, n, float(limit), BLOCK=block,
+                                                 TO_BF16=to_bf16)  # fmt: skip
     return out

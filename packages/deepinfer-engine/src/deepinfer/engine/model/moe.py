@@ -95,9 +95,10 @@ class Expert(nn.Module):
         self.w1, self.w2, self.w3 = make(dim, inter), make(inter, dim), make(dim, inter)
 
     def forward(self, x: torch.Tensor, route_weight: torch.Tensor | None = None) -> torch.Tensor:
-        hidden = K.swiglu_clamped(*project(x, self.w1, self.w3), self.limit)
-        if route_weight is not None:
-            hidden = hidden * route_weight.unsqueeze(-1)
+        gate, up = project(x, self.w1, self.w3)
+        if route_weight is None:  # rounded to x.dtype in the op: no cast launch
+            return self.w2(K.swiglu_clamped(gate, up, self.limit, out_dtype=x.dtype))
+        hidden = K.swiglu_clamped(gate, up, self.limit) * route_weight.unsqueeze(-1)
         return self.w2(hidden.to(x.dtype))
 
 

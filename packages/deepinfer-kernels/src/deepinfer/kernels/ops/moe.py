@@ -46,8 +46,11 @@ def route_hash(
 
 
 @op(reference=ref.swiglu_clamped)
-def swiglu_clamped(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+def swiglu_clamped(
+    gate: torch.Tensor, up: torch.Tensor, limit: float, *, out_dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """``silu(min(gate, limit)) * clamp(up, -limit, limit)`` in fp32.
 
-    gate, up: ``[T, I]`` any float dtype. Returns ``[T, I]`` fp32.
+    gate, up: ``[T, I]`` any float dtype. Returns ``[T, I]`` of ``out_dtype``: the fp32 result,
+    rounded once (round to nearest even) when ``out_dtype`` is narrower, as ``.to`` does.
     """

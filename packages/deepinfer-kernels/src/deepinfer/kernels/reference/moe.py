@@ -51,7 +51,9 @@ def route_hash(
     return _weights(scores, ids.long(), route_scale, norm_eps, renormalize)
 
 
-def swiglu_clamped(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+def swiglu_clamped(
+    gate: torch.Tensor, up: torch.Tensor, limit: float, *, out_dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     g = gate.float().clamp(max=limit)
     u = up.float().clamp(min=-limit, max=limit)
-    return F.silu(g) * u
+    return (F.silu(g) * u).to(out_dtype)
