@@ -35,3 +35,16 @@ def test_rejects_mismatched_score():
     kv = torch.randn(2, 4, 16, device=DEVICE)
     with pytest.raises(ValueError, match="score: expected shape"):
         backend.ops["compress_pool"](kv, kv[:, :2])
+
+
+def test_narrow_results_round_as_a_separate_cast():
+    """``out_dtype`` rounds the fp32 pool exactly as ``.to`` does (bf16 in the kernel)."""
+    gen = torch.Generator().manual_seed(5)
+    kv = torch.randn(9, 8, 96, generator=gen).to(DEVICE)
+    score = torch.randn(9, 8, 96, generator=gen).to(DEVICE)
+    score[:, :3, :5] = float("-inf")
+    pool = backend.ops["compress_pool"]
+    wide = pool(kv, score)
+    for dtype in (torch.bfloat16, torch.float16):
+        narrow = pool(kv, score, out_dtype=dtype)
+        assert narrow.dtype == dtype and torch.equal(narrow, wide.to(dtype))

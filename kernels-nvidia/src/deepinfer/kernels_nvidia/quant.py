@@ -19,6 +19,15 @@ TILE_ELEMENTS = 4096
 
 
 @triton.jit
+def to_bf16_rne(y):
+    """fp32 -> bf16 rounded to nearest even on the bits, as torch's cast (finite values; the
+    interpreter's own downcast truncates)."""
+    bits = y.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def pow2_scale(amax, floor, qmax):
     """``2^ceil(log2(max(amax, floor) / qmax))`` exactly (fp32 bit arithmetic, normal inputs)."""
     ratio = tl.maximum(amax, floor) / qmax

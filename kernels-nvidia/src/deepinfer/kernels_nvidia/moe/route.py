@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.kernels_nvidia.quant import to_bf16_rne
 from deepinfer.kernels_nvidia.registry import implements
 
 SCORING = {"sqrtsoftplus": 0, "sigmoid": 1, "softmax": 2}
@@ -127,10 +128,8 @@ def _swiglu_kernel(gate_ptr, up_ptr, out_ptr, n, limit, BLOCK: tl.constexpr,
     g = tl.minimum(tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32), limit)
     u = tl.clamp(tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32), -limit, limit)
     y = g / (1.0 + tl.exp(-g)) * u
-    if TO_BF16:  # round to nearest even on the bits, as torch's cast (finite values)
-        bits = y.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        y = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    if TO_BF16:
+        y = to_bf16_rne(y)
     tl.store(out_ptr + offs, y, mask=mask)
 
 

@@ -70,10 +70,10 @@ class Compressor(nn.Module):
         score_rows = sources.take(state_score, score).masked_fill_(sources.missing, float("-inf"))
         if self.overlap:
             kv_rows, score_rows = self._overlap(kv_rows), self._overlap(score_rows)
-        pooled = K.compress_pool(kv_rows, score_rows)
+        pooled = K.compress_pool(kv_rows, score_rows, out_dtype=x.dtype)  # rounded in the op
         state_kv.index_copy_(0, plan.state_write_dst, kv[plan.state_write_src])
         state_score.index_copy_(0, plan.state_write_dst, score[plan.state_write_src])
-        return self.norm(pooled.to(x.dtype))
+        return self.norm(pooled)
 
     def _overlap(self, rows: torch.Tensor) -> torch.Tensor:
         """``[E, 2r, 2d]`` -> ``[E, 2r, d]``: previous window's first half, this one's second."""
