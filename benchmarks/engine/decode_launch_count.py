@@ -88,6 +88,24 @@ def nvidia_on_cpu():
         registry._resolve_cached.cache_clear()
 
 
+def _launch_label(kernel, kwargs) -> str:
+    """``triton:<kernel>``, or ``triton-empty:<kernel>`` for a grid of no programs (Triton's
+    launcher skips it on a GPU)."""
+    grid = kwargs.get("grid")
+    empty = isinstance(grid, tuple) and any(int(g) == 0 for g in grid)
+    return ("triton-empty:" if empty else TRITON) + kernel.fn.__name__
+
+
+def _empty_input(event) -> bool:
+    """Whether an aten op reads an empty tensor (``cat``: only empty ones), so that its result
+    is empty and a GPU launches nothing for it (profiled with ``record_shapes``)."""
+    shapes = [s for s in event.input_shapes or () if isinstance(s, list) and s]
+    tensors = [t for s in shapes for t in (s if isinstance(s[0], list) else [s]) if t]
+    if event.name == "aten::cat":
+        return bool(tensors) and all(0 in t for t in tensors)
+    return any(0 in t for t in tensors)  # (index: an empty index list, an empty result)
+
+
 @contextlib.contextmanager
 def named_ranges():
     """Profiler ranges around every outermost kernels op call (``op:<name>``), every Triton
@@ -114,7 +132,7 @@ def named_ranges():
 
     def ranged(label, fn):
         def call(self, *args, **kwargs):
-            with torch.profiler.record_function(label(self)):
+            with torch.profiler.record_function(label(self, kwargs)):
                 return fn(self, *args, **kwargs)
 
         return call
@@ -124,9 +142,9 @@ def named_ranges():
     saved = [getattr(owner, attr) for owner, attr in patched]
     resolve = registry.resolve
     registry.resolve = lambda name, args=(): op_range(name, resolve(name, args))
-    InterpretedFunction.run = ranged(lambda f: TRITON + f.fn.__name__, InterpretedFunction.run)
-    Block.forward = ranged(lambda _: LAYER, Block.forward)
-    Block.forward_v41 = ranged(lambda _: LAYER, Block.forward_v41)
+    InterpretedFunction.run = ranged(_launch_label, InterpretedFunction.run)
+    Block.forward = ranged(lambda *_: LAYER, Block.forward)
+    Block.forward_v41 = ranged(lambda *_: LAYER, Block.forward_v41)
     try:
         yield
     finally:
@@ -165,12 +183,12 @@ def classify(events, lines: bool = False) -> Counter:
         is_triton = name.startswith(TRITON)
         if not is_triton and (not name.startswith("aten::") or name in NO_LAUNCH):
             continue
-        if not is_triton and _launches_below(event):
-            continue  # a composite: the ops it calls are counted
+        if not is_triton and (_launches_below(event) or _empty_input(event)):
+            continue  # a composite (the ops it calls are counted), or nothing to compute
         in_op = in_layer = False
         parent = event.cpu_parent
         while parent is not None:
-            if parent.name.startswith(TRITON):
+            if parent.name.startswith(("triton:", "triton-empty:")):
                 break  # the interpreter's own torch calls
             in_op = in_op or parent.name.startswith(OP)
             in_layer = in_layer or parent.name == LAYER
@@ -209,7 +227,8 @@ def count_model(name: str, batch: int, args: argparse.Namespace) -> dict:
             with backend, named_ranges():
                 if not self.graphs:  # the first decode step: uncounted
                     return super().run(plan, rows)
-                with profile(activities=[ProfilerActivity.CPU], with_stack=args.lines) as prof:
+                with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                             with_stack=args.lines) as prof:  # fmt: skip
                     logits = super().run(plan, rows)
             counts.append(classify(prof.events(), args.lines))
             return logits
