@@ -35,14 +35,13 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read when @triton.jit decorate
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
-import json  # noqa: E402
 import tempfile  # noqa: E402
 from collections import Counter  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from benchmarks.common import print_table  # noqa: E402
+from benchmarks.common import environment, print_table, write_json  # noqa: E402
 from benchmarks.engine.prefill_op_count import VIEWS, _frame  # noqa: E402
 
 OP, LAYER, TRITON = "op:", "layer", "triton:"
@@ -306,9 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         for batch in batches:
             results.append(count_model(name, batch, args))
             report(results[-1], args.top, args.lines)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=2))
+    write_json(args.out, {"env": environment(), "args": vars(args), "results": results})
     return 0
 
 

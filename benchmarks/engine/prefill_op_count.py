@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import print_table
+from benchmarks.common import environment, print_table, write_json
 from benchmarks.engine.op_work import OP_PREFIX, OpRecorder
 from benchmarks.engine.prefill_breakdown import parse_shapes
 from benchmarks.sweep.models import ModelSource, resolve_model
@@ -173,9 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     for source in sources:
         results.append(count_model(source, args))
         report(results[-1], args.top)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=2))
+    write_json(args.out, {"env": environment(), "args": vars(args), "results": results})
     return 0
 
 
