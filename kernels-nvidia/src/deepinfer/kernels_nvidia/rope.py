@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.kernels.reference.rope import same_view
 from deepinfer.kernels_nvidia.registry import implements
 
 
@@ -57,12 +58,6 @@ def _rows(t: torch.Tensor, n: int, dim: int) -> torch.Tensor | None:
     return t3 if t3.stride(2) == 1 or dim == 1 else None
 
 
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a is b or (
-        a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
-    )
-
-
 @implements("apply_rope")
 def apply_rope(x, cos, sin, *, inverse=False, out=None):
     if x.dim() < 2:
@@ -79,7 +74,7 @@ def apply_rope(x, cos, sin, *, inverse=False, out=None):
         raise ValueError(
             f"out: expected {tuple(x.shape)} {x.dtype}, got {tuple(out.shape)} {out.dtype}"
         )
-    in_place = out is not None and _same_view(out, x)
+    in_place = out is not None and same_view(out, x)
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:

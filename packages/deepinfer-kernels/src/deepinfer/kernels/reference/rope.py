@@ -25,13 +25,13 @@ def apply_rope(
     rotated = torch.stack((even * c - odd * s, even * s + odd * c), dim=-1).flatten(-2)
     if out is None:
         return torch.cat((x[..., :keep], rotated.to(x.dtype)), dim=-1)
-    if not _same_view(out, x):
+    if not same_view(out, x):
         out[..., :keep].copy_(x[..., :keep])
     out[..., keep:].copy_(rotated)
     return out
 
 
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     """``a`` and ``b`` are the same elements (``out=x``: the in-place form)."""
     return a is b or (
         a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
