@@ -52,9 +52,16 @@ class CountedDraftGraphs(DraftGraphs):
     or not)."""
 
     proposals = {False: 0, True: 0}
+    chained = 0  # proposals whose anchors came from the verification step on the device
 
     def run(self, anchors, last_positions, slots, greedy=False):
-        block = super().run(anchors, last_positions, slots, greedy)
+        return self._count(super().run(anchors, last_positions, slots, greedy), greedy)
+
+    def run_on_device(self, anchors, last_positions, slots, greedy=False):
+        self.chained += 1
+        return self._count(super().run_on_device(anchors, last_positions, slots, greedy), greedy)
+
+    def _count(self, block, greedy):
         self.proposals = {**self.proposals, greedy: self.proposals[greedy] + (block is not None)}
         return block
 
@@ -123,6 +130,27 @@ def test_spec_graphs_equal_the_eager_speculative_loop(checkpoint, dspark_checkpo
     assert len({key[0] for key in graphs.graphs}) >= 2 and len(drafts.graphs) >= 3
     if checkpoint == "embedded":  # a trained drafter: accepted drafts move the sequences on
         assert sum(o.metrics.num_accepted_tokens for o in fixed) > 0
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_greedy_steps_draft_from_the_device(async_scheduling):
+    """Plain greedy batches verify and draft as one queue of device work, the next drafts'
+    anchors taken from the verification on the device and read back with the drafts: tokens,
+    accept counts and confidences equal the eager loop's (which reads the verification back
+    before drafting), through accepted drafts, a batch that shrinks as requests finish and
+    the steps near ``max_tokens`` that propose from the host."""
+    prompts = _prompts()
+    params = [SamplingParams(temperature=0, max_tokens=12 + 3 * (i % 5), ignore_eos=True)
+              for i in range(NUM_PROMPTS)]  # fmt: skip
+    eager = _engine(EMBEDDED, async_scheduling=async_scheduling)
+    want = eager.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    llm = _engine(EMBEDDED, async_scheduling=async_scheduling)
+    graphs, drafts = _install_fixed_shape(llm)
+    got = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    assert _records(got) == _records(want)
+    assert drafts.chained >= 5, f"too few proposals drafted from the device: {drafts.chained}"
+    assert drafts.chained < drafts.proposals[True], "every proposal drafted from the device"
+    assert sum(o.metrics.num_accepted_tokens for o in got) > 0
 
 
 @pytest.mark.gpu

@@ -36,16 +36,19 @@ def sync_guard(device: torch.device, enabled: bool = True) -> Iterator[None]:
         torch.cuda.set_sync_debug_mode(previous)
 
 
-def read_back(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-    """Start copying ``tokens`` to host memory without waiting: (host tensor, the event that
-    marks the copy done, None off CUDA where the tensor already is on the host)."""
-    if tokens.device.type != "cuda":
-        return tokens.cpu(), None
-    host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-    host.copy_(tokens, non_blocking=True)
+def read_back(*tensors: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.cuda.Event | None]:
+    """Start copying ``tensors`` to host memory without waiting: (the host tensors, the event
+    that marks the copies done, None off CUDA where the tensors already are on the host)."""
+    if tensors[0].device.type != "cuda":
+        return tuple(t.cpu() for t in tensors), None
+    hosts = []
+    for t in tensors:
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        hosts.append(host)
     event = torch.cuda.Event()
     event.record()
-    return host, event
+    return tuple(hosts), event
 
 
 def device_index(rows: list[int], device) -> torch.Tensor:
@@ -63,16 +66,16 @@ def take_rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
 
 
 class PendingStep:
-    """A step in flight; ``finish(host tokens as a list)`` builds its output, once."""
+    """A step in flight; ``finish(*host tensors as lists)`` builds its output, once."""
 
     def __init__(
         self,
-        finish: Callable[[list[int]], ModelRunnerOutput],
-        host_tokens: torch.Tensor,
+        finish: Callable[..., ModelRunnerOutput],
+        host: tuple[torch.Tensor, ...],
         event: torch.cuda.Event | None,
     ) -> None:
         self._finish = finish
-        self._host_tokens = host_tokens
+        self._host = host
         self._event = event
         self._output: ModelRunnerOutput | None = None
 
@@ -84,5 +87,5 @@ class PendingStep:
         if self._output is None:
             if self._event is not None:
                 self._event.synchronize()
-            self._output = self._finish(self._host_tokens.tolist())
+            self._output = self._finish(*(h.tolist() for h in self._host))
         return self._output

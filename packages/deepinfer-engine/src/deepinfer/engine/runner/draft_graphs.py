@@ -16,6 +16,12 @@ request of the proposal is plain greedy (no grammar, no logit processing: its pi
 argmax), the graph of that key (``greedy=True``) runs the Markov head and the picks too, and
 returns the drafts and their confidence logits: the whole proposal is one replay and one read.
 
+A graph's inputs are four numbers per request (:class:`DraftLayout`); the block's ids,
+positions and window rows are computed from them inside the graph. :meth:`DraftGraphs.run`
+takes them from the host; :meth:`DraftGraphs.run_on_device` takes the anchors and last
+positions as device tensors, so a verification step can draft from its outcome before the host
+has read it (the runner's greedy chain).
+
 Padding requests copy the first request (anchor, last position, the window it reads) and write
 their block rows to the scratch state slot 0, so the real requests' rows and rings are the
 eager proposal's, as far as an op's result for a row does not depend on the row count (always
@@ -43,8 +49,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class DraftLayout:
-    """Flat int64 buffer of a draft block of ``num_requests`` requests, ``block_size`` tokens
-    each (request-major), over rings of ``ring_size`` rows in ``num_slots`` slots."""
+    """The inputs of a draft block of ``num_requests`` requests, ``block_size`` tokens each
+    (request-major), over rings of ``ring_size`` rows in ``num_slots`` slots: per request its
+    anchor token, the last position its window was seeded at, the state slot whose window it
+    reads and the one its block rows are written to (slot 0, the scratch slot, for padding),
+    in a flat int64 buffer of ``4 * num_requests``. The block's ids, positions and attention
+    metadata are computed from them on the buffer's device (:meth:`inputs`, inside a graph
+    when captured), so a proposal copies ``4 * B`` numbers to the device, and a step that knows
+    its anchors only on the device writes them there (:meth:`DraftGraphs.run_on_device`)."""
 
     num_requests: int
     block_size: int
@@ -57,53 +69,54 @@ class DraftLayout:
 
     def __post_init__(self) -> None:
         check_ring(self.ring_size, self.window, self.block_size)
-        n, k = self.num_requests, self.block_size
-        for name, shape in (("anchors", (n,)), ("ids", (n * k,)), ("positions", (n * k,)),
-                            ("rows", (n * k,)), ("window_indices", (n * k, self.window + k)),
-                            ("window_write_dst", (n * k,))):  # fmt: skip
-            self.fields[name] = (self.size, shape)
-            self.size += int(np.prod(shape))
+        n = self.num_requests
+        for name in ("anchors", "last_positions", "read_slots", "write_slots"):
+            self.fields[name] = (self.size, (n,))
+            self.size += n
 
     def views(self, flat):
         return flat_views(self.fields, flat)
 
     def fill(self, out: np.ndarray, anchors, last_positions, slots) -> None:
         """Write the block of ``B <= num_requests`` requests into ``out``: request ``b``'s
-        anchor token, the last position its window was seeded at, its state slot."""
-        n, k, w, ring = self.num_requests, self.block_size, self.window, self.ring_size
-        b = len(anchors)
+        anchor token, the last position its window was seeded at, its state slot; padding
+        requests copy request 0 and write to the scratch slot."""
+        n = self.num_requests
+        b = len(slots)
         if not 0 < b <= n:
             raise ValueError(f"draft block of {b} requests: this layout has {n}")
-        pad = np.zeros(n - b, dtype=np.int64)  # padding requests copy request 0
-        a = np.concatenate([np.asarray(anchors, dtype=np.int64), pad + int(anchors[0])])
-        p = np.concatenate([np.asarray(last_positions, dtype=np.int64), pad + last_positions[0]])
-        s = np.concatenate([np.asarray(slots, dtype=np.int64), pad + slots[0]])
-        writes = np.where(np.arange(n) < b, s, SCRATCH_SLOT)
         v = self.views(out)
-        ids = np.full((n, k), self.noise_token_id, dtype=np.int64)
-        ids[:, 0] = a
-        positions = p[:, None] + 1 + np.arange(k)
-        main = p[:, None] - np.arange(w - 1, -1, -1)  # the seeded main positions, oldest first
-        main_rows = np.where(main >= 0, s[:, None] * ring + main % ring, -1)
-        block_rows = self.num_slots * ring + np.arange(n * k).reshape(n, k)
-        v["anchors"][:] = a
-        v["ids"][:] = ids.reshape(-1)
-        v["positions"][:] = positions.reshape(-1)
-        v["rows"][:] = np.arange(n * k)
-        v["window_indices"][:] = np.repeat(np.concatenate([main_rows, block_rows], 1), k, axis=0)
-        v["window_write_dst"][:] = (writes[:, None] * ring + positions % ring).reshape(-1)
+        for name, values in (("anchors", anchors), ("last_positions", last_positions),
+                             ("read_slots", slots)):  # fmt: skip
+            v[name][:b] = values
+            v[name][b:] = values[0]
+        v["write_slots"][:b] = slots
+        v["write_slots"][b:] = SCRATCH_SLOT
 
     def inputs(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """(block token ids, positions, draft metadata) as views of the device buffer."""
+        """(block token ids, positions, draft metadata) computed from the buffer on its device:
+        block token ``i`` of a request sits at ``last position + 1 + i`` and attends to the
+        ``window`` seeded main positions up to the last one (ring rows of its read slot, -1
+        before position 0) and to its block's ``K`` rows past the slots' rings."""
+        n, k, w, ring = self.num_requests, self.block_size, self.window, self.ring_size
         v = self.views(flat)
+        device, last = flat.device, v["last_positions"][:, None]
+        ids = torch.full((n, k), self.noise_token_id, dtype=torch.long, device=device)
+        ids[:, 0] = v["anchors"]
+        positions = last + 1 + torch.arange(k, device=device)
+        main = last - torch.arange(w - 1, -1, -1, device=device)  # oldest first
+        main_rows = torch.where(main >= 0, v["read_slots"][:, None] * ring + main % ring, -1)
+        rows = torch.arange(n * k, device=device)
+        block_rows = self.num_slots * ring + rows.view(n, k)
+        window = torch.cat([main_rows, block_rows], 1).repeat_interleave(k, dim=0)
         md = AttentionMetadata(
-            num_tokens=self.num_requests * self.block_size,
-            window_base=self.num_slots * self.ring_size,
-            window_indices=v["window_indices"],
-            window_write_src=v["rows"],
-            window_write_dst=v["window_write_dst"],
+            num_tokens=n * k,
+            window_base=self.num_slots * ring,
+            window_indices=window,
+            window_write_src=rows,
+            window_write_dst=(v["write_slots"][:, None] * ring + positions % ring).view(-1),
         )
-        return v["ids"], v["positions"], md
+        return ids.view(-1), positions.view(-1), md
 
 
 @dataclass
@@ -146,6 +159,7 @@ class DraftGraphs:
         self._host = torch.zeros(size, dtype=torch.int64, pin_memory=pin)
         self._device = torch.zeros(size, dtype=torch.int64, device=self.device)
         self._outputs: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._pads: dict[tuple[int, int], torch.Tensor] = {}  # (graph size, B) -> row index
 
     @staticmethod
     def reserve_bytes(config, max_requests: int, block_size: int) -> int:
@@ -169,13 +183,43 @@ class DraftGraphs:
         eagerly. ``greedy=False``: (hidden ``[B*K, D]``, base logits ``[B*K, vocab]`` fp32,
         anchors ``[B]``); ``greedy=True`` (every request plain greedy): (drafts ``[B, K]``
         int64, confidence logits ``[B, K]`` fp32)."""
-        b = len(anchors)
-        key = self.key(b, greedy)
-        if key is None:
+        entry = self._entry(len(slots), greedy)
+        if entry is None:
             return None
-        entry = self.graphs.get(key) or self._new(key)
         entry.layout.fill(entry.host_view, anchors, last_positions, slots)
         entry.device.copy_(entry.host, non_blocking=True)
+        return self._replay(entry, len(slots), greedy)
+
+    def run_on_device(self, anchors: torch.Tensor, last_positions: torch.Tensor, slots,
+                      greedy: bool = False):  # fmt: skip
+        """:meth:`run` with the anchors and last positions given as ``[B]`` int64 tensors on
+        the device (a verification step's outcome, not read back), queued without a host
+        sync; the slots are the host's."""
+        b = len(slots)
+        entry = self._entry(b, greedy)
+        if entry is None:
+            return None
+        entry.layout.fill(entry.host_view, [0] * b, [0] * b, slots)
+        entry.device.copy_(entry.host, non_blocking=True)
+        v = entry.layout.views(entry.device)
+        n = entry.layout.num_requests
+        pad = self._pads.get((n, b))
+        if pad is None:  # padding requests copy request 0
+            index = torch.zeros(n, dtype=torch.long)
+            index[:b] = torch.arange(b)
+            pad = self._pads[n, b] = index.to(self.device, non_blocking=True)
+        v["anchors"].copy_(anchors[pad])
+        v["last_positions"].copy_(last_positions[pad])
+        return self._replay(entry, b, greedy)
+
+    def _entry(self, num_requests: int, greedy: bool) -> _Graph | None:
+        key = self.key(num_requests, greedy)
+        if key is None:
+            return None
+        return self.graphs.get(key) or self._new(key)
+
+    def _replay(self, entry: _Graph, b: int, greedy: bool):
+        key = (entry.layout.num_requests, greedy)
         if not self.capture:
             outputs = self._forward(entry, greedy)
         else:

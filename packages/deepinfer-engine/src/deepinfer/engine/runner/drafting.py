@@ -139,6 +139,27 @@ class DSparkDraftSource:
             for b, r in enumerate(requests)
         }
 
+    def chains(self, num_requests: int) -> bool:
+        """Whether a proposal of ``num_requests`` plain greedy requests can take its anchors
+        from the device (:meth:`propose_on_device`): a greedy draft graph of that size."""
+        return self.graphs is not None and self.graphs.key(num_requests, True) is not None
+
+    @torch.inference_mode()
+    def propose_on_device(
+        self, anchors: torch.Tensor, last_positions: torch.Tensor, slots: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Drafts ``[B, K]`` and their confidences ``[B, K]`` fp32 on the device for plain
+        greedy requests whose anchors and last positions are ``[B]`` device tensors (the
+        verification step's outcome), queued without reading anything back; None when the
+        graph could not be captured (the caller then proposes from the host)."""
+        replays = self.graphs.replays(len(slots), True)
+        with sync_guard(self.model.embed.weight.device, replays):
+            block = self.graphs.run_on_device(anchors, last_positions, slots, True)
+            if block is None:
+                return None
+            drafts, confidence_logits = block
+            return drafts, confidence_from_logits(confidence_logits, self.confidence_temperature)
+
     def _drafted(self, requests: list[DraftRequest], block, picker: DraftPicker) -> DraftProposal:
         """Drafts picked by ``picker`` from the graph's ``block`` (hidden, base logits,
         anchors), or from an eager proposal when there is none."""

@@ -99,6 +99,10 @@ class GrammarManager:
                 errors[request_id] = f"token {token} was rejected by the structured-output grammar"
                 return
 
+    def has_grammar(self, request_id: str) -> bool:
+        """Whether the request decodes under a grammar (compiled or not yet)."""
+        return request_id in self._specs
+
     def state(self, request_id: str) -> StructuredOutputState | None:
         """The request's matcher state (None without a grammar or before it compiled)."""
         return self._states.get(request_id)

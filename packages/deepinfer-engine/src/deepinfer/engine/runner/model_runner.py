@@ -11,8 +11,12 @@ applied, one row per seed for ``n > 1`` forks) -> propose the next drafts (:mod:
 ``execute_async`` (asynchronous scheduling) returns once a step without drafts or logprobs is
 queued on the device; its sampled tokens are copied back in the background and read by
 ``result()`` (:mod:`.async_step`), at the latest when the next step starts, whose
-``from_previous_sample`` requests take them as input. ``execute`` is ``execute_async`` then
-``result()``.
+``from_previous_sample`` requests take them as input. A speculative step of plain greedy
+requests with a greedy draft graph is queued whole the same way (the greedy chain): the
+verification's accept counts pick each request's anchor and last position on the device, the
+draft graph runs from them, and the step's tokens, drafts and confidences come back in one
+read; other speculative steps read the verification back, then draft. ``execute`` is
+``execute_async`` then ``result()``.
 
 Rejected draft tokens need no undo: every ring of the state slots (target and draft windows,
 compressor partial windows, Engram history) holds ``window + K`` rows addressed by position,
@@ -45,7 +49,7 @@ from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
 from deepinfer.engine.runner.drafting import DraftRequest, DraftSource, Proposal
 from deepinfer.engine.runner.grammar import GrammarManager
 from deepinfer.engine.runner.images import image_fields
-from deepinfer.engine.runner.speculation import SpecConfig, verify_mode
+from deepinfer.engine.runner.speculation import GREEDY, SpecConfig, verify_mode
 from deepinfer.engine.runner.varlen import trim_verification
 from deepinfer.engine.runner.verify import Emitted, Verifier
 
@@ -121,6 +125,9 @@ class ModelRunner:
                     self._pending = PendingStep(finish, *read_back(tokens))
                     return self._pending
             return DoneStep(out)
+        chain = self._greedy_chain(plan, so, out.errors)
+        if chain is not None:
+            return self._launch_chain(plan, so, rows, sample_at, chain, verifying, out)
         with sync_guard(self.device, self._replays_graph(plan, rows)):
             logits = self._forward(plan, rows)
         if plan.prompt_logprob_rows:
@@ -132,6 +139,70 @@ class ModelRunner:
             if self.drafter is not None:
                 self._propose([e for e in emitted if e.request_id not in so.fork_seeds], out)
         return DoneStep(out)
+
+    def _greedy_chain(self, plan: StepPlan, so: SchedulerOutput, errors):
+        """The request groups of a speculative step that runs as one queue of device work
+        (:meth:`_launch_chain`), or None: every request plain greedy (no logprobs, grammar or
+        logit processing), no fork or prompt logprobs, a greedy draft graph for the batch,
+        and every request drafted next whatever it accepts (not within ``K + 1`` tokens of
+        ``max_tokens``: which ones are drafted must not depend on the outcome)."""
+        drafter = self.drafter
+        if drafter is None or not plan.sample_rows or plan.prompt_logprob_rows or so.fork_seeds:
+            return None
+        chains = getattr(drafter, "chains", None)
+        if chains is None or not chains(len(plan.request_ids)):
+            return None
+        sequences, k = self.state.sequences, drafter.num_draft_tokens
+        for request_id in plan.request_ids:
+            seq = sequences[request_id]
+            if not seq.sampling_params.is_plain_greedy:
+                return None
+            if self.grammar is not None and self.grammar.has_grammar(request_id):
+                return None
+        groups = self.verifier.request_rows(plan, so, errors)
+        if len(groups) != len(plan.request_ids):
+            return None  # a request samples nothing this step (a prefill chunk)
+        for g in groups:
+            seq = sequences[g.request_id]
+            num_generated = len(seq.token_ids) - seq.num_prompt_tokens + g.count
+            if g.mode != GREEDY or min(k, seq.sampling_params.max_tokens - num_generated - 1) <= 0:
+                return None
+        return groups
+
+    def _launch_chain(self, plan, so, rows, sample_at, groups, verifying, out) -> StepResult:
+        """Verify, pick the next drafts from each request's outcome and draft, all on the
+        device; the tokens, drafts and confidences are read back together by ``result()``."""
+        slots = [self.state.sequences[g.request_id].state_slot for g in groups]
+        with sync_guard(self.device, self._replays_graph(plan, rows)):
+            logits = self._forward(plan, rows)
+            sampled = take_rows(logits, sample_at)
+            tokens, anchors, last_positions = self.verifier.launch_greedy_chain(
+                plan, groups, sampled
+            )
+        drafted = self.drafter.propose_on_device(anchors, last_positions, slots)  # guards its own
+        if drafted is None:  # no draft graph after all: propose from the host
+            emitted = self.verifier.finish_match(plan, groups, tokens.tolist())
+            self._record(emitted, so, verifying, out)
+            self._propose(emitted, out)
+            return DoneStep(out)
+        finish = partial(self._finish_chain, plan, so, groups, verifying, out)
+        self._pending = PendingStep(finish, *read_back(tokens, *drafted))
+        return self._pending
+
+    def _finish_chain(self, plan, so, groups, verifying, out, tokens, drafts, confidences):
+        emitted = self.verifier.finish_match(plan, groups, tokens)
+        self._record(emitted, so, verifying, out)
+        for b, e in enumerate(emitted):
+            self.proposals.pop(e.request_id, None)
+            seq = self.state.sequences[e.request_id]
+            num_generated = len(seq.token_ids) - seq.num_prompt_tokens + len(e.tokens)
+            limit = min(
+                self.spec.num_draft_tokens, seq.sampling_params.max_tokens - num_generated - 1
+            )
+            if limit > 0:
+                self.proposals[e.request_id] = Proposal(drafts[b][:limit], confidences[b][:limit])
+                out.draft_token_ids[e.request_id] = drafts[b][:limit]
+        return out
 
     def _replays_graph(self, plan: StepPlan, rows: list[int]) -> bool:
         """Whether the step replays an already captured decode graph (no capture, no eager

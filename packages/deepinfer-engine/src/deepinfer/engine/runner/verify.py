@@ -25,13 +25,13 @@ from typing import Any
 import torch
 
 from deepinfer.engine.core.scheduler_output import SchedulerOutput, SpecDecodeStats
-from deepinfer.engine.runner.async_step import take_rows
+from deepinfer.engine.runner.async_step import device_index, take_rows
 from deepinfer.engine.runner.batch_plan import RunnerSequence, StepPlan
 from deepinfer.engine.runner.grammar import GrammarManager
 from deepinfer.engine.runner.spec_sampling import processed_probs
 from deepinfer.engine.runner.speculation import GREEDY, REJECTION, verify_mode
 from deepinfer.sampling import allocate_token_bitmask, sample
-from deepinfer.spec import PAD_TOKEN_ID, accept_rejection, matched_prefix
+from deepinfer.spec import PAD_TOKEN_ID, accept_greedy, accept_rejection, matched_prefix
 
 
 @dataclass
@@ -180,15 +180,49 @@ class Verifier:
         )
         host = result.token_ids.tolist()  # the step's one read of its tokens
         logprobs = logprob_dicts(result, params) if result.logprobs is not None else None
+        return self.finish_match(plan, groups, host, logprobs)
+
+    def finish_match(self, plan, groups, tokens: list[int], logprobs=None) -> list[Emitted]:
+        """What matching groups emit from their rows' tokens (and logprob dicts): a
+        request's drafts up to the first that differs from its row's token, then that
+        token; a fork every row's token."""
         out, at = [], 0
         for g in groups:
-            sampled = host[at : at + g.count]
+            sampled = tokens[at : at + g.count]
             a = matched_prefix(g.drafts, sampled)
             n = g.count if g.is_fork else a + 1
             lps = logprobs[at : at + n] if logprobs is not None else None
             out.append(self._emitted(plan, g, sampled[:n], lps, a))
             at += g.count
         return out
+
+    def launch_greedy_chain(self, plan: StepPlan, groups: list[RequestRows], logits):
+        """Sample and verify plain greedy groups (no forks) on the device, reading nothing
+        back: (the rows' tokens ``[S]``, then per group the final token ``[G]`` and the
+        position before it ``[G]``, what the drafter's next proposal starts from). The host
+        later gets the same outcome from the tokens (:meth:`finish_match`)."""
+        rows = _rows(groups)
+        tokens = sample(
+            take_rows(logits, rows),
+            [p for g in groups for p in g.params],
+            _positions(plan, rows, logits),
+            output_token_ids=[h for g in groups for h in g.histories],
+        ).token_ids
+        width = max(len(g.drafts) for g in groups)
+        # per group: drafts padded to the width, the token index of each row (the last row
+        # repeated past the group's end), the draft count, the first row's position
+        packed, at = [], 0
+        for g in groups:
+            d = len(g.drafts)
+            packed += g.drafts + [PAD_TOKEN_ID] * (width - d)
+            packed += [at + min(j, g.count - 1) for j in range(width + 1)]
+            packed += [d, plan.sample_positions[g.first]]
+            at += g.count
+        table = device_index(packed, tokens.device).view(len(groups), 2 * width + 3)
+        drafts, index = table[:, :width], table[:, width : 2 * width + 1]
+        verdict = accept_greedy(drafts, table[:, -2], tokens[index])
+        last_positions = table[:, -1] + verdict.num_accepted - 1
+        return tokens, verdict.final_tokens, last_positions
 
     def _reject(self, plan, groups, logits) -> list[Emitted]:
         probs = processed_probs(
