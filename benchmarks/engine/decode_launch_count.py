@@ -219,16 +219,16 @@ def count_model(name: str, batch: int, args: argparse.Namespace) -> dict:
     counts: list[Counter] = []
 
     class CountedGraphs(DecodeGraphs):
-        def run(self, plan, rows):
+        def run(self, plan, rows, feed=None):
             from torch.profiler import ProfilerActivity, profile
 
             backend = contextlib.nullcontext() if args.lines else nvidia_on_cpu()
             with backend, named_ranges():
                 if not self.graphs:  # the first decode step: uncounted
-                    return super().run(plan, rows)
+                    return super().run(plan, rows, feed)
                 with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
                              with_stack=args.lines) as prof:  # fmt: skip
-                    logits = super().run(plan, rows)
+                    logits = super().run(plan, rows, feed)
             counts.append(classify(prof.events(), args.lines))
             return logits
 

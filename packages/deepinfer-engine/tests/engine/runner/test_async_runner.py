@@ -9,6 +9,7 @@ import json
 
 from deepinfer.engine.core.scheduler_output import SchedulerOutput
 from deepinfer.engine.frontend.llm import LLM
+from deepinfer.engine.runner.model_runner import ModelRunner
 from deepinfer.sampling import SamplingParams, StructuredOutputs
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -48,6 +49,37 @@ def test_async_scheduling_changes_no_output(dspark_checkpoint, monkeypatch):
         assert isinstance(json.loads(text)["a"], int)
 
 
+def test_tokens_fed_on_the_device_change_no_output(dspark_checkpoint, monkeypatch):
+    """Requests that read no history take the previous step's tokens as input on the device
+    (greedy, seeded, stop strings, logprobs, n > 1, a penalised one beside them): outputs
+    equal the synchronous loop's, and most steps were fed."""
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+    params = [p for p in _params() if p.structured_outputs is None]
+    params.append(SamplingParams(temperature=0, max_tokens=6, presence_penalty=0.5))
+    prompts = PROMPTS[: len(params)]
+    fed = []
+    original = ModelRunner._fed_inputs
+
+    def counted(self, previous, plan):
+        feed = original(self, previous, plan)
+        fed.append(feed is not None)
+        return feed
+
+    def run(async_scheduling):
+        llm = LLM(str(dspark_checkpoint), dtype="float32", block_size=16, max_model_len=128,
+                  speculative_tokens=0, async_scheduling=async_scheduling)  # fmt: skip
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        return [[(c.token_ids, c.text, c.finish_reason, c.logprobs) for c in o.outputs]
+                for o in outputs]  # fmt: skip
+
+    monkeypatch.setattr(ModelRunner, "_fed_inputs", counted)
+    sync = run(False)
+    assert fed and not any(fed), "the synchronous loop fed a step"
+    fed.clear()
+    assert run(True) == sync
+    assert sum(fed) >= 3, f"too few steps fed on the device: {fed}"
+
+
 def test_plain_steps_are_read_back_on_result(dspark_checkpoint):
     llm = LLM(str(dspark_checkpoint), dtype="float32", block_size=16, max_model_len=64,
               speculative_tokens=0)  # fmt: skip
@@ -60,9 +92,28 @@ def test_plain_steps_are_read_back_on_result(dspark_checkpoint):
     second = scheduler.schedule()  # scheduled before the first step's token is known
     assert second.from_previous_sample == {"0"} and isinstance(second, SchedulerOutput)
     following = runner.execute_async(second)
-    assert pending.is_done  # the second step needed its token as input
+    # the second step took the first one's token as input on the device, unread
+    assert not pending.is_done and not following.is_done
     (token,) = pending.result().sampled_token_ids["0"]
-    assert runner.state.sequences["0"].token_ids[-1] == token
+    assert runner.state.sequences["0"].token_ids[-1] == token  # the placeholder set right
     scheduler.update(first, pending.result())
     scheduler.update(second, following.result())
     assert len(scheduler.requests["0"].output_token_ids) == 2
+
+
+def test_a_penalised_request_reads_its_token_before_the_next_step(dspark_checkpoint):
+    """A request whose next step reads its history (a repetition penalty) waits for the
+    token on the host; its placeholder is never fed on the device."""
+    llm = LLM(str(dspark_checkpoint), dtype="float32", block_size=16, max_model_len=64,
+              speculative_tokens=0)  # fmt: skip
+    runner, scheduler = llm._core.executor, llm._core.scheduler
+    params = SamplingParams(temperature=0, max_tokens=4, repetition_penalty=1.3)
+    llm._submit(None, params, [[30, 31, 32]])
+    first = scheduler.schedule()
+    pending = runner.execute_async(first)
+    second = scheduler.schedule()
+    assert second.from_previous_sample == {"0"}
+    runner.execute_async(second)
+    assert pending.is_done
+    (token,) = pending.result().sampled_token_ids["0"]
+    assert runner.state.sequences["0"].token_ids[-1] == token

@@ -46,7 +46,7 @@ class CheckedGraphs(DecodeGraphs):
     padded = 0  # steps that ran on a graph of more token rows
     warm = False
 
-    def run(self, plan, rows):
+    def run(self, plan, rows, feed=None):
         key = self.key(plan, rows)
         if key is None:
             return None
@@ -57,11 +57,9 @@ class CheckedGraphs(DecodeGraphs):
         _restore(self.cache, before)
         if self.warm and key not in self.graphs:
             entry = self._new(key)
-            entry.layout.fill(entry.host_view, plan.input_ids, plan.positions,
-                              plan.block_tables, plan.state_slots)  # fmt: skip
-            entry.device.copy_(entry.host)
+            self.load(entry, plan, feed)
             self.warm_up(entry)
-        fixed = super().run(plan, rows)
+        fixed = super().run(plan, rows, feed)
         assert torch.equal(fixed, eager), f"logits differ at {plan.num_tokens} tokens"
         for name, tensor in _snapshot(self.cache).items():
             real = _outside_scratch(self.cache, name)

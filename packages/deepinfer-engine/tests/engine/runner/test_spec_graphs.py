@@ -41,8 +41,8 @@ class CountedGraphs(DecodeGraphs):
 
     verified = 0
 
-    def run(self, plan, rows):
-        logits = super().run(plan, rows)
+    def run(self, plan, rows, feed=None):
+        logits = super().run(plan, rows, feed)
         self.verified += logits is not None and any(plan.num_drafts)
         return logits
 

@@ -66,18 +66,28 @@ def take_rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
 
 
 class PendingStep:
-    """A step in flight; ``finish(*host tensors as lists)`` builds its output, once."""
+    """A step in flight; ``finish(*host tensors as lists)`` builds its output, once.
+
+    tokens / rows: a plain step's sampled tokens on the device and, per request that sampled
+    one token, its index there: the next step may take them as input without waiting
+    (``placeholders``: where the runner's token lists hold such a token for now, request ->
+    index, set right by ``finish``)."""
 
     def __init__(
         self,
         finish: Callable[..., ModelRunnerOutput],
         host: tuple[torch.Tensor, ...],
         event: torch.cuda.Event | None,
+        *,
+        tokens: torch.Tensor | None = None,
+        rows: dict[str, int] | None = None,
     ) -> None:
         self._finish = finish
         self._host = host
         self._event = event
         self._output: ModelRunnerOutput | None = None
+        self.tokens, self.rows = tokens, rows
+        self.placeholders: dict[str, int] = {}
 
     @property
     def is_done(self) -> bool:

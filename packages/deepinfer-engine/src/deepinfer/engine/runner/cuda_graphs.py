@@ -173,18 +173,18 @@ class DecodeGraphs:
             emits = tuple(padded_count(e, size) for e in emits)
         return (size, context_bucket(longest, self.min_context), emits)
 
-    def run(self, plan: StepPlan, rows: list[int]) -> torch.Tensor | None:
+    def run(self, plan: StepPlan, rows: list[int], feed=None) -> torch.Tensor | None:
         """Logits ``[T, vocab]`` fp32 of a qualifying decode or verification step (valid until
-        the next step), or None: the caller runs the step eagerly."""
+        the next step), or None: the caller runs the step eagerly. ``feed``: (rows ``[F]``,
+        tokens ``[F]``) device tensors, input tokens written over the plan's after its copy
+        (tokens the previous step sampled that the host has not read yet)."""
         key = self.key(plan, rows)
         if key is None:
             return None
         entry = self.graphs.get(key) or self._new(key)
         refill, self._filled = self._filled == key, None  # the shared buffer's last layout
-        entry.layout.fill(entry.host_view, plan.input_ids, plan.positions, plan.block_tables,
-                          plan.state_slots, plan.cu_seqlens_q, refill=refill)  # fmt: skip
+        self.load(entry, plan, feed, refill=refill)
         self._filled = key
-        entry.device.copy_(entry.host, non_blocking=True)
         if not self.capture:
             return self._forward(entry)[: plan.num_tokens]
         if entry.graph is None and not self._capture(key, entry):
@@ -192,6 +192,21 @@ class DecodeGraphs:
         entry.graph.replay()
         self.num_replays += 1
         return entry.logits[: plan.num_tokens]
+
+    def load(self, entry: _Graph, plan: StepPlan, feed=None, *, refill: bool = False) -> None:
+        """Lay ``plan`` out in ``entry``'s buffers and queue the copy to the device, then write
+        the ``feed`` tokens over the copied ones (padding rows copy row 0's token, as
+        :meth:`DecodeLayout.fill` lays them out)."""
+        entry.layout.fill(entry.host_view, plan.input_ids, plan.positions, plan.block_tables,
+                          plan.state_slots, plan.cu_seqlens_q, refill=refill)  # fmt: skip
+        entry.device.copy_(entry.host, non_blocking=True)
+        if feed is None:
+            return
+        ids = entry.layout.views(entry.device)["input_ids"]
+        ids.index_copy_(0, *feed)
+        t = plan.num_tokens
+        if t < ids.shape[0]:
+            ids[t:].copy_(ids[0].expand(ids.shape[0] - t))
 
     def _new(self, key: tuple) -> _Graph:
         t, context, emits = key

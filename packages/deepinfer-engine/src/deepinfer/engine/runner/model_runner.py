@@ -42,7 +42,13 @@ from deepinfer.engine.core.scheduler_output import (
 )
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import ForwardBatch
-from deepinfer.engine.runner.async_step import PendingStep, read_back, sync_guard, take_rows
+from deepinfer.engine.runner.async_step import (
+    PendingStep,
+    device_index,
+    read_back,
+    sync_guard,
+    take_rows,
+)
 from deepinfer.engine.runner.batch_plan import RunnerState, StepPlan, build_step_plan
 from deepinfer.engine.runner.cache_ops import copy_blocks, copy_slots, reset_slots
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
@@ -80,6 +86,7 @@ class ModelRunner:
         self.graphs = graphs
         self.state = RunnerState()
         self._pending: PendingStep | None = None
+        self._feed: tuple[torch.Tensor, torch.Tensor] | None = None  # see _fed_inputs
         self.proposals: dict[str, Proposal] = {}
         self.verifier = Verifier(
             self.state.sequences,
@@ -101,11 +108,13 @@ class ModelRunner:
     def execute_async(self, so: SchedulerOutput) -> StepResult:
         """Queue the step on the device; sampled tokens are read back by ``result()``
         (steps with drafts, logprobs or prompt logprobs read them before returning)."""
-        if self._pending is not None:  # its tokens are the placeholders of this step
-            self._pending.result()
-            self._pending = None
+        previous, self._feed = self._take_pending(so), None
         out = ModelRunnerOutput()
         self._apply(so, out.errors)
+        if previous is not None:  # this step's placeholders wait for its tokens
+            for request_id in so.from_previous_sample:
+                seq = self.state.sequences[request_id]
+                previous.placeholders[request_id] = len(seq.token_ids) - 1
         live = {r: n for r, n in so.num_scheduled_tokens.items() if r not in out.errors}
         if not live:
             return DoneStep(out)
@@ -115,14 +124,24 @@ class ModelRunner:
             so = trim_verification(so, self.proposals, self.spec.cost_curve)
         plan = build_step_plan(self.state, so)
         rows, sample_at, prompt_at = plan.logits_layout()
+        self._feed = self._fed_inputs(previous, plan)
         if plan.sample_rows and not plan.prompt_logprob_rows and self._defers(plan):
             with sync_guard(self.device, self._replays_graph(plan, rows)):
                 logits = self._forward(plan, rows)
                 sampled = take_rows(logits, sample_at)
                 groups, tokens = self.verifier.launch_plain(plan, so, sampled, out.errors)
                 if tokens is not None:
-                    finish = partial(self._finish_plain, plan, so, groups, verifying, out)
-                    self._pending = PendingStep(finish, *read_back(tokens))
+                    rows_of, at = {}, 0
+                    for g in groups:
+                        if not g.is_fork:
+                            rows_of[g.request_id] = at
+                        at += g.count
+                    placeholders: dict[str, int] = {}
+                    finish = partial(self._finish_plain, plan, so, groups, verifying, out,
+                                     placeholders)  # fmt: skip
+                    self._pending = PendingStep(finish, *read_back(tokens), tokens=tokens,
+                                                rows=rows_of)  # fmt: skip
+                    self._pending.placeholders = placeholders
                     return self._pending
             return DoneStep(out)
         chain = self._greedy_chain(plan, so, out.errors)
@@ -139,6 +158,46 @@ class ModelRunner:
             if self.drafter is not None:
                 self._propose([e for e in emitted if e.request_id not in so.fork_seeds], out)
         return DoneStep(out)
+
+    def _take_pending(self, so: SchedulerOutput) -> PendingStep | None:
+        """The step in flight when this one takes its sampled tokens on the device (returned,
+        left in flight), else None after reading it back: its tokens are the inputs of this
+        step's ``from_previous_sample`` requests, and the host needs them first when such a
+        request reads its history (penalties, bans, a grammar), drafts, or forked."""
+        pending, self._pending = self._pending, None
+        if pending is None or pending.is_done:
+            return None
+        if pending.rows is not None and self.drafter is None:
+            for request_id in so.from_previous_sample:
+                seq = self.state.sequences.get(request_id)
+                if request_id not in pending.rows or seq is None:
+                    break
+                params = seq.sampling_params
+                if params.has_penalty or params.has_bans:
+                    break
+                if self.grammar is not None and self.grammar.has_grammar(request_id):
+                    break
+            else:
+                return pending
+        pending.result()
+        return None
+
+    def _fed_inputs(self, previous: PendingStep | None, plan: StepPlan):
+        """(input rows, tokens) on the device: each placeholder of ``previous`` this step
+        takes as input (its last row), with the token ``previous`` sampled there; or None."""
+        if previous is None or not previous.placeholders:
+            return None
+        rows, picks = [], []
+        for b, request_id in enumerate(plan.request_ids):
+            at = previous.placeholders.get(request_id)
+            last = plan.cu_seqlens_q[b + 1] - 1
+            if at is not None and plan.positions[last] == at:
+                rows.append(last)
+                picks.append(previous.rows[request_id])
+        if not rows:
+            return None
+        index = device_index(rows + picks, self.device)
+        return index[: len(rows)], previous.tokens[index[len(rows) :]]
 
     def _greedy_chain(self, plan: StepPlan, so: SchedulerOutput, errors):
         """The request groups of a speculative step that runs as one queue of device work
@@ -223,21 +282,27 @@ class ModelRunner:
             return False
         return all(p.logprobs is None for p in plan.sample_params(self.state))
 
-    def _finish_plain(self, plan, so, groups, verifying, out, tokens: list[int]):
-        self._record(self.verifier.finish_plain(plan, groups, tokens), so, verifying, out)
+    def _finish_plain(self, plan, so, groups, verifying, out, placeholders, tokens: list[int]):
+        emitted = self.verifier.finish_plain(plan, groups, tokens)
+        self._record(emitted, so, verifying, out, placeholders)
         return out
 
-    def _record(self, emitted: list[Emitted], so, verifying: set[str], out) -> None:
+    def _record(self, emitted: list[Emitted], so, verifying: set[str], out,
+                placeholders: dict[str, int] | None = None) -> None:  # fmt: skip
         self._emit(emitted, verifying, out)
         for e in emitted:  # the input of a from_previous_sample request next step
             newest = e.tokens[0] if e.request_id in so.fork_seeds else e.tokens[-1]
             self.state.last_sampled[e.request_id] = newest
+            at = placeholders.pop(e.request_id, None) if placeholders else None
+            seq = self.state.sequences.get(e.request_id) if at is not None else None
+            if seq is not None:  # a later step took it as input on the device
+                seq.token_ids[at] = newest
 
     def _forward(self, plan: StepPlan, rows: list[int]) -> torch.Tensor:
         """Logits of ``rows``: a step graph's replay when one takes the step (with a drafter,
         graphs that seed it), else eager."""
         if self._takes_graphs(plan):
-            logits = self.graphs.run(plan, rows)
+            logits = self.graphs.run(plan, rows, self._feed)
             if logits is not None:
                 return logits
         batch = self._batch(plan, rows)
@@ -274,11 +339,15 @@ class ModelRunner:
                 self.grammar.advance(request_id, new_tokens, errors)
 
     def _batch(self, plan: StepPlan, rows: list[int]) -> ForwardBatch:
+        """The step's eager inputs (the fed tokens written over the plan's)."""
         lengths = [len(self.state.sequences[r].token_ids) for r in plan.request_ids]
-        return step_batch(
+        batch = step_batch(
             plan, rows, self.device, **image_fields(self.model, plan.images, self.device),
             prompt_lens=torch.tensor(lengths, dtype=torch.long, device=self.device),
         )  # fmt: skip
+        if self._feed is not None:
+            batch.input_ids.index_copy_(0, *self._feed)
+        return batch
 
     def _prompt_logprobs(self, plan: StepPlan, logits: torch.Tensor, out: ModelRunnerOutput):
         """``{prompt token: logprob}`` plus the top-k alternatives, per prompt position."""
