@@ -112,14 +112,25 @@ def bench_prefill(rows: int) -> dict:
     return row
 
 
-def bench_rope(rows: int, ceiling: float) -> dict:
-    x = torch.randn(rows, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+def bench_rope(rows: int, ceiling: float, heads: int = HEADS, dim: int = DIM,
+               in_place: bool = False) -> dict:  # fmt: skip
+    """The inverse RoPE of a ``[rows, heads, dim]`` bf16 tensor's last 64 channels: out of
+    place (every channel read and written), or in place (``out=x``: the rotary channels
+    only, as the model calls it: q and o at 64 x 512, the KV row at 1 x 512, the indexer's
+    queries at 64 x 128)."""
+    x = torch.randn(rows, heads, dim, device="cuda", dtype=torch.bfloat16)
     ang = torch.rand(rows, 32, device="cuda") * 100
     cos, sin = ang.cos(), ang.sin()
-    nbytes = 2 * x.numel() * 2
-    ms = time_cuda(lambda: backend.ops["apply_rope"](x, cos, sin, inverse=True))
+    op = backend.ops["apply_rope"]
+    if in_place:
+        nbytes = 2 * rows * heads * 64 * 2
+        ms = time_cuda(lambda: op(x, cos, sin, inverse=True, out=x))
+    else:
+        nbytes = 2 * x.numel() * 2
+        ms = time_cuda(lambda: op(x, cos, sin, inverse=True))
     ref_ms = time_cuda(lambda: kernels.OPS["apply_rope"].reference(x, cos, sin, inverse=True))
-    return {"case": f"apply_rope inverse [{rows},64,512]", "triton_us": ms * 1e3,
+    form = "in place" if in_place else "inverse"
+    return {"case": f"apply_rope {form} [{rows},{heads},{dim}]", "triton_us": ms * 1e3,
             "triton_TB/s": nbytes / ms / 1e9, "%ceiling": 100 * nbytes / ms / 1e9 / ceiling,
             "reference_us": ref_ms * 1e3}  # fmt: skip
 
@@ -153,6 +164,8 @@ def main() -> None:
     if "rope" in sections:
         for t in (64, 8192):
             rows.append(bench_rope(t, ceiling))
+        for heads, dim in ((HEADS, DIM), (1, DIM), (HEADS, 128)):
+            rows.append(bench_rope(8192, ceiling, heads, dim, in_place=True))
     cols = ["case", "triton_us", "triton_TB/s", "triton_TFLOP/s", "%ceiling", "default_us",
             "reference_us", "torch_sdpa_us", "tiles"]  # fmt: skip
     print_table(rows, cols)
