@@ -93,6 +93,46 @@ class PendingStep:
     def is_done(self) -> bool:
         return self._output is not None
 
+    def feeds(self, request_ids, sequences, grammar) -> bool:
+        """Whether the next step may take this step's tokens as input on the device without
+        waiting: each of its placeholder requests ``request_ids`` sampled one token here
+        (no fork) and reads no history on the host (penalties, bans, a grammar)."""
+        if self.rows is None:
+            return False
+        for request_id in request_ids:
+            seq = sequences.get(request_id)
+            if request_id not in self.rows or seq is None:
+                return False
+            params = seq.sampling_params
+            if params.has_penalty or params.has_bans:
+                return False
+            if grammar is not None and grammar.has_grammar(request_id):
+                return False
+        return True
+
+    def hold_placeholders(self, request_ids, sequences) -> None:
+        """Note the token index where each of ``request_ids`` holds this step's token as a
+        placeholder (its newest), set right by ``finish``."""
+        for request_id in request_ids:
+            self.placeholders[request_id] = len(sequences[request_id].token_ids) - 1
+
+    def fed_inputs(self, plan, device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(input rows, tokens) on ``device``: each placeholder the next step's ``plan`` takes
+        as input (a request's last row), with the token this step sampled for it; or None."""
+        if not self.placeholders:
+            return None
+        rows, picks = [], []
+        for b, request_id in enumerate(plan.request_ids):
+            at = self.placeholders.get(request_id)
+            last = plan.cu_seqlens_q[b + 1] - 1
+            if at is not None and plan.positions[last] == at:
+                rows.append(last)
+                picks.append(self.rows[request_id])
+        if not rows:
+            return None
+        index = device_index(rows + picks, device)
+        return index[: len(rows)], self.tokens[index[len(rows) :]]
+
     def result(self) -> ModelRunnerOutput:
         if self._output is None:
             if self._event is not None:

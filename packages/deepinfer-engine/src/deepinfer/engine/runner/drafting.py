@@ -16,7 +16,7 @@ requests draw from the processed draft distribution ``q`` on ``STREAM_DRAFT`` an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -294,3 +294,13 @@ class DraftPicker:
 def _take(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """``logits[rows]``; every row as is (indexing with a list copies it from the host)."""
     return logits if len(rows) == logits.shape[0] else logits[rows]
+
+
+def draft_params(seq) -> Any:
+    """The parameters a sequence's drafts are picked with, built once per sequence: its own
+    with its seed, and no logprobs (a pick needs none: plain greedy requests then pick in the
+    draft graph)."""
+    if seq.draft_params is None:
+        seq.draft_params = replace(seq.sampling_params, seq_seed=seq.seed, seed=None,
+                                   logprobs=None)  # fmt: skip
+    return seq.draft_params

@@ -42,17 +42,11 @@ from deepinfer.engine.core.scheduler_output import (
 )
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import ForwardBatch
-from deepinfer.engine.runner.async_step import (
-    PendingStep,
-    device_index,
-    read_back,
-    sync_guard,
-    take_rows,
-)
+from deepinfer.engine.runner.async_step import PendingStep, read_back, sync_guard, take_rows
 from deepinfer.engine.runner.batch_plan import RunnerState, StepPlan, build_step_plan
 from deepinfer.engine.runner.cache_ops import copy_blocks, copy_slots, reset_slots
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
-from deepinfer.engine.runner.drafting import DraftRequest, DraftSource, Proposal
+from deepinfer.engine.runner.drafting import DraftRequest, DraftSource, Proposal, draft_params
 from deepinfer.engine.runner.grammar import GrammarManager
 from deepinfer.engine.runner.images import image_fields
 from deepinfer.engine.runner.speculation import GREEDY, SpecConfig, verify_mode
@@ -86,7 +80,8 @@ class ModelRunner:
         self.graphs = graphs
         self.state = RunnerState()
         self._pending: PendingStep | None = None
-        self._feed: tuple[torch.Tensor, torch.Tensor] | None = None  # see _fed_inputs
+        # this step's fed input rows and tokens (PendingStep.fed_inputs), or None
+        self._feed: tuple[torch.Tensor, torch.Tensor] | None = None
         self.proposals: dict[str, Proposal] = {}
         self.verifier = Verifier(
             self.state.sequences,
@@ -112,9 +107,7 @@ class ModelRunner:
         out = ModelRunnerOutput()
         self._apply(so, out.errors)
         if previous is not None:  # this step's placeholders wait for its tokens
-            for request_id in so.from_previous_sample:
-                seq = self.state.sequences[request_id]
-                previous.placeholders[request_id] = len(seq.token_ids) - 1
+            previous.hold_placeholders(so.from_previous_sample, self.state.sequences)
         live = {r: n for r, n in so.num_scheduled_tokens.items() if r not in out.errors}
         if not live:
             return DoneStep(out)
@@ -124,7 +117,7 @@ class ModelRunner:
             so = trim_verification(so, self.proposals, self.spec.cost_curve)
         plan = build_step_plan(self.state, so)
         rows, sample_at, prompt_at = plan.logits_layout()
-        self._feed = self._fed_inputs(previous, plan)
+        self._feed = previous.fed_inputs(plan, self.device) if previous is not None else None
         if plan.sample_rows and not plan.prompt_logprob_rows and self._defers(plan):
             with sync_guard(self.device, self._replays_graph(plan, rows)):
                 logits = self._forward(plan, rows)
@@ -161,43 +154,16 @@ class ModelRunner:
 
     def _take_pending(self, so: SchedulerOutput) -> PendingStep | None:
         """The step in flight when this one takes its sampled tokens on the device (returned,
-        left in flight), else None after reading it back: its tokens are the inputs of this
-        step's ``from_previous_sample`` requests, and the host needs them first when such a
-        request reads its history (penalties, bans, a grammar), drafts, or forked."""
+        left in flight: :meth:`PendingStep.feeds`), else None after reading it back."""
         pending, self._pending = self._pending, None
         if pending is None or pending.is_done:
             return None
-        if pending.rows is not None and self.drafter is None:
-            for request_id in so.from_previous_sample:
-                seq = self.state.sequences.get(request_id)
-                if request_id not in pending.rows or seq is None:
-                    break
-                params = seq.sampling_params
-                if params.has_penalty or params.has_bans:
-                    break
-                if self.grammar is not None and self.grammar.has_grammar(request_id):
-                    break
-            else:
-                return pending
+        if self.drafter is None and pending.feeds(
+            so.from_previous_sample, self.state.sequences, self.grammar
+        ):
+            return pending
         pending.result()
         return None
-
-    def _fed_inputs(self, previous: PendingStep | None, plan: StepPlan):
-        """(input rows, tokens) on the device: each placeholder of ``previous`` this step
-        takes as input (its last row), with the token ``previous`` sampled there; or None."""
-        if previous is None or not previous.placeholders:
-            return None
-        rows, picks = [], []
-        for b, request_id in enumerate(plan.request_ids):
-            at = previous.placeholders.get(request_id)
-            last = plan.cu_seqlens_q[b + 1] - 1
-            if at is not None and plan.positions[last] == at:
-                rows.append(last)
-                picks.append(previous.rows[request_id])
-        if not rows:
-            return None
-        index = device_index(rows + picks, self.device)
-        return index[: len(rows)], previous.tokens[index[len(rows) :]]
 
     def _greedy_chain(self, plan: StepPlan, so: SchedulerOutput, errors):
         """The request groups of a speculative step that runs as one queue of device work
@@ -407,7 +373,7 @@ class ModelRunner:
             anchor=e.tokens[-1],
             last_position=e.final_row_position,
             slot=seq.state_slot,
-            params=_draft_params(seq),
+            params=draft_params(seq),
             mode=verify_mode(params, seq.has_user_seed, self.spec.acceptance),
             history=seq.token_ids[seq.num_prompt_tokens :] + e.tokens if counted else [],
             max_drafts=max_drafts,
@@ -430,13 +396,3 @@ def step_batch(plan: StepPlan, rows: list[int], device, **extra: Any) -> Forward
         logits_indices=torch.tensor(rows, **long),
         **extra,
     )
-
-
-def _draft_params(seq) -> Any:
-    """The parameters a sequence's drafts are picked with, built once per sequence: its own
-    with its seed, and no logprobs (a pick needs none: plain greedy requests then pick in the
-    draft graph)."""
-    if seq.draft_params is None:
-        seq.draft_params = replace(seq.sampling_params, seq_seed=seq.seed, seed=None,
-                                   logprobs=None)  # fmt: skip
-    return seq.draft_params
