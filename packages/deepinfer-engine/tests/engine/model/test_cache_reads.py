@@ -24,7 +24,8 @@ def test_copied_lists_name_the_same_rows(monkeypatch):
     assert reads is not None
     base = LAYOUT.num_slots * RING
     rings = reads.ring_rows.tolist()
-    assert rings == sorted(set(rings)) and all(0 <= r < base for r in rings)
+    named = {w for w in md.window_indices.flatten().tolist() if 0 <= w < base}
+    assert rings == sorted(named)  # every ring row the window lists name, once each
     for got, want in zip(
         reads.window_indices.flatten().tolist(), md.window_indices.flatten().tolist()
     ):
@@ -44,6 +45,37 @@ def test_copied_lists_name_the_same_rows(monkeypatch):
     # a replaced window list (as YoCo's narrowing does) leaves no stale copy lists
     narrowed = metadata_module.dataclasses.replace(md, window_indices=md.window_indices.clone())
     assert narrowed.cache_reads() is None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ring_rows_are_the_rows_the_window_lists_name(seed, monkeypatch):
+    """The copied ring rows, found per sequence from its lowest query's window, are exactly
+    the ring rows its window lists name, for random runs and query-row subsets (context
+    parallelism), and the copied lists translate the window lists entry by entry."""
+    monkeypatch.setattr(metadata_module, "COPY_READS_MIN_ROWS", 1)
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, 40, (3,), generator=gen).tolist()
+    counts = torch.randint(12, 30, (3,), generator=gen).tolist()
+    batch = _batch(list(zip(starts, counts)), [[1, 2], [3, 4], [5, -1]], [2, 0, 1])
+    total = sum(counts)
+    queries = None
+    if seed % 2:
+        queries = torch.randperm(total, generator=gen)[: 2 * total // 3].sort().values
+    md = build_metadata(batch, CONFIG, LAYOUT, RING, query_rows=queries, copy_reads=True)
+    base = LAYOUT.num_slots * RING
+    window = md.window_indices.flatten().tolist()
+    named = sorted({w for w in window if 0 <= w < base})
+    reads = md.cache_reads()
+    assert reads is not None and len(named) <= md.num_tokens
+    rings = reads.ring_rows.tolist()
+    assert rings == named
+    for got, want in zip(reads.window_indices.flatten().tolist(), window):
+        if want < 0:
+            assert got == -1
+        elif want < base:
+            assert rings[got] == want
+        else:
+            assert got == len(rings) + want - base
 
 
 def test_small_steps_and_wide_reads_read_in_place():

@@ -7,7 +7,9 @@ row indices here, once per step, on the host (plain integers in, tensors out; no
 list there grows as query rows times context:
 
 - window lists ``[T, window]``: rows of ``[ring rows of all slots | this step's tokens]``
-  (the step's rows are written to the rings after attention reads);
+  (the step's rows are written to the rings after attention reads), formed on the device from
+  four numbers a query row (the host builds no ``[T, window]`` list; a prefill-sized step's
+  copied ring rows are found per sequence);
 - per compression ratio: the source rows of each entry completed this step (in
   ``[compressor state rows | this step's tokens]``), the arena rows they are written to, and each
   query's visible arena rows (entry ``w`` visible at position ``t`` iff ``w < (t + 1) // ratio``)
@@ -25,6 +27,12 @@ import torch
 from deepinfer.engine.model.cache import CacheLayout, compressor_state_rows, overlapped
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.variant import variant_of
+from deepinfer.engine.model.window_lists import (
+    named_ring_rows,
+    ring_indices,
+    state_or_step,
+    window_lists,
+)
 
 
 @dataclass(frozen=True)
@@ -179,8 +187,8 @@ def build_metadata(
     queries = None if query_rows is None else query_rows.cpu().long()
     q_positions = positions if queries is None else positions[queries]
     q_tokens = tokens if queries is None else tokens.take(queries)
-    q = window_positions(q_positions, window)
-    window_rows = _state_or_step(q, q_tokens, base, ring_size)
+    # the [T, window] lists are formed on the device from 4 numbers a query row
+    window_facts = torch.stack([q_positions, q_tokens.start, q_tokens.first, q_tokens.slot])
     keep = positions >= (batch.seq_lens.cpu().long()[seq_of_token] - ring_size)
     w_src = keep.nonzero()[:, 0]
     w_dst = tokens.slot[w_src] * ring_size + positions[w_src] % ring_size
@@ -197,23 +205,31 @@ def build_metadata(
         if reads_every_entry(config, i)
     }
     # a prefill-sized step copies the cache rows it reads when they are no more than its rows
-    max_reads = len(window_rows) if copy_reads and len(window_rows) >= COPY_READS_MIN_ROWS else None
+    num_queries = len(q_positions)
+    max_reads = num_queries if copy_reads and num_queries >= COPY_READS_MIN_ROWS else None
     plans = {
         kind: _plan(
             seqs, seq_of_token, positions, batch, kind, state_rows, layout, queries, max_reads
         )  # fmt: skip
         for kind, state_rows in sorted(kinds.items())
     }
-    rings = None if max_reads is None else _ring_reads(window_rows, base, max_reads)
-    lists = {"window": window_rows, "src": w_src, "dst": w_dst}
-    lists = _to_device(lists, rings, plans, every, device)
+    lists = {"window_facts": window_facts, "src": w_src, "dst": w_dst}
+    if max_reads is not None:
+        ring_rows = named_ring_rows(
+            q_positions, q_tokens.seq, seqs.start, seqs.slot, window, ring_size, max_reads
+        )
+        if ring_rows is not None:
+            lists["ring_rows"] = ring_rows
+    lists = _to_device(lists, plans, every, device)
+    window_rows = window_lists(lists["window_facts"], window, base, ring_size)
     reads = None
-    if rings is not None:
-        reads = CacheReads(lists["ring_rows"], lists["ring_indices"], of=lists["window"])
+    if "ring_rows" in lists:
+        ring_rows = lists["ring_rows"]
+        reads = CacheReads(ring_rows, ring_indices(window_rows, ring_rows, base), of=window_rows)
     return AttentionMetadata(
         num_tokens=int(batch.input_ids.shape[0] if queries is None else len(queries)),
         window_base=base,
-        window_indices=lists["window"],
+        window_indices=window_rows,
         window_write_src=lists["src"],
         window_write_dst=lists["dst"],
         plans={kind: lists[kind] for kind in plans},
@@ -230,34 +246,6 @@ def read_index(read_rows: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Arena rows ``rows`` (``-1``: none) as positions in the sorted ``read_rows`` that hold
     them (on the rows' device: no host work per query row)."""
     return torch.where(rows >= 0, torch.searchsorted(read_rows, rows.clamp(min=0)), -1)
-
-
-def _ring_reads(window_rows: torch.Tensor, base: int, max_reads: int):
-    """(the sorted ring rows the window lists name, the lists into ``[those rows | step
-    rows]``), or None when they are more than ``max_reads``."""
-    in_ring = (window_rows >= 0) & (window_rows < base)
-    ring_rows = torch.unique(window_rows[in_ring])
-    if len(ring_rows) > max_reads:
-        return None
-    # step rows move down to follow the ring rows kept; -1 stays
-    indices = torch.where(window_rows >= base, window_rows - (base - len(ring_rows)), window_rows)
-    if len(ring_rows):
-        indices[in_ring] = torch.searchsorted(ring_rows, window_rows[in_ring])
-    return ring_rows, indices
-
-
-def window_positions(positions: torch.Tensor, window: int) -> torch.Tensor:
-    """The key position of each column of the window lists ``[T, window]``, oldest first."""
-    return positions[:, None] - window + 1 + torch.arange(window)
-
-
-def _state_or_step(q: torch.Tensor, rows: _Rows, base: int, state_rows: int) -> torch.Tensor:
-    """Row of position ``q`` ``[N, W]`` in ``[state rows of all slots | step tokens]``: a step
-    token when ``q`` is in this step, else the state ring of the sequence's slot; -1 before 0."""
-    start = rows.start[:, None]
-    in_step = base + rows.first[:, None] + q - start
-    in_state = rows.slot[:, None] * state_rows + q % state_rows
-    return torch.where(q >= start, in_step, in_state).masked_fill(q < 0, -1)
 
 
 def _arena_rows(rows: _Rows, entries: torch.Tensor, ratio: int, block_size: int) -> torch.Tensor:
@@ -292,7 +280,8 @@ def _plan(
         )
     )
     first = (emitted - 1) * ratio if overlap else emitted * ratio
-    src = _state_or_step(first[:, None] + torch.arange(width), owner, base, state_rows)
+    src = state_or_step(first[:, None] + torch.arange(width), owner.start, owner.first,
+                        owner.slot, base, state_rows)  # fmt: skip
     tokens = seqs.take(seq_of_token)
     keep = (positions >= ends[seq_of_token] - state_rows).nonzero()[:, 0]
     q_seq = seq_of_token if queries is None else seq_of_token[queries]
@@ -338,13 +327,11 @@ def reads_every_entry(config: ModelConfig, layer_id: int) -> bool:
     )
 
 
-def _to_device(lists: dict, rings, plans: dict, every: set, device: torch.device) -> dict:
-    """The step's host index lists, ``rings`` (``ring_rows``, ``ring_indices``) and ``plans``
-    on ``device`` through one transfer per dtype (they are all int64), not one per list:
-    views of one device buffer. The plans of the kinds in ``every`` (whose layers attend
-    every visible entry) get their ``[T, C]`` lists, formed there."""
-    if rings is not None:
-        lists = lists | {"ring_rows": rings[0], "ring_indices": rings[1]}
+def _to_device(lists: dict, plans: dict, every: set, device: torch.device) -> dict:
+    """The step's host index lists and ``plans`` on ``device`` through one transfer per dtype
+    (they are all int64), not one per list: views of one device buffer. The plans of the kinds
+    in ``every`` (whose layers attend every visible entry) get their ``[T, C]`` lists, formed
+    there."""
     for kind, plan in plans.items():
         lists = lists | {(kind, name): t for name, t in _plan_tensors(plan).items()}
     if device.type != "cpu":

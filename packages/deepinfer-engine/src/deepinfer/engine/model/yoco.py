@@ -28,12 +28,8 @@ import deepinfer.kernels as K
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.config import ModelConfig
 from deepinfer.engine.model.context import StepContext
-from deepinfer.engine.model.metadata import (
-    AttentionMetadata,
-    ForwardBatch,
-    build_metadata,
-    window_positions,
-)
+from deepinfer.engine.model.metadata import AttentionMetadata, ForwardBatch, build_metadata
+from deepinfer.engine.model.window_lists import window_positions
 
 MODES = ("off", "mask", "compact")
 
