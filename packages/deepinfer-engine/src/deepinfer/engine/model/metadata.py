@@ -58,6 +58,19 @@ class ForwardBatch:
     image_rows: torch.Tensor | None = None
     image_embeds: torch.Tensor | None = None
     prompt_lens: torch.Tensor | None = None
+    # host copies of the fields the index lists are built from (cu_seqlens_q, seq_lens,
+    # positions, block_tables, state_slots), when the batch was made from host lists: the
+    # lists are then built without reading the device back (no wait for earlier steps)
+    host: dict[str, torch.Tensor] | None = None
+
+    def on_host(self, name: str) -> torch.Tensor:
+        """Field ``name`` as a host int64 tensor (its host copy when the batch has one; a copy
+        whose shape no longer matches the field, left by a ``replace``, is not used)."""
+        value = getattr(self, name)
+        copy = None if self.host is None else self.host.get(name)
+        if copy is not None and copy.shape == value.shape:
+            return copy.long()
+        return value.cpu().long()
 
 
 @dataclass(frozen=True)
@@ -145,12 +158,12 @@ class _Rows:
 
 def _sequences(batch: ForwardBatch) -> tuple[_Rows, torch.Tensor, torch.Tensor]:
     """Sequence facts (host tensors), the token -> sequence map and the token positions."""
-    cu = batch.cu_seqlens_q.cpu().long()
-    lens = batch.seq_lens.cpu().long()
+    cu = batch.on_host("cu_seqlens_q")
+    lens = batch.on_host("seq_lens")
     counts = cu.diff()
     start = lens - counts
     seq_of_token = torch.repeat_interleave(torch.arange(len(lens)), counts)
-    positions = batch.positions.cpu().long()
+    positions = batch.on_host("positions")
     expected = start[seq_of_token] + torch.arange(len(positions)) - cu[:-1][seq_of_token]
     if (start < 0).any() or not torch.equal(positions, expected):
         bad = int((positions != expected).nonzero()[0, 0]) if len(positions) else 0
@@ -158,8 +171,8 @@ def _sequences(batch: ForwardBatch) -> tuple[_Rows, torch.Tensor, torch.Tensor]:
             f"token {bad}: position {positions[bad].item()} is not in the consecutive run of "
             f"its sequence ending at seq_lens - 1 (expected {expected[bad].item()})"
         )
-    tables = batch.block_tables.cpu().long()
-    seqs = _Rows(start, cu[:-1], batch.state_slots.cpu().long(), torch.arange(len(lens)), tables)
+    tables = batch.on_host("block_tables")
+    seqs = _Rows(start, cu[:-1], batch.on_host("state_slots"), torch.arange(len(lens)), tables)
     return seqs, seq_of_token, positions
 
 
@@ -189,7 +202,7 @@ def build_metadata(
     q_tokens = tokens if queries is None else tokens.take(queries)
     # the [T, window] lists are formed on the device from 4 numbers a query row
     window_facts = torch.stack([q_positions, q_tokens.start, q_tokens.first, q_tokens.slot])
-    keep = positions >= (batch.seq_lens.cpu().long()[seq_of_token] - ring_size)
+    keep = positions >= (batch.on_host("seq_lens")[seq_of_token] - ring_size)
     w_src = keep.nonzero()[:, 0]
     w_dst = tokens.slot[w_src] * ring_size + positions[w_src] % ring_size
     kinds = {
@@ -269,7 +282,7 @@ def _plan(
     ratio, overlap = kind
     base = layout.num_slots * state_rows
     width = 2 * ratio if overlap else ratio
-    ends = batch.seq_lens.cpu().long()
+    ends = batch.on_host("seq_lens")
     per_seq = [
         torch.arange(a // ratio, b // ratio) for a, b in zip(seqs.start.tolist(), ends.tolist())
     ]
@@ -338,7 +351,7 @@ def _to_device(lists: dict, plans: dict, every: set, device: torch.device) -> di
         moved = {}
         for dtype in {t.dtype for t in lists.values()}:
             same = {k: t for k, t in lists.items() if t.dtype == dtype}
-            flat = torch.cat([t.reshape(-1) for t in same.values()]).to(device)
+            flat = torch.cat([t.reshape(-1) for t in same.values()]).to(device, non_blocking=True)
             parts = flat.split([t.numel() for t in same.values()])
             moved |= {k: part.view(t.shape) for (k, t), part in zip(same.items(), parts)}
         lists = {k: moved[k] for k in lists}

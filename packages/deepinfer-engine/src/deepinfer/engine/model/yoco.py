@@ -105,8 +105,8 @@ class KeptRows:
 def kept_rows(batch: ForwardBatch, keep_tokens: int) -> KeptRows:
     """Rows at or after each sequence's cut ``prompt_len - keep_tokens`` (``prompt_lens``,
     else the step's ``seq_lens``), and at least each chunk's last row."""
-    cu = batch.cu_seqlens_q.cpu().long()
-    ends = batch.seq_lens.cpu().long()
+    cu = batch.on_host("cu_seqlens_q")
+    ends = batch.on_host("seq_lens")
     known = ends if batch.prompt_lens is None else batch.prompt_lens.cpu().long()
     counts = cu.diff()
     start = ends - counts
@@ -140,12 +140,17 @@ def compact_batch(batch: ForwardBatch, kept: KeptRows) -> ForwardBatch:
     rows = kept.rows.to(batch.input_ids.device)
     cu = torch.zeros(len(kept.counts) + 1, dtype=batch.cu_seqlens_q.dtype)
     cu[1:] = kept.counts.cumsum(0)
+    host = None
+    if batch.host is not None:  # the kept rows' host copies (the index lists read them)
+        host = batch.host | {"positions": batch.on_host("positions")[kept.rows],
+                             "cu_seqlens_q": cu}  # fmt: skip
     return dataclasses.replace(
         batch,
         input_ids=batch.input_ids[rows],
         positions=batch.positions[rows],
         cu_seqlens_q=cu.to(batch.cu_seqlens_q.device),
         logits_indices=_compact_logits_rows(batch, kept),
+        host=host,
     )
 
 

@@ -25,7 +25,7 @@ from deepinfer.engine.model.cache import CacheLayout, ModelCache
 from deepinfer.engine.runner.batch_plan import StepPlan
 from deepinfer.engine.runner.cost_cache import cached_step_cost_curve, curve_key
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
-from deepinfer.engine.runner.model_runner import step_batch
+from deepinfer.engine.runner.step_inputs import step_batch
 from deepinfer.engine.version import __version__
 from deepinfer.kernels import envs
 from deepinfer.spec import StepCostCurve

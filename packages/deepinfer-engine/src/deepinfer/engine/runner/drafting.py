@@ -105,7 +105,10 @@ class DSparkDraftSource:
         """Write every stage's window rows of the step's tokens from the taps ``step.taps``
         (those of ``step.rows`` when YoCo truncation computed only them)."""
         counts = batch.cu_seqlens_q.diff().long()
-        token_slots = batch.state_slots.long().repeat_interleave(counts)
+        # output_size: no device-to-host read of the total
+        token_slots = batch.state_slots.long().repeat_interleave(
+            counts, output_size=batch.positions.shape[0]
+        )
         positions = batch.positions
         if step.rows is not None:
             positions, token_slots = positions[step.rows], token_slots[step.rows]

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import partial
-from typing import Any
 
 import torch
 
@@ -50,6 +49,7 @@ from deepinfer.engine.runner.drafting import DraftRequest, DraftSource, Proposal
 from deepinfer.engine.runner.grammar import GrammarManager
 from deepinfer.engine.runner.images import image_fields
 from deepinfer.engine.runner.speculation import GREEDY, SpecConfig, verify_mode
+from deepinfer.engine.runner.step_inputs import step_batch
 from deepinfer.engine.runner.varlen import trim_verification
 from deepinfer.engine.runner.verify import Emitted, Verifier
 
@@ -309,7 +309,7 @@ class ModelRunner:
         lengths = [len(self.state.sequences[r].token_ids) for r in plan.request_ids]
         batch = step_batch(
             plan, rows, self.device, **image_fields(self.model, plan.images, self.device),
-            prompt_lens=torch.tensor(lengths, dtype=torch.long, device=self.device),
+            prompt_lens=torch.tensor(lengths, dtype=torch.long).to(self.device, non_blocking=True),
         )  # fmt: skip
         if self._feed is not None:
             batch.input_ids.index_copy_(0, *self._feed)
@@ -380,19 +380,3 @@ class ModelRunner:
             grammar=grammar,
             pending_tokens=list(e.tokens),
         )
-
-
-def step_batch(plan: StepPlan, rows: list[int], device, **extra: Any) -> ForwardBatch:
-    """``plan``'s model inputs on ``device``, logits for ``rows`` (``extra``: further
-    :class:`ForwardBatch` fields: images, prompt lengths)."""
-    long = dict(dtype=torch.long, device=device)
-    return ForwardBatch(
-        input_ids=torch.tensor(plan.input_ids, **long),
-        positions=torch.tensor(plan.positions, **long),
-        cu_seqlens_q=torch.tensor(plan.cu_seqlens_q, dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(plan.seq_lens, **long),
-        block_tables=torch.tensor(plan.block_tables, dtype=torch.int32, device=device),
-        state_slots=torch.tensor(plan.state_slots, **long),
-        logits_indices=torch.tensor(rows, **long),
-        **extra,
-    )
