@@ -104,15 +104,7 @@ class Verifier:
         groups = self.request_rows(plan, so, errors)
         if not groups:
             return groups, None
-        rows = _rows(groups)
-        result = sample(
-            take_rows(logits, rows),
-            [p for g in groups for p in g.params],
-            _positions(plan, rows, logits),
-            output_token_ids=[h for g in groups for h in g.histories],
-            bitmask=_stack_masks(groups, logits.shape[1]),
-        )
-        return groups, result.token_ids
+        return groups, _sample(plan, groups, logits).token_ids
 
     def finish_plain(self, plan: StepPlan, groups, tokens: list[int]) -> list[Emitted]:
         """What :meth:`launch_plain`'s groups emit, from the tokens read back."""
@@ -169,16 +161,9 @@ class Verifier:
             state.fill_draft_bitmasks(g.masks, 0, g.drafts)
 
     def _match(self, plan, groups, logits) -> list[Emitted]:
-        params = [p for g in groups for p in g.params]
-        rows = _rows(groups)
-        result = sample(
-            take_rows(logits, rows),
-            params,
-            _positions(plan, rows, logits),
-            output_token_ids=[h for g in groups for h in g.histories],
-            bitmask=_stack_masks(groups, logits.shape[1]),
-        )
+        result = _sample(plan, groups, logits)
         host = result.token_ids.tolist()  # the step's one read of its tokens
+        params = [p for g in groups for p in g.params]
         logprobs = logprob_dicts(result, params) if result.logprobs is not None else None
         return self.finish_match(plan, groups, host, logprobs)
 
@@ -201,13 +186,7 @@ class Verifier:
         back: (the rows' tokens ``[S]``, then per group the final token ``[G]`` and the
         position before it ``[G]``, what the drafter's next proposal starts from). The host
         later gets the same outcome from the tokens (:meth:`finish_match`)."""
-        rows = _rows(groups)
-        tokens = sample(
-            take_rows(logits, rows),
-            [p for g in groups for p in g.params],
-            _positions(plan, rows, logits),
-            output_token_ids=[h for g in groups for h in g.histories],
-        ).token_ids
+        tokens = _sample(plan, groups, logits).token_ids
         width = max(len(g.drafts) for g in groups)
         # per group: drafts padded to the width, the token index of each row (the last row
         # repeated past the group's end), the draft count, the first row's position
@@ -292,6 +271,19 @@ class Verifier:
             plan.sample_positions[final] - 1,
             stats,
         )
+
+
+def _sample(plan: StepPlan, groups: list[RequestRows], logits: torch.Tensor):
+    """The sampler over the groups' rows of ``logits``: each row with its parameters,
+    position, history and grammar mask."""
+    rows = _rows(groups)
+    return sample(
+        take_rows(logits, rows),
+        [p for g in groups for p in g.params],
+        _positions(plan, rows, logits),
+        output_token_ids=[h for g in groups for h in g.histories],
+        bitmask=_stack_masks(groups, logits.shape[1]),
+    )
 
 
 def _stack_masks(groups: list[RequestRows], vocab_size: int) -> torch.Tensor | None:
