@@ -69,6 +69,8 @@ def test_tokens_fed_on_the_device_change_no_output(dspark_checkpoint, monkeypatc
         llm = LLM(str(dspark_checkpoint), dtype="float32", block_size=16, max_model_len=128,
                   speculative_tokens=0, async_scheduling=async_scheduling)  # fmt: skip
         outputs = llm.generate(prompts, params, use_tqdm=False)
+        state = llm._core.executor.state  # nothing kept for finished requests
+        assert set(state.last_sampled) <= set(state.sequences)
         return [[(c.token_ids, c.text, c.finish_reason, c.logprobs) for c in o.outputs]
                 for o in outputs]  # fmt: skip
 

@@ -257,11 +257,13 @@ class ModelRunner:
                 placeholders: dict[str, int] | None = None) -> None:  # fmt: skip
         self._emit(emitted, verifying, out)
         for e in emitted:  # the input of a from_previous_sample request next step
+            seq = self.state.sequences.get(e.request_id)
+            if seq is None:  # finished since (a step read back after the next one started)
+                continue
             newest = e.tokens[0] if e.request_id in so.fork_seeds else e.tokens[-1]
             self.state.last_sampled[e.request_id] = newest
             at = placeholders.pop(e.request_id, None) if placeholders else None
-            seq = self.state.sequences.get(e.request_id) if at is not None else None
-            if seq is not None:  # a later step took it as input on the device
+            if at is not None:  # a later step took it as input on the device
                 seq.token_ids[at] = newest
 
     def _forward(self, plan: StepPlan, rows: list[int]) -> torch.Tensor:
