@@ -39,7 +39,7 @@ from deepinfer.engine.model.context import StepContext
 from deepinfer.engine.model.hc import HyperHead
 from deepinfer.engine.model.layers import LinearFactory, RMSNorm
 from deepinfer.engine.model.mtp_heads import ConfidenceHead, MarkovHead
-from deepinfer.engine.model.mtp_window import draft_metadata, seed_rows
+from deepinfer.engine.model.mtp_window import draft_block, seed_rows
 from deepinfer.engine.model.rope import RopeTables
 from deepinfer.engine.model.variant import variant_of
 
@@ -195,14 +195,10 @@ class DSparkDraft(nn.ModuleList):
 
     def _block_inputs(self, anchor_tokens, last_positions, slots, cache, embed, rope, k):
         c = self.config
-        ids = torch.full((anchor_tokens.shape[0], k), c.dspark_noise_token_id, dtype=torch.long)
-        ids = ids.to(anchor_tokens.device)
-        ids[:, 0] = anchor_tokens
-        positions = (last_positions[:, None] + 1 + torch.arange(k, device=ids.device)).reshape(-1)
-        md = draft_metadata(
-            last_positions, slots, k, c.sliding_window, cache.ring_size, cache.layout.num_slots
-        )
-        return self.block_context(ids.reshape(-1), positions, md, cache, embed, rope)
+        ids, positions, md = draft_block(anchor_tokens, last_positions, slots, k,
+                                         c.dspark_noise_token_id, c.sliding_window,
+                                         cache.ring_size, cache.layout.num_slots)  # fmt: skip
+        return self.block_context(ids, positions, md, cache, embed, rope)
 
     def block_context(self, ids, positions, md, cache, embed, rope):
         """(block streams ``[N, nc, D]``, step context) of the block tokens ``ids`` ``[N]`` at

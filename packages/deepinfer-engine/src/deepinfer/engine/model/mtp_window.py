@@ -37,12 +37,14 @@ def draft_metadata(
     window: int,
     ring_size: int,
     num_slots: int,
+    write_slots: torch.Tensor | None = None,
 ) -> AttentionMetadata:
     """Metadata of a draft step over ``B`` requests, ``B * K`` tokens (request-major).
 
     last_positions, slots: ``[B]`` int64. ``window_indices [B*K, W + K]`` index rows of
     ``[ring rows of all slots | the step's B*K tokens]``; the block's K=V rows are written to
-    the ring at positions ``p+1 .. p+K``.
+    the ring at positions ``p+1 .. p+K`` of ``write_slots`` (default ``slots``: a padded
+    block's padding requests read a real slot and write the scratch slot).
     """
     check_ring(ring_size, window, block_size)
     device = last_positions.device
@@ -57,7 +59,8 @@ def draft_metadata(
     rows = torch.cat([main_rows, block_rows], dim=1)  # [B, W + K]
     window_indices = rows.repeat_interleave(block_size, dim=0)
     draft_pos = last_positions[:, None] + 1 + offsets  # [B, K]
-    write_dst = slots[:, None] * ring_size + draft_pos.remainder(ring_size)
+    writes = slots if write_slots is None else write_slots
+    write_dst = writes[:, None] * ring_size + draft_pos.remainder(ring_size)
     return AttentionMetadata(
         num_tokens=num_requests * block_size,
         window_base=base,
@@ -65,6 +68,30 @@ def draft_metadata(
         window_write_src=torch.arange(num_requests * block_size, device=device),
         window_write_dst=write_dst.reshape(-1),
     )
+
+
+def draft_block(
+    anchors: torch.Tensor,
+    last_positions: torch.Tensor,
+    slots: torch.Tensor,
+    block_size: int,
+    noise_token_id: int,
+    window: int,
+    ring_size: int,
+    num_slots: int,
+    write_slots: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """(token ids ``[B*K]``, positions ``[B*K]``, :func:`draft_metadata`) of a draft block, on
+    the inputs' device: block token ``i`` of a request is at ``p + 1 + i``, the anchor first,
+    then the noise token."""
+    device = anchors.device
+    ids = torch.full((anchors.shape[0], block_size), noise_token_id, dtype=torch.long,
+                     device=device)  # fmt: skip
+    ids[:, 0] = anchors
+    positions = last_positions[:, None] + 1 + torch.arange(block_size, device=device)
+    md = draft_metadata(last_positions, slots, block_size, window, ring_size, num_slots,
+                        write_slots)  # fmt: skip
+    return ids.reshape(-1), positions.reshape(-1), md
 
 
 def seed_rows(

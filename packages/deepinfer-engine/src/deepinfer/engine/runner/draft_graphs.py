@@ -40,7 +40,7 @@ import torch
 
 from deepinfer.engine.model.cache import ModelCache
 from deepinfer.engine.model.metadata import AttentionMetadata
-from deepinfer.engine.model.mtp_window import check_ring
+from deepinfer.engine.model.mtp_window import check_ring, draft_block
 from deepinfer.engine.runner.cuda_graphs import capture_graph, graph_batch_size
 from deepinfer.engine.runner.decode_metadata import SCRATCH_SLOT, flat_views
 
@@ -94,29 +94,12 @@ class DraftLayout:
         v["write_slots"][b:] = SCRATCH_SLOT
 
     def inputs(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """(block token ids, positions, draft metadata) computed from the buffer on its device:
-        block token ``i`` of a request sits at ``last position + 1 + i`` and attends to the
-        ``window`` seeded main positions up to the last one (ring rows of its read slot, -1
-        before position 0) and to its block's ``K`` rows past the slots' rings."""
-        n, k, w, ring = self.num_requests, self.block_size, self.window, self.ring_size
+        """(block token ids, positions, draft metadata) computed from the buffer on its device
+        (:func:`.mtp_window.draft_block`)."""
         v = self.views(flat)
-        device, last = flat.device, v["last_positions"][:, None]
-        ids = torch.full((n, k), self.noise_token_id, dtype=torch.long, device=device)
-        ids[:, 0] = v["anchors"]
-        positions = last + 1 + torch.arange(k, device=device)
-        main = last - torch.arange(w - 1, -1, -1, device=device)  # oldest first
-        main_rows = torch.where(main >= 0, v["read_slots"][:, None] * ring + main % ring, -1)
-        rows = torch.arange(n * k, device=device)
-        block_rows = self.num_slots * ring + rows.view(n, k)
-        window = torch.cat([main_rows, block_rows], 1).repeat_interleave(k, dim=0)
-        md = AttentionMetadata(
-            num_tokens=n * k,
-            window_base=self.num_slots * ring,
-            window_indices=window,
-            window_write_src=rows,
-            window_write_dst=(v["write_slots"][:, None] * ring + positions % ring).view(-1),
-        )
-        return ids.view(-1), positions.view(-1), md
+        return draft_block(v["anchors"], v["last_positions"], v["read_slots"], self.block_size,
+                           self.noise_token_id, self.window, self.ring_size, self.num_slots,
+                           v["write_slots"])  # fmt: skip
 
 
 @dataclass

@@ -177,7 +177,7 @@ class ModelRunner:
         chains = getattr(drafter, "chains", None)
         if chains is None or not chains(len(plan.request_ids)):
             return None
-        sequences, k = self.state.sequences, drafter.num_draft_tokens
+        sequences = self.state.sequences
         for request_id in plan.request_ids:
             seq = sequences[request_id]
             if not seq.sampling_params.is_plain_greedy:
@@ -187,10 +187,8 @@ class ModelRunner:
         groups = self.verifier.request_rows(plan, so, errors)
         if len(groups) != len(plan.request_ids):
             return None  # a request samples nothing this step (a prefill chunk)
-        for g in groups:
-            seq = sequences[g.request_id]
-            num_generated = len(seq.token_ids) - seq.num_prompt_tokens + g.count
-            if g.mode != GREEDY or min(k, seq.sampling_params.max_tokens - num_generated - 1) <= 0:
+        for g in groups:  # (all of a group's rows emitted: the fewest drafts allowed next)
+            if g.mode != GREEDY or self._draft_limit(sequences[g.request_id], g.count) <= 0:
                 return None
         return groups
 
@@ -219,11 +217,7 @@ class ModelRunner:
         self._record(emitted, so, verifying, out)
         for b, e in enumerate(emitted):
             self.proposals.pop(e.request_id, None)
-            seq = self.state.sequences[e.request_id]
-            num_generated = len(seq.token_ids) - seq.num_prompt_tokens + len(e.tokens)
-            limit = min(
-                self.spec.num_draft_tokens, seq.sampling_params.max_tokens - num_generated - 1
-            )
+            limit = self._draft_limit(self.state.sequences[e.request_id], len(e.tokens))
             if limit > 0:
                 self.proposals[e.request_id] = Proposal(drafts[b][:limit], confidences[b][:limit])
                 out.draft_token_ids[e.request_id] = drafts[b][:limit]
@@ -357,12 +351,17 @@ class ModelRunner:
                 self.proposals[request_id] = proposal
                 out.draft_token_ids[request_id] = list(proposal.tokens)
 
+    def _draft_limit(self, seq, num_emitted: int) -> int:
+        """Drafts a request may take after emitting ``num_emitted`` tokens this step: at most
+        ``K``, and the next verify step emits drafts + 1 tokens, no more than ``max_tokens``
+        allows (<= 0: none)."""
+        num_generated = len(seq.token_ids) - seq.num_prompt_tokens + num_emitted
+        return min(self.spec.num_draft_tokens, seq.sampling_params.max_tokens - num_generated - 1)
+
     def _draft_request(self, e: Emitted) -> DraftRequest | None:
         seq = self.state.sequences[e.request_id]
         params = seq.sampling_params
-        num_generated = len(seq.token_ids) - seq.num_prompt_tokens + len(e.tokens)
-        # the next verify step emits drafts + 1 tokens: no more than max_tokens allows
-        max_drafts = min(self.spec.num_draft_tokens, params.max_tokens - num_generated - 1)
+        max_drafts = self._draft_limit(seq, len(e.tokens))
         grammar = self.grammar.state(e.request_id) if self.grammar is not None else None
         if grammar is not None:  # the matcher rolls back this step's tokens and the drafts
             max_drafts = min(max_drafts, grammar.max_rollback_tokens - len(e.tokens))

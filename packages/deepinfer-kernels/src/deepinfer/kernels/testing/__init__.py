@@ -75,6 +75,17 @@ def register(*cases: Case) -> None:
         CASES.append(case)
 
 
+def with_kwargs(make: Callable, **extra: Any) -> Callable:
+    """A case's ``make(gen, device) -> (args, kwargs)`` with ``extra`` added to its kwargs
+    (the same inputs, another form of the call: ``out_dtype=torch.bfloat16``, say)."""
+
+    def made(gen, device):
+        args, kwargs = make(gen, device)
+        return args, {**kwargs, **extra}
+
+    return made
+
+
 def _load_cases() -> None:
     from deepinfer.kernels.testing import cases
 

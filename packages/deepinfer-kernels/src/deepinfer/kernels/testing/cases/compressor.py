@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from deepinfer.kernels.testing import Case, register, tolerance
+from deepinfer.kernels.testing import Case, register, tolerance, with_kwargs
 
 
 def _inputs(gen, device, *, entries, window, dim, dtype):
@@ -39,16 +39,11 @@ def _cases(scale, shapes, dtypes):
             cases.append(Case("compress_pool", name, scale, make, make_strided=_strided,
                               atol=4 * atol, rtol=4 * rtol))  # fmt: skip
         if scale == "small":
-            make = functools.partial(_to_bf16, make)
+            # the result rounded to bf16 by the op: one bf16 ulp apart at most
+            make = with_kwargs(make, out_dtype=torch.bfloat16)
             cases.append(Case("compress_pool", f"{name}-to-bf16", scale, make,
                               atol=1e-2, rtol=8e-3))  # fmt: skip
     return cases
-
-
-def _to_bf16(make, gen, device):
-    """The same inputs, the result rounded to bf16 by the op (one bf16 ulp apart at most)."""
-    args, kwargs = make(gen, device)
-    return args, {**kwargs, "out_dtype": torch.bfloat16}
 
 
 register(

@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from deepinfer.kernels.testing import Case, register
+from deepinfer.kernels.testing import Case, register, with_kwargs
 from deepinfer.kernels.testing.cases.gemm import _device_generator
 from deepinfer.kernels.testing.selection import compare_route_topk
 
@@ -106,16 +106,11 @@ def _swiglu_cases(scale, shapes):
             make = functools.partial(_swiglu_inputs, tokens=tokens, inter=inter, dtype=dtype)
             name = f"{tokens}x{inter}-{str(dtype).removeprefix('torch.')}"
             cases.append(Case("swiglu_clamped", name, scale, make, atol=1e-5, rtol=1e-5))
-            narrow = functools.partial(_with_out_dtype, make)
+            # the result rounded to bf16 by the op: one bf16 ulp apart at most
+            narrow = with_kwargs(make, out_dtype=torch.bfloat16)
             cases.append(Case("swiglu_clamped", f"{name}-to-bf16", scale, narrow,
                               atol=1e-2, rtol=8e-3))  # fmt: skip
     return cases
-
-
-def _with_out_dtype(make, gen, device):
-    """The same inputs, the result rounded to bf16 by the op (one bf16 ulp apart at most)."""
-    args, kwargs = make(gen, device)
-    return args, {**kwargs, "out_dtype": torch.bfloat16}
 
 
 def _expert_cases(scale, shapes):
