@@ -31,11 +31,12 @@ per step, the busy fraction of the wall time and the idle gaps, with no sync per
 
 ``--job N`` adds an offline job: N requests with prompt lengths drawn from 64..1,024 and output
 lengths from 16..``--job-max-tokens`` (seeded), all submitted at once, so the batch shrinks as
-requests finish and the positions' entry counts vary from step to step. It runs once per mode
-and, with graphs, once more with ``padding=False`` graphs (one graph per exact sequence and
-entry count); each graph mode's graphs are built once per bench run (shared by the async
-settings). Only steady state is timed: per mode and async setting the job runs once untimed
-(Triton's compilations, graph captures), then the timed run. Rows: wall seconds, generated
+requests finish and the positions' entry counts vary from step to step. It runs eagerly (if
+``--modes`` has ``eager``) and, with graphs, padded and once more with ``padding=False`` graphs
+(one graph per exact sequence and entry count); each graph mode's graphs are built once per
+bench run (shared by the async settings). Only steady state is timed: per mode and async setting
+the job runs once untimed (Triton's compilations, graph captures), then ``--job-repeats`` timed
+runs, of which the row shows the median. Rows: wall seconds, generated
 tokens per second, graphs held, graphs captured during the timed run (0 unless the warm-up
 missed a shape) and steps replayed in it; the JSON adds the warm-up run's seconds.
 
@@ -53,6 +54,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import time
 
 import torch
@@ -166,6 +168,7 @@ def _job_rows(
     max_tokens: int,
     modes: list[str],
     built: dict[bool, DecodeGraphs],
+    repeats: int = 1,
 ) -> list[dict]:
     """The ``--job`` rows (see the module docstring): per mode one untimed run, then the timed
     one; ``built`` maps padding to the graph mode's graphs, kept across calls (async settings)."""
@@ -177,7 +180,7 @@ def _job_rows(
     runner = llm._core.executor
     loaded = runner.graphs
     cuda = runner.device.type == "cuda"  # (the CPU test runs the job without a sync)
-    runs = [("eager", None)] + [(f"graphs{tag}", padding) for tag, padding in
+    runs = [("eager", None)] * ("eager" in modes) + [(f"graphs{tag}", padding) for tag, padding in
                                 ((", padded", True), (", exact counts", False))
                                 if "graphs" in modes and loaded is not None]  # fmt: skip
 
@@ -200,15 +203,19 @@ def _job_rows(
         graphs = runner.graphs = built[padding] if padding is not None else None
         warmup_s, _ = job()  # Triton's compilations and the captures of the job's shapes
         before = _graph_counts(graphs)
-        seconds, tokens = job()
-        if tokens != sum(outputs):
-            raise RuntimeError(f"job ({mode}): {tokens} of {sum(outputs)} tokens generated")
+        runs_s = []
+        for _ in range(repeats):
+            seconds, tokens = job()
+            if tokens != sum(outputs):
+                raise RuntimeError(f"job ({mode}): {tokens} of {sum(outputs)} tokens generated")
+            runs_s.append(seconds)
+        seconds = statistics.median(runs_s)
         after = _graph_counts(graphs)
         rows.append({"phase": "job", "ops": f"kernels, {mode}", "batch": count,
                      "tokens": tokens, "seconds": seconds, "tok/s": tokens / seconds,
                      "graphs": len(graphs.graphs) if graphs else 0,
                      "captures": after[0] - before[0], "replays": after[1] - before[1],
-                     "warmup_s": warmup_s})  # fmt: skip
+                     "warmup_s": warmup_s, "runs_s": runs_s})  # fmt: skip
     runner.graphs = loaded
     return rows
 
@@ -261,6 +268,8 @@ def main() -> None:
                         help="repeat prefill and eager decode rows with DEEPINFER_BATCH_INVARIANT=1")  # fmt: skip
     parser.add_argument("--job", type=int, default=0, help="requests of the offline job (0: none)")
     parser.add_argument("--job-max-tokens", type=int, default=256)
+    parser.add_argument("--job-repeats", type=int, default=1,
+                        help="timed runs of the job per row (the row shows the median)")  # fmt: skip
     parser.add_argument("--async", dest="async_modes", default="on",
                         help="asynchronous scheduling for decode and job rows: on, off, on,off")  # fmt: skip
     parser.add_argument("--timeline-batches", default="",
@@ -299,7 +308,9 @@ def main() -> None:
                     rows.append(_decode_row(llm, model, gen, vocab, b, args.decode_tokens,
                                             copy_tbs, f"kernels, {mode}, async {a}"))  # fmt: skip
         if args.job:
-            job = _job_rows(llm, vocab, args.job, args.job_max_tokens, modes, job_graphs)
+            job = _job_rows(
+                llm, vocab, args.job, args.job_max_tokens, modes, job_graphs, args.job_repeats
+            )
             rows += [dict(r, ops=f"{r['ops']}, async {a}") for r in job]
         for b in _batches(args.timeline_batches):
             prompts = torch.randint(3, vocab, (b, 128), generator=gen).tolist()
