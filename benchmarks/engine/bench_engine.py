@@ -33,8 +33,8 @@ per step, the busy fraction of the wall time and the idle gaps, with no sync per
 lengths from 16..``--job-max-tokens`` (seeded), all submitted at once, so the batch shrinks as
 requests finish and the positions' entry counts vary from step to step. It runs eagerly (if
 ``--modes`` has ``eager``) and, with graphs, padded and once more with ``padding=False`` graphs
-(one graph per exact sequence and entry count); each graph mode's graphs are built once per
-bench run (shared by the async settings). Only steady state is timed: per mode and async setting
+(one graph per exact sequence and entry count; ``--job-graphs padded`` keeps the first only);
+each graph mode's graphs are built once per bench run (shared by the async settings). Only steady state is timed: per mode and async setting
 the job runs once untimed (Triton's compilations, graph captures), then ``--job-repeats`` timed
 runs, of which the row shows the median. Rows: wall seconds, generated
 tokens per second, graphs held, graphs captured during the timed run (0 unless the warm-up
@@ -169,6 +169,7 @@ def _job_rows(
     modes: list[str],
     built: dict[bool, DecodeGraphs],
     repeats: int = 1,
+    paddings: tuple[str, ...] = ("padded", "exact"),
 ) -> list[dict]:
     """The ``--job`` rows (see the module docstring): per mode one untimed run, then the timed
     one; ``built`` maps padding to the graph mode's graphs, kept across calls (async settings)."""
@@ -182,7 +183,8 @@ def _job_rows(
     cuda = runner.device.type == "cuda"  # (the CPU test runs the job without a sync)
     runs = [("eager", None)] * ("eager" in modes) + [(f"graphs{tag}", padding) for tag, padding in
                                 ((", padded", True), (", exact counts", False))
-                                if "graphs" in modes and loaded is not None]  # fmt: skip
+                                if "graphs" in modes and loaded is not None
+                                and ("padded" if padding else "exact") in paddings]  # fmt: skip
 
     def job() -> tuple[float, int]:
         if cuda:
@@ -270,6 +272,8 @@ def main() -> None:
     parser.add_argument("--job-max-tokens", type=int, default=256)
     parser.add_argument("--job-repeats", type=int, default=1,
                         help="timed runs of the job per row (the row shows the median)")  # fmt: skip
+    parser.add_argument("--job-graphs", default="padded,exact",
+                        help="the job's graph rows: padded and/or exact (counts)")  # fmt: skip
     parser.add_argument("--async", dest="async_modes", default="on",
                         help="asynchronous scheduling for decode and job rows: on, off, on,off")  # fmt: skip
     parser.add_argument("--timeline-batches", default="",
@@ -308,9 +312,9 @@ def main() -> None:
                     rows.append(_decode_row(llm, model, gen, vocab, b, args.decode_tokens,
                                             copy_tbs, f"kernels, {mode}, async {a}"))  # fmt: skip
         if args.job:
-            job = _job_rows(
-                llm, vocab, args.job, args.job_max_tokens, modes, job_graphs, args.job_repeats
-            )
+            paddings = tuple(args.job_graphs.split(","))
+            job = _job_rows(llm, vocab, args.job, args.job_max_tokens, modes, job_graphs,
+                            args.job_repeats, paddings)  # fmt: skip
             rows += [dict(r, ops=f"{r['ops']}, async {a}") for r in job]
         for b in _batches(args.timeline_batches):
             prompts = torch.randint(3, vocab, (b, 128), generator=gen).tolist()
