@@ -2,8 +2,9 @@
 
 One program handles a block of heads of one row: the leading ``D - rd`` channels pass through
 (copied unless the call is in place), the trailing ``rd / 2`` interleaved pairs are rotated by
-the row's angles in fp32. The stores cover disjoint channels, so no ordering between them is
-needed; in place, each program reads its pairs before it overwrites them.
+the row's angles in fp32, read and written as one contiguous tile. The stores cover disjoint
+channels, so no ordering between them is needed; in place, each program reads its pairs before
+it overwrites them.
 """
 
 from __future__ import annotations
@@ -34,19 +35,22 @@ def _rope_kernel(
         keep = hmask[:, None] & (cols < passthrough)[None, :]
         tl.store(o_row + cols[None, :], tl.load(x_row + cols[None, :], mask=keep), mask=keep)
 
+    # the rotary channels as one contiguous [HB, 2 * BLOCK_R] tile (whole sectors per access),
+    # split into the interleaved pairs' even and odd halves in registers
     pairs = tl.arange(0, BLOCK_R)
     pmask = pairs < half
     cos = tl.load(cos_ptr + n * stride_cn + pairs, mask=pmask, other=1.0)
     sin = tl.load(sin_ptr + n * stride_sn + pairs, mask=pmask, other=0.0)
     if INVERSE:
         sin = -sin
-    even_cols = passthrough + 2 * pairs
-    m2 = hmask[:, None] & pmask[None, :]
-    a = tl.load(x_row + even_cols[None, :], mask=m2, other=0.0).to(tl.float32)
-    b = tl.load(x_row + even_cols[None, :] + 1, mask=m2, other=0.0).to(tl.float32)
-    ty = out_ptr.dtype.element_ty
-    tl.store(o_row + even_cols[None, :], (a * cos[None, :] - b * sin[None, :]).to(ty), mask=m2)
-    tl.store(o_row + even_cols[None, :] + 1, (a * sin[None, :] + b * cos[None, :]).to(ty), mask=m2)
+    cols = passthrough + tl.arange(0, 2 * BLOCK_R)
+    m2 = hmask[:, None] & (tl.arange(0, 2 * BLOCK_R) < 2 * half)[None, :]
+    tile = tl.load(x_row + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+    a, b = tl.split(tl.reshape(tile, (HB, BLOCK_R, 2)))
+    ya = a * cos[None, :] - b * sin[None, :]
+    yb = a * sin[None, :] + b * cos[None, :]
+    y = tl.reshape(tl.join(ya, yb), (HB, 2 * BLOCK_R))
+    tl.store(o_row + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=m2)
 
 
 def _rows(t: torch.Tensor, n: int, dim: int) -> torch.Tensor | None:
