@@ -1,4 +1,5 @@
-"""Compressor softmax-pool kernel against the reference through the conformance kit."""
+"""Compressor softmax-pool kernels against the reference through the conformance kit, and the
+gathering kernel against the plain one on the windows it gathers."""
 
 from __future__ import annotations
 
@@ -13,14 +14,18 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"  # cpu: the Triton interpreter (see conft
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
 
 
-@pytest.mark.parametrize("case", cases_for(["compress_pool"], "small"), ids=str)
+@pytest.mark.parametrize(
+    "case", cases_for(["compress_pool", "compress_gather_pool"], "small"), ids=str
+)
 def test_conformance_small(case):
     check_case(backend.ops[case.op], case, DEVICE)
 
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("case", cases_for(["compress_pool"], "real"), ids=str)
+@pytest.mark.parametrize(
+    "case", cases_for(["compress_pool", "compress_gather_pool"], "real"), ids=str
+)
 def test_conformance_real(case):
     check_case(backend.ops[case.op], case, DEVICE)
 
@@ -48,3 +53,38 @@ def test_narrow_results_round_as_a_separate_cast():
     for dtype in (torch.bfloat16, torch.float16):
         narrow = pool(kv, score, out_dtype=dtype)
         assert narrow.dtype == dtype and torch.equal(narrow, wide.to(dtype))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_gathered_windows_pool_bitwise_as_the_plain_kernel(overlap, out_dtype):
+    """``compress_gather_pool`` equals ``compress_pool`` of the windows gathered by torch (the
+    model's path before the fused op) bit for bit: same tile and arithmetic, rows from the state
+    pool, from the step and missing (-1) alike."""
+    gen = torch.Generator().manual_seed(11)
+    entries, window, width, pool, step = 9, 8 if overlap else 16, 96, 21, 17
+    sources = [torch.randn(n, width, generator=gen) * s
+               for n, s in ((pool, 1), (pool, 3), (step, 1), (step, 3))]  # fmt: skip
+    rows = torch.randint(0, pool + step, (entries, window), generator=gen)
+    rows[torch.rand(entries, window, generator=gen) < 0.3] = -1
+    rows[:, 0] = torch.randint(0, pool + step, (entries,), generator=gen)
+    fk, fs, sk, ss = (t.to(DEVICE) for t in sources)
+    rows = rows.to(DEVICE)
+    got = backend.ops["compress_gather_pool"](fk, fs, sk, ss, rows, overlap=overlap,
+                                              out_dtype=out_dtype)  # fmt: skip
+    src = rows.clamp(min=0)
+    kv, score = torch.cat([fk, sk])[src], torch.cat([fs, ss])[src]
+    score.masked_fill_((rows < 0).unsqueeze(-1), float("-inf"))
+    if overlap:
+        r, d = window // 2, width // 2
+        kv = torch.cat([kv[:, :r, :d], kv[:, r:, d:]], dim=1)
+        score = torch.cat([score[:, :r, :d], score[:, r:, d:]], dim=1)
+    assert torch.equal(got, backend.ops["compress_pool"](kv, score, out_dtype=out_dtype))
+
+
+def test_gather_rejects_bad_rows():
+    kv = torch.randn(4, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="rows: expected"):
+        backend.ops["compress_gather_pool"](kv, kv, kv, kv, torch.zeros(3, 2, device=DEVICE))
+    with pytest.raises(ValueError, match="second_score: expected"):
+        backend.ops["compress_gather_pool"](kv, kv, kv, kv[:2], torch.zeros(3, 2, dtype=torch.long))

@@ -1,6 +1,7 @@
 """Compressor softmax pooling in Triton: one entry per window, a per-channel softmax over the
 window's rows. One program holds a (window, channel block) tile whole in registers and reads
-each projected row and gate logit once."""
+each projected row and gate logit once; ``compress_gather_pool`` loads the tile through the
+window's row indices from the state pool and the step's rows (no gathered copy)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.kernels.reference import compressor as ref
+from deepinfer.kernels.reference.compressor import check_gather_pool
 from deepinfer.kernels_nvidia.quant import to_bf16_rne
 from deepinfer.kernels_nvidia.registry import implements
 
@@ -30,6 +33,13 @@ def _compress_pool_kernel(
     kv = tl.load(
         kv_ptr + e * stride_ke + slots[:, None] * stride_kl + cols[None, :], mask=mask, other=0.0
     ).to(tl.float32)
+    _pool_store(kv, score, out_ptr + e * stride_oe, cols, dim, TO_BF16)
+
+
+@triton.jit
+def _pool_store(kv, score, out_row, cols, dim, TO_BF16: tl.constexpr):
+    """Softmax over axis 0 of ``score`` [BL, BD] (fp32, -inf: no slot), the weighted sum of
+    ``kv``, stored at ``out_row + cols``."""
     peak = tl.max(score, axis=0)
     peak = tl.where(peak == float("-inf"), 0.0, peak)  # masked-off channels only
     weight = tl.exp(score - peak[None, :])
@@ -37,7 +47,40 @@ def _compress_pool_kernel(
     pooled = tl.sum(weight * kv, axis=0) / tl.where(cols < dim, total, 1.0)
     if TO_BF16:
         pooled = to_bf16_rne(pooled)
-    tl.store(out_ptr + e * stride_oe + cols, pooled, mask=cols < dim)
+    tl.store(out_row + cols, pooled, mask=cols < dim)
+
+
+@triton.jit
+def _compress_gather_pool_kernel(
+    first_kv_ptr, first_score_ptr, second_kv_ptr, second_score_ptr, rows_ptr, out_ptr,
+    window, dim, split, stride_fk, stride_fs, stride_sk, stride_ss, stride_re, stride_oe,
+    HALF: tl.constexpr, BL: tl.constexpr, BD: tl.constexpr, TO_BF16: tl.constexpr,
+):  # fmt: skip
+    """One (window, channel block): the window's rows loaded through ``rows`` (< ``split``: the
+    first source; -1: no slot); with ``HALF`` (overlap) slots from ``HALF`` on read the row's
+    columns ``dim + c`` instead of ``c``."""
+    e = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    slots = tl.arange(0, BL)
+    row = tl.load(rows_ptr + e * stride_re + slots, mask=slots < window, other=-1).to(tl.int64)
+    exists = row >= 0
+    in_first = exists & (row < split)
+    in_second = exists & (row >= split)
+    col = cols[None, :]
+    if HALF > 0:
+        col = col + tl.where(slots >= HALF, dim, 0)[:, None]
+    cmask = (cols < dim)[None, :]
+    first_rows = tl.where(in_first, row, 0)[:, None]
+    second_rows = tl.where(in_second, row - split, 0)[:, None]
+    m1 = in_first[:, None] & cmask
+    m2 = in_second[:, None] & cmask
+    k1 = tl.load(first_kv_ptr + first_rows * stride_fk + col, mask=m1, other=0.0)
+    k2 = tl.load(second_kv_ptr + second_rows * stride_sk + col, mask=m2, other=0.0)
+    kv = tl.where(m1, k1, k2).to(tl.float32)
+    s1 = tl.load(first_score_ptr + first_rows * stride_fs + col, mask=m1, other=0.0)
+    s2 = tl.load(second_score_ptr + second_rows * stride_ss + col, mask=m2, other=0.0)
+    score = tl.where(m1, s1, tl.where(m2, s2, float("-inf"))).to(tl.float32)
+    _pool_store(kv, score, out_ptr + e * stride_oe, cols, dim, TO_BF16)
 
 
 @implements("compress_pool")
@@ -62,5 +105,39 @@ def compress_pool(kv, score, *, out_dtype=torch.float32):
         kv, score, out, window, dim,
         kv.stride(0), kv.stride(1), score.stride(0), score.stride(1), out.stride(0),
         BL=bl, BD=bd, TO_BF16=out_dtype == torch.bfloat16, num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+@implements("compress_gather_pool")
+def compress_gather_pool(
+    first_kv, first_score, second_kv, second_score, rows, *, overlap=False,
+    out_dtype=torch.float32,
+):  # fmt: skip
+    """The windows' rows loaded in the kernel through ``rows``; the same tile shape and
+    arithmetic as :func:`compress_pool`, so the two agree bit for bit."""
+    check_gather_pool(first_kv, first_score, second_kv, second_score, rows, overlap)
+    if out_dtype not in (torch.float32, torch.bfloat16) or second_kv.dtype != first_kv.dtype:
+        return ref.compress_gather_pool(
+            first_kv, first_score, second_kv, second_score, rows, overlap=overlap,
+            out_dtype=out_dtype,
+        )  # fmt: skip
+    sources = [t if t.stride(1) == 1 else t.contiguous()
+               for t in (first_kv, first_score, second_kv, second_score)]  # fmt: skip
+    rows = rows if rows.stride(1) == 1 else rows.contiguous()
+    num_entries, window = rows.shape
+    width = first_kv.shape[1]
+    dim = width // 2 if overlap else width
+    out = torch.empty(num_entries, dim, dtype=out_dtype, device=rows.device)
+    if num_entries == 0 or dim == 0:
+        return out
+    bl = triton.next_power_of_2(max(window, 1))
+    bd = max(16, min(triton.next_power_of_2(dim), 8192 // bl))
+    fk, fs, sk, ss = sources
+    _compress_gather_pool_kernel[(num_entries, triton.cdiv(dim, bd))](
+        fk, fs, sk, ss, rows, out, window, dim, first_kv.shape[0],
+        fk.stride(0), fs.stride(0), sk.stride(0), ss.stride(0), rows.stride(0), out.stride(0),
+        HALF=window // 2 if overlap else 0, BL=bl, BD=bd, TO_BF16=out_dtype == torch.bfloat16,
+        num_warps=4,
     )  # fmt: skip
     return out

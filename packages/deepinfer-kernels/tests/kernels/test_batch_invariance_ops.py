@@ -23,6 +23,7 @@ ROW_ARGS: dict[str, RowArgs] = {
     "apply_rope": RowArgs(("x", "cos", "sin")),
     "apply_token_bitmask": RowArgs(("logits", "bitmask")),
     "candidate_block_mask": RowArgs(("scores", "visible_count")),
+    "compress_gather_pool": RowArgs(("rows",)),
     "compress_pool": RowArgs(("kv", "score")),
     "engram_embedding_lookup": RowArgs(("row_ids",)),
     "engram_gate": RowArgs(("hidden", "key", "value", "mask")),

@@ -67,6 +67,7 @@ ROW_WISE: dict[str, RowSplit] = {
     "hc_pre": RowSplit(("x", "collapse_pre")),
     "hadamard_rotate": RowSplit(("x",)),
     "compress_pool": RowSplit(("kv", "score")),
+    "compress_gather_pool": RowSplit(("rows",)),
     # Small inner reductions (top-k weights, stream sums, per-block amax) may be vectorised
     # across rows by torch's CPU kernels, so even these go row by row.
     "route_topk": RowSplit(("logits",)),

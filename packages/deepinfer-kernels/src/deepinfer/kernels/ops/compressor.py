@@ -7,7 +7,7 @@ import torch
 from deepinfer.kernels.reference import compressor as ref
 from deepinfer.kernels.registry import op
 
-__all__ = ["compress_pool"]
+__all__ = ["compress_gather_pool", "compress_pool"]
 
 
 @op(reference=ref.compress_pool)
@@ -23,4 +23,30 @@ def compress_pool(
            that does not exist (weight 0; its kv must be finite). Each (e, d) needs one finite
            score. Returns ``[E, d]`` of ``out_dtype``: the fp32 result, rounded once (to
            nearest even) when ``out_dtype`` is narrower, as ``.to`` does.
+    """
+
+
+@op(reference=ref.compress_gather_pool)
+def compress_gather_pool(
+    first_kv: torch.Tensor,
+    first_score: torch.Tensor,
+    second_kv: torch.Tensor,
+    second_score: torch.Tensor,
+    rows: torch.Tensor,
+    *,
+    overlap: bool = False,
+    out_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """:func:`compress_pool` of windows gathered from two row sources, in one call.
+
+    The rows of ``[first | second]`` (a compressor's state pool of ``S = first_kv.shape[0]``
+    rows, then the step's projected rows) make each window: ``rows [E, L]`` integer, row ``r <
+    S`` is ``first[r]``, ``r >= S`` is ``second[r - S]``, ``-1`` a slot that does not exist
+    (weight 0). ``*_kv`` and ``*_score`` are ``[S or T, C]``: kv any float dtype (the same for
+    both sources), scores fp32 with the position bias already added. Without ``overlap`` the
+    window's slot ``l`` is the whole ``C``-wide row; with ``overlap`` (V4's ratio-4 compressor,
+    ``L = 2 ratio``, ``C = 2 d``) slots ``l < ratio`` take the row's first ``d`` columns and the
+    others its last ``d``. Returns ``[E, d]`` (``d = C`` without overlap) of ``out_dtype``:
+    exactly :func:`compress_pool` of the gathered ``[E, L, d]`` windows, ``-inf`` scores in the
+    missing slots. Each (e, d) needs one existing slot.
     """

@@ -1,5 +1,6 @@
-"""Cases for compress_pool: the window lengths of V4 (ratio 4 overlapped = 8 rows, ratio 128)
-and V4.1 (ratios 1, 2), with ``-inf`` slots for rows that do not exist."""
+"""Cases for compress_pool and compress_gather_pool: the window lengths of V4 (ratio 4
+overlapped = 8 rows, ratio 128) and V4.1 (ratios 1, 2), with ``-inf`` slots (``-1`` rows) for
+rows that do not exist."""
 
 from __future__ import annotations
 
@@ -54,5 +55,73 @@ register(
         "real",
         [(4096, 8, 512), (4096, 8, 128), (64, 128, 512), (8192, 2, 512), (8192, 1, 512)],
         [torch.float32],
+    ),  # fmt: skip
+)
+
+
+def _gather_inputs(gen, device, *, entries, window, width, pool, step, overlap, dtype):
+    """A state pool of ``pool`` rows and ``step`` step rows; each window's slots index both at
+    random, ~30% of them missing (-1), slot 0 always present."""
+    first_kv = torch.randn(pool, width, generator=gen).to(dtype)
+    second_kv = torch.randn(step, width, generator=gen).to(dtype)
+    first_score = torch.randn(pool, width, generator=gen) * 3
+    second_score = torch.randn(step, width, generator=gen) * 3
+    rows = torch.randint(0, pool + step, (entries, window), generator=gen)
+    rows[torch.rand(entries, window, generator=gen) < 0.3] = -1
+    rows[:, 0] = torch.randint(0, pool + step, (entries,), generator=gen)
+    args = (first_kv, first_score, second_kv, second_score, rows.to(torch.int32))
+    return tuple(t.to(device) for t in args), {"overlap": overlap}
+
+
+def _gather_strided(args):
+    """Every row source a column slice of a wider tensor (row stride > width)."""
+
+    def wide(t):
+        w = torch.empty(t.shape[0], t.shape[1] + 8, dtype=t.dtype, device=t.device)
+        w[:, 8:] = t
+        return w[:, 8:]
+
+    *sources, rows = args
+    return (*(wide(t) for t in sources), rows)
+
+
+def _gather_cases(scale, shapes):
+    cases = []
+    for entries, window, width, pool, step, overlap in shapes:
+        atol, rtol = tolerance(torch.float32)
+        for dtype in (torch.float32, torch.bfloat16) if scale == "small" else (torch.float32,):
+            make = functools.partial(_gather_inputs, entries=entries, window=window,
+                                     width=width, pool=pool, step=step, overlap=overlap,
+                                     dtype=dtype)  # fmt: skip
+            name = (f"{entries}x{window}x{width}-pool{pool}-step{step}"
+                    f"{'-overlap' if overlap else ''}-{str(dtype).removeprefix('torch.')}")  # fmt: skip
+            cases.append(Case("compress_gather_pool", name, scale, make,
+                              make_strided=_gather_strided, atol=4 * atol, rtol=4 * rtol))  # fmt: skip
+        if scale == "small":
+            make = with_kwargs(make, out_dtype=torch.bfloat16)
+            cases.append(Case("compress_gather_pool", f"{name}-to-bf16", scale, make,
+                              atol=1e-2, rtol=8e-3))  # fmt: skip
+    return cases
+
+
+register(
+    *_gather_cases(
+        "small",
+        [
+            (3, 1, 64, 0, 5, False),
+            (5, 2, 96, 7, 4, False),
+            (6, 8, 128, 9, 13, True),
+            (2, 128, 32, 40, 200, False),
+            (4, 8, 64, 0, 30, True),
+        ],
+    ),  # fmt: skip
+    *_gather_cases(
+        "real",
+        [
+            (1024, 8, 1024, 256, 4096, True),
+            (64, 8, 256, 64, 64, True),
+            (32, 128, 512, 4096, 4096, False),
+            (64, 2, 512, 128, 64, False),
+        ],
     ),  # fmt: skip
 )
