@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
@@ -60,53 +58,10 @@ class Compressor(nn.Module):
             phase = ctx.shared("phase", keys, lambda: keys % self.ratio, self.ratio)
             score = score + self.ape[phase]
         state_kv, state_score = ctx.cache[f"{state}_kv"], ctx.cache[f"{state}_score"]
-        split, step_rows = state_kv.shape[0], kv.shape[0]
-        sources = ctx.shared(
-            "emit_sources", plan.emit_src, lambda: TwoSources.of(plan.emit_src, split, step_rows),
-            split, step_rows,
-        )  # fmt: skip
-        kv_rows = sources.take(state_kv, kv)
-        # take returns fresh rows: mask them in place
-        score_rows = sources.take(state_score, score).masked_fill_(sources.missing, float("-inf"))
-        if self.overlap:
-            kv_rows, score_rows = self._overlap(kv_rows), self._overlap(score_rows)
-        pooled = K.compress_pool(kv_rows, score_rows, out_dtype=x.dtype)  # rounded in the op
+        # the windows' rows read from the state pool and this step's rows in the op (no copy of
+        # the pool, no gathered windows); rounded to x.dtype in the op
+        pooled = K.compress_gather_pool(state_kv, state_score, kv, score, plan.emit_src,
+                                        overlap=self.overlap, out_dtype=x.dtype)  # fmt: skip
         state_kv.index_copy_(0, plan.state_write_dst, kv[plan.state_write_src])
         state_score.index_copy_(0, plan.state_write_dst, score[plan.state_write_src])
         return self.norm(pooled)
-
-    def _overlap(self, rows: torch.Tensor) -> torch.Tensor:
-        """``[E, 2r, 2d]`` -> ``[E, 2r, d]``: previous window's first half, this one's second."""
-        r, d = self.ratio, self.dim
-        return torch.cat([rows[:, :r, :d], rows[:, r:, d:]], dim=1)
-
-
-@dataclass(frozen=True)
-class TwoSources:
-    """Where the rows ``[E, L]`` of ``[first | second]`` (``first``: the whole state pool of
-    ``split`` rows; ``second``: the step's rows; ``-1``: none) are, to gather them without
-    copying ``first``: rows below ``split`` from ``first``, the rest from ``second``. Computed
-    once a step per plan (every compressor of a kind gathers the same rows)."""
-
-    in_first: torch.Tensor | None  # [E, L] bool; None: the pool is empty
-    first_rows: torch.Tensor | None
-    second_rows: torch.Tensor
-    missing: torch.Tensor  # [E, L, 1] bool, the -1 rows
-
-    @staticmethod
-    def of(rows: torch.Tensor, split: int, num_second: int) -> TwoSources:
-        src = rows.clamp(min=0)
-        second = (src - split).clamp(min=0, max=max(num_second - 1, 0))
-        missing = (rows < 0).unsqueeze(-1)
-        if not split:
-            return TwoSources(None, None, second, missing)
-        in_first = src < split
-        return TwoSources(in_first, src.clamp(max=max(split - 1, 0)), second, missing)
-
-    def take(self, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
-        """``torch.cat([first, second])[rows]`` (``rows`` clamped at 0)."""
-        from_second = second[self.second_rows]
-        if self.in_first is None:
-            return from_second
-        in_first = self.in_first.view(*self.in_first.shape, *([1] * (first.dim() - 1)))
-        return torch.where(in_first, first[self.first_rows], from_second)
