@@ -46,6 +46,7 @@ from deepinfer.engine.runner.draft_graphs import DraftGraphs
 from deepinfer.engine.runner.drafting import DSparkDraftSource
 from deepinfer.engine.runner.ep_executor import ExpertParallelExecutor
 from deepinfer.engine.runner.grammar import GrammarManager
+from deepinfer.engine.runner.host_threads import limit_host_threads
 from deepinfer.engine.runner.model_runner import ModelRunner
 from deepinfer.engine.runner.speculation import SpecConfig, resolve_spec_config
 from deepinfer.kernels import envs
@@ -129,6 +130,7 @@ def load_executor(config: EngineConfig) -> LoadedModel:
             "confidence-scheduled" if spec.varlen else "fixed-length",
             spec.acceptance,
         )
+    limit_host_threads(device)  # after loading, which may use every thread
     if truncation is not None:  # after profiling, which must measure every row's activations
         model.truncation = truncation
         logger.info(
