@@ -41,3 +41,19 @@ def test_params_forms():
         normalize_params([p, p], 3)
     with pytest.raises(InvalidRequestError, match="request 1: sampling_params is"):
         normalize_params([p, {"max_tokens": 3}], 2)
+
+
+def test_token_lists_are_copies_and_the_checks_keep_their_messages():
+    """Plain lists of ints take the fast path (a copy, not the caller's list); a bool, a float
+    or an id out of range still fails with the request and token named."""
+    from deepinfer.engine.frontend.validation import validate_prompt_token_ids
+
+    prompt = [5, 6, 7]
+    _, (ids,) = normalize_prompts(None, [prompt], ByteTokenizer())
+    assert ids == prompt and ids is not prompt
+    with pytest.raises(InvalidRequestError, match=r"request 0: prompt_token_ids is \[1, True\]"):
+        normalize_prompts(None, [[1, True]], ByteTokenizer())
+    for bad, position in (([1, -2, 3], 1), ([1, 2, 1000], 2), ([0, 2.0], 1)):
+        with pytest.raises(InvalidRequestError, match=f"request 4: prompt token {position} is"):
+            validate_prompt_token_ids(4, bad, vocab_size=1000, max_model_len=10)
+    validate_prompt_token_ids(4, [0, 999], vocab_size=1000, max_model_len=10)

@@ -14,6 +14,8 @@ _SEED_MASK = (1 << 63) - 1
 
 def _as_token_list(value: Any) -> list[int] | None:
     """``value`` as a list of Python ints (numpy / torch integer scalars accepted), or None."""
+    if type(value) is list and set(map(type, value)) <= {int}:
+        return list(value)  # the common case, without a check per token through the ABCs
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         return None
     ids = []

@@ -21,7 +21,10 @@ def validate_prompt_token_ids(
     """Non-empty, every id in ``[0, vocab_size)``, shorter than ``max_model_len``."""
     if len(token_ids) == 0:
         raise InvalidRequestError(f"request {index}: the prompt is empty")
-    for position, token_id in enumerate(token_ids):
+    in_range = (
+        set(map(type, token_ids)) <= {int} and min(token_ids) >= 0 and max(token_ids) < vocab_size
+    )
+    for position, token_id in enumerate(() if in_range else token_ids):  # finds the bad one
         if not isinstance(token_id, int) or not 0 <= token_id < vocab_size:
             raise InvalidRequestError(
                 f"request {index}: prompt token {position} is {token_id!r}, expected an "
