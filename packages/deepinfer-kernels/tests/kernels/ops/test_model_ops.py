@@ -141,6 +141,27 @@ def test_compress_pool_softmax_per_channel_and_missing_slots():
             torch.testing.assert_close(got[e, d], (w * kv[e, :, d]).sum())
 
 
+@pytest.mark.parametrize(("pool", "step"), [(40, 6), (0, 5), (7, 0)])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_compress_gather_pool_is_the_pool_of_the_concatenated_rows(pool, step, overlap):
+    """Windows from the state pool, the step's rows or both (either source may be empty),
+    ``-1`` slots missing: bitwise compress_pool of ``cat([pool, step])[rows]``."""
+    g = torch.Generator().manual_seed(pool + step)
+    first_kv, first_score = torch.randn(pool, 6, generator=g), torch.randn(pool, 6, generator=g)
+    second_kv, second_score = torch.randn(step, 6, generator=g), torch.randn(step, 6, generator=g)
+    rows = torch.randint(-1, pool + step, (5, 4), generator=g)
+    rows[:, 0] = torch.randint(0, pool + step, (5,), generator=g)
+    got = K.compress_gather_pool(first_kv, first_score, second_kv, second_score, rows,
+                                 overlap=overlap)  # fmt: skip
+    kv = torch.cat([first_kv, second_kv])[rows.clamp(min=0)]
+    score = torch.cat([first_score, second_score])[rows.clamp(min=0)]
+    score[rows < 0] = float("-inf")
+    if overlap:
+        kv = torch.cat([kv[:, :2, :3], kv[:, 2:, 3:]], dim=1)
+        score = torch.cat([score[:, :2, :3], score[:, 2:, 3:]], dim=1)
+    assert torch.equal(got, K.compress_pool(kv, score))
+
+
 def test_indexer_scores_select_topk_and_padding():
     q, w, keys = randn(2, 4, 8), randn(2, 4), randn(9, 8)
     cand = torch.tensor([[7, 2, 5, -1, -1], [0, 1, 2, 3, 4]])

@@ -23,15 +23,26 @@ def compress_gather_pool(
     out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     check_gather_pool(first_kv, first_score, second_kv, second_score, rows, overlap)
-    src = rows.long().clamp(min=0)
-    kv = torch.cat([first_kv, second_kv.to(first_kv.dtype)])[src]
-    score = torch.cat([first_score, second_score]).float()[src]
+    kv = _take(first_kv, second_kv, rows)  # no copy of the pool: each row from its source
+    score = _take(first_score, second_score, rows).float()
     score.masked_fill_((rows < 0).unsqueeze(-1), float("-inf"))
     if overlap:
         r, d = rows.shape[1] // 2, kv.shape[2] // 2
         kv = torch.cat([kv[:, :r, :d], kv[:, r:, d:]], dim=1)
         score = torch.cat([score[:, :r, :d], score[:, r:, d:]], dim=1)
     return compress_pool(kv, score, out_dtype=out_dtype)
+
+
+def _take(first: torch.Tensor, second: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``torch.cat([first, second])[rows.clamp(min=0)]`` without concatenating."""
+    split, src = first.shape[0], rows.long().clamp(min=0)
+    if second.shape[0] == 0:
+        return first[src.clamp(max=max(split - 1, 0))]
+    from_second = second[(src - split).clamp(min=0, max=second.shape[0] - 1)]
+    if split == 0:
+        return from_second
+    from_first = first[src.clamp(max=split - 1)].to(from_second.dtype)
+    return torch.where((src < split).unsqueeze(-1), from_first, from_second)
 
 
 def check_gather_pool(first_kv, first_score, second_kv, second_score, rows, overlap) -> None:
