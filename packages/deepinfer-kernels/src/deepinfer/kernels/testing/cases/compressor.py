@@ -30,20 +30,26 @@ def _strided(args):
     return (wide[:, 1:], score)
 
 
+def _op_cases(op, scale, named_makes, make_strided):
+    """Per (name, make) of one shape: a case at 4x the fp32 tolerance; on the small scale the
+    last one again with the result rounded to bf16 by the op (one bf16 ulp apart at most)."""
+    atol, rtol = tolerance(torch.float32)
+    cases = [Case(op, name, scale, make, make_strided=make_strided, atol=4 * atol, rtol=4 * rtol)
+             for name, make in named_makes]  # fmt: skip
+    if scale == "small":
+        name, make = named_makes[-1]
+        make = with_kwargs(make, out_dtype=torch.bfloat16)
+        cases.append(Case(op, f"{name}-to-bf16", scale, make, atol=1e-2, rtol=8e-3))
+    return cases
+
+
 def _cases(scale, shapes, dtypes):
     cases = []
     for entries, window, dim in shapes:
-        for dtype in dtypes:
-            atol, rtol = tolerance(torch.float32)
-            make = functools.partial(_inputs, entries=entries, window=window, dim=dim, dtype=dtype)
-            name = f"{entries}x{window}x{dim}-{str(dtype).removeprefix('torch.')}"
-            cases.append(Case("compress_pool", name, scale, make, make_strided=_strided,
-                              atol=4 * atol, rtol=4 * rtol))  # fmt: skip
-        if scale == "small":
-            # the result rounded to bf16 by the op: one bf16 ulp apart at most
-            make = with_kwargs(make, out_dtype=torch.bfloat16)
-            cases.append(Case("compress_pool", f"{name}-to-bf16", scale, make,
-                              atol=1e-2, rtol=8e-3))  # fmt: skip
+        named = [(f"{entries}x{window}x{dim}-{str(dtype).removeprefix('torch.')}",
+                  functools.partial(_inputs, entries=entries, window=window, dim=dim, dtype=dtype))
+                 for dtype in dtypes]  # fmt: skip
+        cases += _op_cases("compress_pool", scale, named, _strided)
     return cases
 
 
@@ -87,20 +93,14 @@ def _gather_strided(args):
 
 def _gather_cases(scale, shapes):
     cases = []
+    dtypes = (torch.float32, torch.bfloat16) if scale == "small" else (torch.float32,)
     for entries, window, width, pool, step, overlap in shapes:
-        atol, rtol = tolerance(torch.float32)
-        for dtype in (torch.float32, torch.bfloat16) if scale == "small" else (torch.float32,):
-            make = functools.partial(_gather_inputs, entries=entries, window=window,
-                                     width=width, pool=pool, step=step, overlap=overlap,
-                                     dtype=dtype)  # fmt: skip
-            name = (f"{entries}x{window}x{width}-pool{pool}-step{step}"
-                    f"{'-overlap' if overlap else ''}-{str(dtype).removeprefix('torch.')}")  # fmt: skip
-            cases.append(Case("compress_gather_pool", name, scale, make,
-                              make_strided=_gather_strided, atol=4 * atol, rtol=4 * rtol))  # fmt: skip
-        if scale == "small":
-            make = with_kwargs(make, out_dtype=torch.bfloat16)
-            cases.append(Case("compress_gather_pool", f"{name}-to-bf16", scale, make,
-                              atol=1e-2, rtol=8e-3))  # fmt: skip
+        shape = f"{entries}x{window}x{width}-pool{pool}-step{step}{'-overlap' if overlap else ''}"
+        named = [(f"{shape}-{str(dtype).removeprefix('torch.')}",
+                  functools.partial(_gather_inputs, entries=entries, window=window, width=width,
+                                    pool=pool, step=step, overlap=overlap, dtype=dtype))
+                 for dtype in dtypes]  # fmt: skip
+        cases += _op_cases("compress_gather_pool", scale, named, _gather_strided)
     return cases
 
 
