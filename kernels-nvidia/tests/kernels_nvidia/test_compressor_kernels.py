@@ -15,7 +15,9 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU")
 
 
 @pytest.mark.parametrize(
-    "case", cases_for(["compress_pool", "compress_gather_pool"], "small"), ids=str
+    "case",
+    cases_for(["compress_pool", "compress_gather_pool", "write_state_rows"], "small"),
+    ids=str,
 )
 def test_conformance_small(case):
     check_case(backend.ops[case.op], case, DEVICE)
@@ -24,7 +26,9 @@ def test_conformance_small(case):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize(
-    "case", cases_for(["compress_pool", "compress_gather_pool"], "real"), ids=str
+    "case",
+    cases_for(["compress_pool", "compress_gather_pool", "write_state_rows"], "real"),
+    ids=str,
 )
 def test_conformance_real(case):
     check_case(backend.ops[case.op], case, DEVICE)

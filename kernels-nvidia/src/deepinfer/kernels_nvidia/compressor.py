@@ -1,7 +1,8 @@
 """Compressor softmax pooling in Triton: one entry per window, a per-channel softmax over the
 window's rows. One program holds a (window, channel block) tile whole in registers and reads
 each projected row and gate logit once; ``compress_gather_pool`` loads the tile through the
-window's row indices from the state pool and the step's rows (no gathered copy)."""
+window's row indices from the state pool and the step's rows (no gathered copy);
+``write_state_rows`` copies the kept rows of kv and score into the state pool in one launch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.kernels.reference import compressor as ref
-from deepinfer.kernels.reference.compressor import check_gather_pool
+from deepinfer.kernels.reference.compressor import check_gather_pool, check_state_rows
 from deepinfer.kernels_nvidia.quant import to_bf16_rne
 from deepinfer.kernels_nvidia.registry import implements
 
@@ -141,3 +142,40 @@ def compress_gather_pool(
         num_warps=4,
     )  # fmt: skip
     return out
+
+
+@triton.jit
+def _write_state_rows_kernel(
+    state_kv_ptr, state_score_ptr, dst_ptr, kv_ptr, score_ptr, src_ptr, width,
+    stride_sk, stride_ss, stride_k, stride_s, BLOCK: tl.constexpr,
+):  # fmt: skip
+    i = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < width
+    d = tl.load(dst_ptr + i).to(tl.int64)
+    s = tl.load(src_ptr + i).to(tl.int64)
+    kv = tl.load(kv_ptr + s * stride_k + cols, mask=mask)
+    tl.store(state_kv_ptr + d * stride_sk + cols, kv.to(state_kv_ptr.dtype.element_ty), mask=mask)
+    score = tl.load(score_ptr + s * stride_s + cols, mask=mask)
+    tl.store(state_score_ptr + d * stride_ss + cols, score.to(state_score_ptr.dtype.element_ty),
+             mask=mask)  # fmt: skip
+
+
+@implements("write_state_rows")
+def write_state_rows(state_kv, state_score, dst, kv, score, src):
+    """One program per kept row and column block, both tensors in the same program."""
+    check_state_rows(state_kv, state_score, dst, kv, score, src)
+    if state_kv.stride(1) != 1 or state_score.stride(1) != 1:  # a view we cannot write through
+        return ref.write_state_rows(state_kv, state_score, dst, kv, score, src)
+    kv = kv if kv.stride(1) == 1 else kv.contiguous()
+    score = score if score.stride(1) == 1 else score.contiguous()
+    n, width = dst.shape[0], state_kv.shape[1]
+    if n == 0 or width == 0:
+        return state_kv, state_score
+    block = min(1024, triton.next_power_of_2(width))
+    _write_state_rows_kernel[(n, triton.cdiv(width, block))](
+        state_kv, state_score, dst.contiguous(), kv, score, src.contiguous(), width,
+        state_kv.stride(0), state_score.stride(0), kv.stride(0), score.stride(0), BLOCK=block,
+        num_warps=4,
+    )  # fmt: skip
+    return state_kv, state_score

@@ -99,6 +99,7 @@ NOT_PER_TOKEN = {
     "patch_unfold": "one image's patches (rows are pixels of that image)",
     "vision_attention": "attention among one image's patches",
     "write_rows": "stores pack_rows's bytes (checked per row above) at given rows of a cache",
+    "write_state_rows": "copies rows, no arithmetic",
 }
 
 # On the CPU, ops the flag runs row by row (ROW_WISE) stop at 64 rows: each row is its own

@@ -7,7 +7,7 @@ import torch
 from deepinfer.kernels.reference import compressor as ref
 from deepinfer.kernels.registry import op
 
-__all__ = ["compress_gather_pool", "compress_pool"]
+__all__ = ["compress_gather_pool", "compress_pool", "write_state_rows"]
 
 
 @op(reference=ref.compress_pool)
@@ -49,4 +49,22 @@ def compress_gather_pool(
     others its last ``d``. Returns ``[E, d]`` (``d = C`` without overlap) of ``out_dtype``:
     exactly :func:`compress_pool` of the gathered ``[E, L, d]`` windows, ``-inf`` scores in the
     missing slots. Each (e, d) needs one existing slot.
+    """
+
+
+@op(reference=ref.write_state_rows)
+def write_state_rows(
+    state_kv: torch.Tensor,
+    state_score: torch.Tensor,
+    dst: torch.Tensor,
+    kv: torch.Tensor,
+    score: torch.Tensor,
+    src: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A compressor's partial windows kept for the next step, in one call: ``state_kv[dst[i]] =
+    kv[src[i]]`` and ``state_score[dst[i]] = score[src[i]]`` for every ``i``, in place.
+
+    ``state_*`` ``[S, C]``, ``kv`` / ``score`` ``[T, C]`` of the state's dtypes; ``dst``, ``src``
+    integer ``[n]``, ``dst`` distinct in ``[0, S)``, ``src`` in ``[0, T)``. The other state rows
+    are untouched. Returns ``(state_kv, state_score)``.
     """

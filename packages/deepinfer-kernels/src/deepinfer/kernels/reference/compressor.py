@@ -59,3 +59,37 @@ def check_gather_pool(first_kv, first_score, second_kv, second_score, rows, over
         raise ValueError(
             f"overlap: expected an even window and width, got L={rows.shape[1]}, C={width}"
         )
+
+
+def write_state_rows(
+    state_kv: torch.Tensor,
+    state_score: torch.Tensor,
+    dst: torch.Tensor,
+    kv: torch.Tensor,
+    score: torch.Tensor,
+    src: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    check_state_rows(state_kv, state_score, dst, kv, score, src)
+    dst, src = dst.long(), src.long()
+    state_kv.index_copy_(0, dst, kv[src].to(state_kv.dtype))
+    state_score.index_copy_(0, dst, score[src].to(state_score.dtype))
+    return state_kv, state_score
+
+
+def check_state_rows(state_kv, state_score, dst, kv, score, src) -> None:
+    """The shapes :func:`write_state_rows` takes (ValueError naming the argument)."""
+    width = state_kv.shape[-1]
+    for name, t in (("state_kv", state_kv), ("state_score", state_score), ("kv", kv),
+                    ("score", score)):  # fmt: skip
+        if t.dim() != 2 or t.shape[1] != width:
+            raise ValueError(f"{name}: expected [rows, {width}], got shape {tuple(t.shape)}")
+    if state_score.shape[0] != state_kv.shape[0] or score.shape[0] != kv.shape[0]:
+        raise ValueError(
+            f"state_score / score: expected {state_kv.shape[0]} / {kv.shape[0]} rows, got "
+            f"{state_score.shape[0]} / {score.shape[0]}"
+        )
+    for name, t in (("dst", dst), ("src", src)):
+        if t.dim() != 1 or t.dtype.is_floating_point or t.shape != dst.shape:
+            raise ValueError(
+                f"{name}: expected integer [{dst.shape[0]}], got {tuple(t.shape)} {t.dtype}"
+            )

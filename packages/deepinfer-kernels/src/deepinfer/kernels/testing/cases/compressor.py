@@ -125,3 +125,29 @@ register(
         ],
     ),  # fmt: skip
 )
+
+
+def _state_inputs(gen, device, *, pool, step, kept, width):
+    """A state pool and a step's rows; ``kept`` distinct state rows get step rows (any)."""
+    args = (
+        torch.randn(pool, width, generator=gen),
+        torch.randn(pool, width, generator=gen),
+        torch.randperm(pool, generator=gen)[:kept],
+        torch.randn(step, width, generator=gen),
+        torch.randn(step, width, generator=gen) * 3,
+        torch.randint(0, step, (kept,), generator=gen),
+    )
+    return tuple(t.to(device) for t in args), {}
+
+
+register(
+    *(
+        Case("write_state_rows", f"pool{pool}-step{step}-kept{kept}-w{width}", scale,
+             functools.partial(_state_inputs, pool=pool, step=step, kept=kept, width=width),
+             writes=(0, 1), atol=0.0, rtol=0.0)
+        for scale, pool, step, kept, width in (
+            ("small", 12, 5, 4, 64), ("small", 9, 30, 9, 96), ("small", 4, 3, 0, 32),
+            ("real", 64 * 136, 8192, 64 * 8, 1024), ("real", 256 * 8, 256, 256, 256),
+        )
+    ),
+)  # fmt: skip
