@@ -62,6 +62,6 @@ class Compressor(nn.Module):
         # the pool, no gathered windows); rounded to x.dtype in the op
         pooled = K.compress_gather_pool(state_kv, state_score, kv, score, plan.emit_src,
                                         overlap=self.overlap, out_dtype=x.dtype)  # fmt: skip
-        state_kv.index_copy_(0, plan.state_write_dst, kv[plan.state_write_src])
-        state_score.index_copy_(0, plan.state_write_dst, score[plan.state_write_src])
+        K.write_state_rows(state_kv, state_score, plan.state_write_dst, kv, score,
+                           plan.state_write_src)  # fmt: skip
         return self.norm(pooled)
