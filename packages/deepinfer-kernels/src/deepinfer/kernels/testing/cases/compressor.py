@@ -1,6 +1,6 @@
 """Cases for compress_pool and compress_gather_pool: the window lengths of V4 (ratio 4
 overlapped = 8 rows, ratio 128) and V4.1 (ratios 1, 2), with ``-inf`` slots (``-1`` rows) for
-rows that do not exist."""
+rows that do not exist; and for write_state_rows, the state writes of a step."""
 
 from __future__ import annotations
 
