@@ -12,8 +12,9 @@ import torch
 
 from deepinfer.engine.checkpoint.dummy import fill_dummy
 from deepinfer.engine.model.config_parsing import parse_config
+from deepinfer.engine.model.metadata import ForwardBatch
 from deepinfer.engine.model.model import build_model
-from deepinfer.engine.model.yoco import consumer_rows, prefill_truncation
+from deepinfer.engine.model.yoco import consumer_rows, kept_rows, prefill_truncation
 from deepinfer.engine.testing.configs import tiny_v4_config, tiny_v41_config
 from deepinfer.engine.testing.simple_runner import SimpleRunner
 
@@ -176,3 +177,19 @@ def test_bad_settings_are_refused_in_one_line(model):
         prefill_truncation(model.config, "on", 140, 0)
     assert prefill_truncation(model.config, "off", 0, 0) is None
     assert prefill_truncation(model.config, "compact", 0, 3).keep_tokens == 11
+
+
+def test_kept_rows_read_the_host_copies_only():
+    """An eager step's cut comes from the batch's host copies (``step_batch`` keeps the prompt
+    lengths there): the device fields, here on the meta device, are never read back."""
+    host = {"cu_seqlens_q": torch.tensor([0, 5, 8]), "seq_lens": torch.tensor([5, 12]),
+            "prompt_lens": torch.tensor([5, 20])}  # fmt: skip
+    meta = {name: torch.empty(t.shape, dtype=t.dtype, device="meta") for name, t in host.items()}
+    batch = ForwardBatch(input_ids=torch.empty(8, dtype=torch.long, device="meta"),
+                         positions=torch.empty(8, dtype=torch.long, device="meta"),
+                         block_tables=torch.empty(2, 1, dtype=torch.int32, device="meta"),
+                         state_slots=torch.empty(2, dtype=torch.long, device="meta"),
+                         **meta, host=host)  # fmt: skip
+    kept = kept_rows(batch, keep_tokens=2)
+    # sequence 0: prompt 5, cut 3 -> rows 3, 4; sequence 1: prompt 20 past its step -> last row
+    assert kept.rows.tolist() == [3, 4, 7] and kept.counts.tolist() == [2, 1]

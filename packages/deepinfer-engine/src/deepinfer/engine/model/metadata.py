@@ -58,9 +58,10 @@ class ForwardBatch:
     image_rows: torch.Tensor | None = None
     image_embeds: torch.Tensor | None = None
     prompt_lens: torch.Tensor | None = None
-    # host copies of the fields the index lists are built from (cu_seqlens_q, seq_lens,
-    # positions, block_tables, state_slots), when the batch was made from host lists: the
-    # lists are then built without reading the device back (no wait for earlier steps)
+    # host copies of the fields the host reads (the index lists' cu_seqlens_q, seq_lens,
+    # positions, block_tables, state_slots; YoCo's prompt_lens), when the batch was made from
+    # host lists: the lists are then built without reading the device back (no wait for
+    # earlier steps)
     host: dict[str, torch.Tensor] | None = None
 
     def on_host(self, name: str) -> torch.Tensor:

@@ -107,7 +107,7 @@ def kept_rows(batch: ForwardBatch, keep_tokens: int) -> KeptRows:
     else the step's ``seq_lens``), and at least each chunk's last row."""
     cu = batch.on_host("cu_seqlens_q")
     ends = batch.on_host("seq_lens")
-    known = ends if batch.prompt_lens is None else batch.prompt_lens.cpu().long()
+    known = ends if batch.prompt_lens is None else batch.on_host("prompt_lens")
     counts = cu.diff()
     start = ends - counts
     cut = (known - keep_tokens).clamp(min=0)

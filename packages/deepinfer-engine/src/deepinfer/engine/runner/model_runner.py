@@ -305,7 +305,7 @@ class ModelRunner:
         lengths = [len(self.state.sequences[r].token_ids) for r in plan.request_ids]
         batch = step_batch(
             plan, rows, self.device, **image_fields(self.model, plan.images, self.device),
-            prompt_lens=torch.tensor(lengths, dtype=torch.long).to(self.device, non_blocking=True),
+            prompt_lens=lengths,
         )  # fmt: skip
         if self._feed is not None:
             batch.input_ids.index_copy_(0, *self._feed)
