@@ -18,10 +18,10 @@ The first decode step is not counted. Counted per step, under ``torch.profiler``
 Each is split into the decoder blocks (per layer) and the rest (embedding, head). An aten op
 counts as one launch; a GPU may split one (cuBLAS split-K adds a reduce kernel) or fuse none.
 Launch counts, not times; the tiny configs differ from V4-Flash in their layer mix, head and
-expert counts, not in the kernels a layer calls. On CPU tensors the NVIDIA ops pick other GEMM
-and MoE kernels than a GPU at decode sizes (``fp8_gemm_tile_kernel`` for
-``fp8_gemm_stream_kernel``, ``moe_gate_up_kernel`` for ``moe_stream_gate_up_kernel``): one
-launch each all the same.
+expert counts, not in the kernels a layer calls. The FP8 products take the plan a GPU takes
+(the stream kernel at decode sizes, which quantises its own activation rows), without cuBLAS.
+On CPU tensors the MoE op picks other kernels than a GPU at decode sizes
+(``moe_gate_up_kernel`` for ``moe_stream_gate_up_kernel``): one launch each all the same.
 
     python -m benchmarks.engine.decode_launch_count --model tiny-v4,tiny-v41 --batch 1,64
 """
@@ -74,16 +74,24 @@ def nvidia_on_cpu():
     from deepinfer.kernels import registry
     from deepinfer.kernels.testing import patch_triton_interpreter
     from deepinfer.kernels_nvidia import backend
+    from deepinfer.kernels_nvidia.gemm import ops as gemm
 
     patch_triton_interpreter()
     on_cpu = dataclasses.replace(backend, device_type="cpu", is_available=lambda: True)
-    saved = registry.active()
+    saved = registry.active(), gemm.default_plan
     registry._active = registry.Selection("nvidia", on_cpu, "decode_launch_count: on CPU")
     registry._resolve_cached.cache_clear()
+
+    def gpu_plan(m, n, k, a_group, sub_k, block_size, out_dtype, device):
+        batch_invariant = gemm.envs.batch_invariant()
+        return gemm.choose_plan(m, n, k, sub_k, out_dtype, batch_invariant=batch_invariant,
+                                on_cpu=False)  # fmt: skip
+
+    gemm.default_plan = gpu_plan
     try:
         yield
     finally:
-        registry._active = saved
+        registry._active, gemm.default_plan = saved
         registry._resolve_cached.cache_clear()
 
 

@@ -210,6 +210,10 @@ def linear(
     out_dtype = out_dtype or x.dtype
     plan = default_plan(m, n, k, act_quant_group, min(act_quant_group, bk), tuple(block_size),
                         out_dtype, x.device)  # fmt: skip
+    if _quantises_in_kernel(plan, m, act_quant_group, bk):
+        y = _stream_quantising(x2, weight, scale, tuple(block_size), act_quant_group, out_dtype,
+                               plan)  # fmt: skip
+        return y.view(*x.shape[:-1], n)
     xq, xs = quantize_rows(x2, act_quant_group, m_major=plan.kind == "cublas")
     y = fp8_gemm_nt_plan(xq, xs, weight, scale, tuple(block_size), out_dtype=out_dtype, plan=plan)
     return y.view(*x.shape[:-1], n)
@@ -237,7 +241,10 @@ def linears(
         for w, use in zip(weights, shared, strict=True)
     ]  # fmt: skip
     m_major = {p.kind == "cublas" for p in plans if p is not None}
-    if len(m_major) > 1:  # the plans read the scales in two layouts: quantise per weight
+    fused = [p is not None and _quantises_in_kernel(p, m, act_quant_group, bk) for p in plans]
+    if len(m_major) > 1 or all(u == f for u, f in zip(shared, fused, strict=True)):
+        # the plans read the scales in two layouts, or each FP8 product quantises its own
+        # activation in its kernel (decode): each weight on its own
         return tuple(linear(x, w, s, **kw) for w, s in zip(weights, scales, strict=True))
     xq, xs = quantize_rows(x2, act_quant_group, m_major=m_major.pop())
     out = []
@@ -248,6 +255,26 @@ def linears(
         y = fp8_gemm_nt_plan(xq, xs, w, s, tuple(block_size), out_dtype=dtype, plan=plan)
         out.append(y.view(*x.shape[:-1], w.shape[0]))
     return tuple(out)
+
+
+def _quantises_in_kernel(plan: GemmPlan, m: int, act_quant_group: int, bk: int) -> bool:
+    """Whether the product runs the stream kernel quantising its activation itself (one
+    launch less than :func:`.quant.quantize_rows` then the product): decode-sized M, one
+    activation scale per scale sub-block of K."""
+    return plan.kind == "stream" and m > 0 and act_quant_group <= bk
+
+
+def _stream_quantising(x2, weight, scale, block_size, act_quant_group, out_dtype, plan):
+    """``linear``'s FP8 product through the stream kernel on the unquantised rows ``x2``."""
+    m, k = x2.shape
+    a = torch.empty((m, k), dtype=torch.float8_e4m3fn, device="meta")  # shapes checked as the
+    a_scale = torch.empty((m, k // act_quant_group), device="meta")  # quantised operands'
+    _check_operands(a, a_scale, weight, scale, block_size)
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    return fp8_gemm_stream(
+        x2, None, weight, scale.view(torch.uint8), block_size, act_quant_group, act_quant_group,
+        out_dtype, plan.tiles,
+    )  # fmt: skip
 
 
 def _is_fp8_path(x, weight, scale, act_quant_group) -> bool:

@@ -10,6 +10,12 @@ last of them to finish (an acq_rel ticket counter per N slice) sums the partials
 0, 1, ... and writes the output, then resets the counter for the next call. The sum's order is
 fixed, so results are deterministic; the split depends on ``(N, K)`` only (:func:`choose_split`),
 so a row's result does not depend on M within this kernel.
+
+With ``QUANT_A`` the kernel takes the unquantised activation (bf16 / fp32) and quantises each
+``SUB_K``-column group as it loads it, with :func:`.quant.fp8_act_quant`'s rule (one launch less
+per product; the activation is a few rows, so re-quantising it in every program costs little
+beside the weight stream). The e4m3 values and scales are those of the separate quantiser, so
+the output is bit for bit that of quantising first (a test).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.kernels_nvidia.gemm.tiles import e8m0_to_fp32
+from deepinfer.kernels_nvidia.quant import pow2_scale, to_e4m3
 
 
 @triton.jit
@@ -29,9 +36,10 @@ def _stream_partial(
     stride_am, stride_asm, stride_bn, stride_bsn,
     A_GROUP: tl.constexpr, B_BLOCK_N: tl.constexpr, B_BLOCK_K: tl.constexpr,
     SUB_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    split_k,
+    split_k, QUANT_A: tl.constexpr, SOFT_ROUND: tl.constexpr,
 ):  # fmt: skip
-    """``[BLOCK_N, BLOCK_M]`` fp32: this program's K slice of ``c^T``."""
+    """``[BLOCK_N, BLOCK_M]`` fp32: this program's K slice of ``c^T`` (``QUANT_A``: ``a`` is
+    the unquantised activation, quantised here per ``SUB_K == A_GROUP`` columns)."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
@@ -53,7 +61,12 @@ def _stream_partial(
             k = tl.multiple_of(step * BLOCK_K + kk * SUB_K, SUB_K)
             b = tl.load(b_base + k)
             a = tl.load(a_base + k, mask=m_mask[:, None], other=0.0)
-            sa = tl.load(as_base + k // A_GROUP, mask=m_mask, other=0.0)
+            if QUANT_A:
+                x = a.to(tl.float32)
+                sa = pow2_scale(tl.max(tl.abs(x), axis=1), 1e-4, 448.0)  # as the quantiser
+                a = to_e4m3(x / sa[:, None], SOFT_ROUND)
+            else:
+                sa = tl.load(as_base + k // A_GROUP, mask=m_mask, other=0.0)
             sb = e8m0_to_fp32(tl.load(bs_base + k // B_BLOCK_K))
             d = tl.dot(b, tl.trans(a))
             if B_BLOCK_N % BLOCK_N == 0:
@@ -69,7 +82,7 @@ def fp8_gemm_stream_kernel(
     stride_am, stride_asm, stride_bn, stride_bsn, stride_cm,
     A_GROUP: tl.constexpr, B_BLOCK_N: tl.constexpr, B_BLOCK_K: tl.constexpr,
     SUB_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    split_k,
+    split_k, QUANT_A: tl.constexpr = False, SOFT_ROUND: tl.constexpr = False,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -77,6 +90,7 @@ def fp8_gemm_stream_kernel(
         a_ptr, as_ptr, b_ptr, bs_ptr, pid_n, split, M, N, K,
         stride_am, stride_asm, stride_bn, stride_bsn,
         A_GROUP, B_BLOCK_N, B_BLOCK_K, SUB_K, BLOCK_M, BLOCK_N, BLOCK_K, split_k,
+        QUANT_A, SOFT_ROUND,
     )  # fmt: skip
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -141,8 +155,12 @@ def _tickets(device: torch.device, count: int) -> torch.Tensor:
 
 def fp8_gemm_stream(a, a_scale, b, b_scale, block_size, a_group, sub_k, out_dtype, tiles=None):
     """Launch :func:`fp8_gemm_stream_kernel` for ``M <= 64`` (operands checked, ``b_scale`` as
-    uint8, contiguous K)."""
+    uint8, contiguous K). ``a_scale=None``: ``a`` is the unquantised activation, quantised in
+    the kernel per ``a_group`` columns (``a_group == sub_k``)."""
     tiles = tiles or STREAM_TILES
+    quant_a = a_scale is None
+    if quant_a and a_group != sub_k:
+        raise ValueError(f"a_group={a_group}, sub_k={sub_k}: in-kernel quantisation needs equal")
     m, k = a.shape
     n = b.shape[0]
     if m > MAX_M:
@@ -155,10 +173,11 @@ def fp8_gemm_stream(a, a_scale, b, b_scale, block_size, a_group, sub_k, out_dtyp
     part = torch.empty((split, m, n) if split > 1 else (1,), dtype=torch.float32, device=a.device)
     tickets = _tickets(a.device, num_n) if split > 1 else part
     fp8_gemm_stream_kernel[(num_n, split)](
-        a, a_scale, b, b_scale, c, part, tickets, m, n, k,
-        a.stride(0), a_scale.stride(0), b.stride(0), b_scale.stride(0), n,
+        a, a if quant_a else a_scale, b, b_scale, c, part, tickets, m, n, k,
+        a.stride(0), 0 if quant_a else a_scale.stride(0), b.stride(0), b_scale.stride(0), n,
         A_GROUP=a_group, B_BLOCK_N=block_size[0], B_BLOCK_K=block_size[1], SUB_K=sub_k,
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k, split_k=split,
+        QUANT_A=quant_a, SOFT_ROUND=quant_a and a.device.type == "cpu",
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return c
