@@ -106,6 +106,27 @@ def test_route_batch_invariance():
     assert torch.equal(w_all[5], w_one[0]) and torch.equal(ids_all[5], ids_one[0])
 
 
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32, torch.float16], ids=str)
+def test_shared_rows_and_rounding_in_the_combine_equal_separate_ops(out_dtype):
+    """``shared`` added in the combine and the result stored in ``out_dtype`` equal the fp32
+    result then ``+ shared.float()`` then ``.to`` bit for bit (the engine's former three ops;
+    fp16 rounds after the combine)."""
+    shape = (40, 256, 1024, 512, 6) if HAS_CUDA else (9, 4, 128, 128, 2)
+    tokens, experts, dim, inter, top_k = shape
+    x, w, ids, w13, s13, w2, s2 = _moe_inputs(tokens, experts, dim, inter, top_k,
+                                              torch.Generator().manual_seed(8))  # fmt: skip
+    shared = (torch.randn(tokens, dim, device=DEVICE) * 4).bfloat16()
+    kw = dict(swiglu_limit=10.0, act_quant_group=128)
+    wide = moe_experts.fp4_moe_experts(x, w, ids, w13, s13, w2, s2, **kw)
+    got = moe_experts.fp4_moe_experts(x, w, ids, w13, s13, w2, s2, shared=shared,
+                                      out_dtype=out_dtype, **kw)  # fmt: skip
+    assert got.dtype == out_dtype and torch.equal(got, (wide + shared.float()).to(out_dtype))
+    alone = moe_experts.fp4_moe_experts(x, w, ids, w13, s13, w2, s2, out_dtype=out_dtype, **kw)
+    assert torch.equal(alone, wide.to(out_dtype))
+    with pytest.raises(ValueError, match=r"shared: expected shape \("):
+        moe_experts.fp4_moe_experts(x, w, ids, w13, s13, w2, s2, shared=shared[:-1], **kw)
+
+
 def test_rejects_weights_of_the_wrong_shape():
     x, w, ids, w13, s13, w2, s2 = _moe_inputs(3, 4, 64, 64, 2, torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="w2_scale"):

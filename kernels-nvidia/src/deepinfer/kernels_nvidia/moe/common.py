@@ -44,12 +44,22 @@ def store_hidden_dequantised(
 
 
 @triton.jit
-def moe_combine_kernel(y_ptr, out_ptr, N, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
-    """``out[t] = ((y[t, 0] + y[t, 1]) + ...) + y[t, k-1]`` in fp32, slot order."""
+def moe_combine_kernel(
+    y_ptr, shared_ptr, out_ptr, N, stride_shared, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
+    SHARED: tl.constexpr, SOFT_ROUND: tl.constexpr,
+):  # fmt: skip
+    """``out[t] = ((y[t, 0] + y[t, 1]) + ...) + y[t, k-1]`` in fp32, slot order, then
+    ``+ shared[t]`` (``SHARED``), stored in ``out``'s dtype (fp32, or bf16 rounded to nearest
+    even)."""
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
     acc = tl.load(y_ptr + token * TOP_K * N + cols, mask=mask, other=0.0).to(tl.float32)
     for j in tl.static_range(1, TOP_K):
         acc += tl.load(y_ptr + (token * TOP_K + j) * N + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + token * N + cols, acc, mask=mask)
+    if SHARED:
+        acc += tl.load(shared_ptr + token * stride_shared + cols, mask=mask).to(tl.float32)
+    if out_ptr.dtype.element_ty == tl.bfloat16:
+        tl.store(out_ptr + token * N + cols, to_bf16(acc, SOFT_ROUND), mask=mask)
+    else:
+        tl.store(out_ptr + token * N + cols, acc, mask=mask)

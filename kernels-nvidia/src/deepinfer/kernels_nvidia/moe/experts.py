@@ -143,28 +143,34 @@ def _check(x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, group):
 
 @implements("fp4_moe_experts")
 def fp4_moe_experts(
-    x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, *, swiglu_limit, act_quant_group
+    x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, *, swiglu_limit, act_quant_group,
+    shared=None, out_dtype=torch.float32,
 ):  # fmt: skip
     return fp4_moe_experts_tiles(
         x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale,
-        swiglu_limit=swiglu_limit, act_quant_group=act_quant_group,
+        swiglu_limit=swiglu_limit, act_quant_group=act_quant_group, shared=shared,
+        out_dtype=out_dtype,
     )  # fmt: skip
 
 
 def fp4_moe_experts_tiles(
     x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, *, swiglu_limit, act_quant_group,
-    tiles: MoeTiles | None = None,
+    shared=None, out_dtype=torch.float32, tiles: MoeTiles | None = None,
 ):  # fmt: skip
     """:func:`fp4_moe_experts` with an explicit tile shape (``None``: :func:`choose_tiles`)."""
     group = act_quant_group
     tokens, dim, experts, inter = _check(
         x, topk_weights, topk_ids, w13, w13_scale, w2, w2_scale, group
     )
+    if shared is not None and tuple(shared.shape) != (tokens, dim):
+        raise ValueError(f"shared: expected shape {(tokens, dim)}, got {tuple(shared.shape)}")
     top_k = topk_ids.shape[1]
     num_slots = tokens * top_k
-    out = torch.empty((tokens, dim), dtype=torch.float32, device=x.device)
+    combined = out_dtype in (torch.float32, torch.bfloat16)  # else rounded after the combine
+    out = torch.empty((tokens, dim), dtype=out_dtype if combined else torch.float32,
+                      device=x.device)  # fmt: skip
     if num_slots == 0:
-        return out
+        return out.to(out_dtype)
     on_cpu = x.device.type == "cpu"
     if tiles is None:
         invariant = envs.batch_invariant()
@@ -182,14 +188,21 @@ def fp4_moe_experts_tiles(
             block_n_gate_up=block_n_for(inter, tiles.block_n, group),
             block_n_down=block_n_for(dim, tiles.block_n, None),
         )  # fmt: skip
-    return _combine(y, out, top_k)
+    return _combine(y, out, top_k, shared).to(out_dtype)
 
 
-def _combine(y: torch.Tensor, out: torch.Tensor, top_k: int) -> torch.Tensor:
-    """``out[t] = sum over slots j (in order) of y[t * k + j]`` in fp32."""
+def _combine(y: torch.Tensor, out: torch.Tensor, top_k: int, shared=None) -> torch.Tensor:
+    """``out[t] = sum over slots j (in order) of y[t * k + j]`` in fp32, plus ``shared[t]``,
+    stored in ``out``'s dtype."""
     tokens, dim = out.shape
     block = min(1024, triton.next_power_of_2(dim))
-    moe_combine_kernel[(tokens, triton.cdiv(dim, block))](y, out, dim, TOP_K=top_k, BLOCK=block)
+    if shared is not None and shared.stride(-1) != 1:
+        shared = shared.contiguous()
+    moe_combine_kernel[(tokens, triton.cdiv(dim, block))](
+        y, y if shared is None else shared, out, dim, 0 if shared is None else shared.stride(0),
+        TOP_K=top_k, BLOCK=block, SHARED=shared is not None,
+        SOFT_ROUND=out.device.type == "cpu",
+    )  # fmt: skip
     return out
 
 

@@ -61,7 +61,7 @@ ROW_WISE: dict[str, RowSplit] = {
     "fused_add_rms_norm": RowSplit(("x", "residual")),
     "grouped_linear": RowSplit(("x",), prepare=_dequantised_weight),
     "fp8_gemm_nt": RowSplit(("a", "a_scale")),
-    "fp4_moe_experts": RowSplit(("x", "topk_weights", "topk_ids")),
+    "fp4_moe_experts": RowSplit(("x", "topk_weights", "topk_ids", "shared")),
     "hc_mix_coefficients": RowSplit(("x",)),
     "hc_head_coefficients": RowSplit(("x",)),
     "hc_pre": RowSplit(("x", "collapse_pre")),

@@ -22,6 +22,8 @@ def fp4_moe_experts(
     *,
     swiglu_limit: float,
     act_quant_group: int | None,
+    shared: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Sum over a token's routed experts of ``w2_e(bf16(swiglu(w1_e x, w3_e x) * w_router))``.
 
@@ -38,4 +40,7 @@ def fp4_moe_experts(
     (fp32), ``a = bf16(silu(min(g, L)) * clamp(u, -L, L) * topk_weights[t, j])``,
     ``y_j = bf16(w2_e q(a))``; returns fp32 ``[T, D]`` = ``((y_0 + y_1) + ...) + y_{k-1}``
     summed in slot order in fp32 (``q`` = FP8 round trip per group, or identity).
+    shared:       optional ``[T, D]`` rows (the shared expert's output, any float dtype) added
+                  to that fp32 sum, widened exactly.
+    out_dtype:    the result's dtype: the fp32 sum (plus ``shared``) rounded once.
     """

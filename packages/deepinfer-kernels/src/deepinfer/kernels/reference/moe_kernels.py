@@ -22,6 +22,8 @@ def fp4_moe_experts(
     *,
     swiglu_limit: float,
     act_quant_group: int | None,
+    shared: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     tokens, top_k = topk_ids.shape
     inter = w13.shape[1] // 2
@@ -39,4 +41,6 @@ def fp4_moe_experts(
     out = per_slot[:, 0].clone()
     for slot in range(1, top_k):
         out = out + per_slot[:, slot]
-    return out
+    if shared is not None:
+        out = out + shared.float()
+    return out.to(out_dtype)

@@ -123,7 +123,18 @@ def _expert_cases(scale, shapes):
             )  # fmt: skip
             name = f"{tokens}t-{experts}e-top{top_k}-{dim}x{inter}-g{group}-{ids_dtype}"
             cases.append(Case("fp4_moe_experts", name, scale, make, atol=4e-2, rtol=2e-2))
+        # the shared expert's rows added and the sum rounded to bf16 in the op
+        with_shared = functools.partial(_with_shared, make=make)
+        cases.append(Case("fp4_moe_experts", f"{name}-shared-to-bf16", scale, with_shared,
+                          atol=6e-2, rtol=2e-2))  # fmt: skip
     return cases
+
+
+def _with_shared(gen, device, *, make):
+    args, kwargs = make(gen, device)
+    x = args[0]
+    shared = torch.randn(x.shape, generator=_device_generator(gen, device), device=device)
+    return args, {**kwargs, "shared": shared.bfloat16(), "out_dtype": torch.bfloat16}
 
 
 register(
