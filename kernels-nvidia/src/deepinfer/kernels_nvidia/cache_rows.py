@@ -95,11 +95,11 @@ def _quantised(x, scale, k, E4M3S: tl.constexpr, QMAX: tl.constexpr):
 
 @triton.jit
 def _pack_rows_kernel(
-    x_ptr, out_ptr, tail_ptr, dst_ptr, n_rows, stride_x,
+    x_ptr, out_ptr, tail_ptr, dst_ptr, src_ptr, n_rows, stride_x,
     ROW_BYTES: tl.constexpr, TAIL_STRIDE: tl.constexpr, D: tl.constexpr, Q: tl.constexpr,
     BLK: tl.constexpr, NB: tl.constexpr, NB_P: tl.constexpr, TAIL_P: tl.constexpr,
     TAIL_BYTES: tl.constexpr, FP4: tl.constexpr, E4M3S: tl.constexpr, FLOOR: tl.constexpr,
-    SCATTER: tl.constexpr, ROWS: tl.constexpr, SOFT_BF16: tl.constexpr,
+    SCATTER: tl.constexpr, GATHER: tl.constexpr, ROWS: tl.constexpr, SOFT_BF16: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = r < n_rows
@@ -108,6 +108,8 @@ def _pack_rows_kernel(
         d = tl.load(dst_ptr + r64, mask=rmask, other=0).to(tl.int64)
     else:
         d = r64
+    if GATHER:  # the rows of x to pack (r64 below: x's row numbers)
+        r64 = tl.load(src_ptr + r, mask=rmask, other=0).to(tl.int64)
     blocks = tl.arange(0, NB_P)
     bmask = rmask[:, None] & (blocks < NB)[None, :]
     mask = bmask[:, :, None]
@@ -172,10 +174,16 @@ def _supported(x: torch.Tensor, fmt: RowFormat) -> bool:
     return x.dtype in _FLOATS and fmt.tail_dtype in _FLOATS and pow2 and not e4m3_scaled_fp8
 
 
-def _launch(x2: torch.Tensor, out: torch.Tensor, fmt: RowFormat, dst: torch.Tensor | None):
+def _launch(
+    x2: torch.Tensor,
+    out: torch.Tensor,
+    fmt: RowFormat,
+    dst: torch.Tensor | None,
+    src: torch.Tensor | None = None,
+):
     """Pack rows ``x2`` ``[n, dim]`` into ``out`` ``uint8 [N, row_bytes]``: row ``i`` at
-    ``dst[i]`` (``None``: at row ``i``)."""
-    n = x2.shape[0]
+    ``dst[i]`` (``None``: at row ``i``); with ``src`` ``[n]``, row ``src[i]`` of ``x2``."""
+    n = x2.shape[0] if src is None else src.shape[0]
     if n == 0:
         return
     fp4, nb = fmt.code == "e2m1", fmt.quantised // fmt.block
@@ -190,12 +198,13 @@ def _launch(x2: torch.Tensor, out: torch.Tensor, fmt: RowFormat, dst: torch.Tens
     tail = out.view(fmt.tail_dtype) if fmt.tail_bytes else out
     soft = x2.device.type == "cpu" and fmt.tail_dtype == torch.bfloat16 and x2.dtype != tail.dtype
     _pack_rows_kernel[(triton.cdiv(n, rows),)](
-        x2, out, tail, out if dst is None else dst, n, x2.stride(0),
+        x2, out, tail, out if dst is None else dst, out if src is None else src, n, x2.stride(0),
         ROW_BYTES=fmt.row_bytes, TAIL_STRIDE=fmt.row_bytes // fmt.tail_dtype.itemsize,
         D=fmt.dim, Q=fmt.quantised, BLK=fmt.block, NB=nb, NB_P=nb_p,
         TAIL_P=triton.next_power_of_2(max(fmt.dim - fmt.quantised, 1)),
         TAIL_BYTES=fmt.tail_bytes, FP4=fp4, E4M3S=fmt.scale == "e4m3", FLOOR=floor,
-        SCATTER=dst is not None, ROWS=rows, SOFT_BF16=soft, num_warps=4,
+        SCATTER=dst is not None, GATHER=src is not None, ROWS=rows, SOFT_BF16=soft,
+        num_warps=4,
     )  # fmt: skip
 
 
@@ -215,14 +224,19 @@ def pack_rows(x: torch.Tensor, fmt: RowFormat) -> torch.Tensor:
 
 @implements("write_rows")
 def write_rows(
-    cache: torch.Tensor, dst: torch.Tensor, values: torch.Tensor, fmt: RowFormat
+    cache: torch.Tensor,
+    dst: torch.Tensor,
+    values: torch.Tensor,
+    fmt: RowFormat,
+    src: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Pack and scatter in one launch (what ``index_copy_`` of :func:`pack_rows` stores)."""
-    check_write_args(cache, dst, values, fmt)
+    """Gather, pack and scatter in one launch (what ``index_copy_`` of :func:`pack_rows`
+    stores)."""
+    check_write_args(cache, dst, values, fmt, src)
     if not _supported(values, fmt) or not cache.is_contiguous():
-        return OPS["write_rows"].reference(cache, dst, values, fmt)
+        return OPS["write_rows"].reference(cache, dst, values, fmt, src)
     x2 = values if values.stride(-1) == 1 else values.contiguous()
-    _launch(x2, cache, fmt, dst.contiguous())
+    _launch(x2, cache, fmt, dst.contiguous(), None if src is None else src.contiguous())
     return cache
 
 

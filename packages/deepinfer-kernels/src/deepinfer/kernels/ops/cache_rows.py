@@ -33,9 +33,15 @@ def unpack_rows(
 
 @op(reference=ref.write_rows)
 def write_rows(
-    cache: torch.Tensor, dst: torch.Tensor, values: torch.Tensor, fmt: RowFormat
+    cache: torch.Tensor,
+    dst: torch.Tensor,
+    values: torch.Tensor,
+    fmt: RowFormat,
+    src: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Store float rows ``values`` ``[n, fmt.dim]`` packed in ``fmt`` at rows ``dst``
     (``int32``/``int64 [n]``, distinct, in ``[0, N)``) of ``cache`` ``uint8 [N, fmt.row_bytes]``,
     in place; returns ``cache``. The bytes are :func:`pack_rows`'s; the other rows are
-    untouched. A backend may pack and scatter in one pass (the cache write of every step)."""
+    untouched. A backend may pack and scatter in one pass (the cache write of every step).
+    ``src``: ``int32``/``int64 [n]`` rows of ``values`` ``[m, fmt.dim]`` to store instead
+    (``values[src[i]]`` at ``dst[i]``: a gather in the same pass)."""

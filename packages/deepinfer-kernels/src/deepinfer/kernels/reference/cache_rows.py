@@ -50,7 +50,11 @@ def pack_rows(x: torch.Tensor, fmt: RowFormat) -> torch.Tensor:
 
 
 def check_write_args(
-    cache: torch.Tensor, dst: torch.Tensor, values: torch.Tensor, fmt: RowFormat
+    cache: torch.Tensor,
+    dst: torch.Tensor,
+    values: torch.Tensor,
+    fmt: RowFormat,
+    src: torch.Tensor | None = None,
 ) -> None:
     """Raise ``ValueError`` naming the argument of :func:`write_rows` that breaks its contract."""
     if cache.dtype != torch.uint8 or cache.dim() != 2 or cache.shape[1] != fmt.row_bytes:
@@ -60,18 +64,27 @@ def check_write_args(
         )
     if values.dim() != 2 or values.shape[1] != fmt.dim:
         raise ValueError(f"values: expected [n, {fmt.dim}] rows, got {tuple(values.shape)}")
-    if dst.shape != (values.shape[0],) or dst.dtype not in (torch.int32, torch.int64):
+    n = values.shape[0] if src is None else src.shape[0]
+    if src is not None and (src.dim() != 1 or src.dtype not in (torch.int32, torch.int64)):
         raise ValueError(
-            f"dst: expected int32/int64 [{values.shape[0]}] row numbers, got {dst.dtype} "
-            f"{tuple(dst.shape)}"
+            f"src: expected int32/int64 [n] rows of values, got {src.dtype} {tuple(src.shape)}"
+        )
+    if dst.shape != (n,) or dst.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"dst: expected int32/int64 [{n}] row numbers, got {dst.dtype} {tuple(dst.shape)}"
         )
 
 
 def write_rows(
-    cache: torch.Tensor, dst: torch.Tensor, values: torch.Tensor, fmt: RowFormat
+    cache: torch.Tensor,
+    dst: torch.Tensor,
+    values: torch.Tensor,
+    fmt: RowFormat,
+    src: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    check_write_args(cache, dst, values, fmt)
-    return cache.index_copy_(0, dst.long(), pack_rows(values, fmt))
+    check_write_args(cache, dst, values, fmt, src)
+    rows = values if src is None else values[src.long()]
+    return cache.index_copy_(0, dst.long(), pack_rows(rows, fmt))
 
 
 def unpack_rows(

@@ -43,6 +43,15 @@ def _write_inputs(gen, device, *, fmt, rows, dtype):
     return (cache.to(device), dst.to(device), values.to(device), fmt), {}
 
 
+def _gather_inputs(gen, device, *, fmt, rows, dtype):
+    """As :func:`_write_inputs`, the rows gathered from a longer ``values`` by ``src``
+    (repeats allowed, as padding rows repeat a source row)."""
+    (cache, dst, values, fmt), _ = _write_inputs(gen, device, fmt=fmt, rows=rows, dtype=dtype)
+    more = random_rows(gen, rows + 5, fmt.dim, dtype).to(device)
+    src = torch.randint(0, more.shape[0], (rows,), generator=gen).to(device, torch.int32)
+    return (cache, dst, more, fmt, src), {}
+
+
 def _strided_values(args):
     cache, dst, values, fmt = args
     wide = torch.cat([values, values], dim=1)
@@ -60,6 +69,10 @@ def _cases(scale: str, rows: int) -> list[Case]:
             inputs = functools.partial(_write_inputs, fmt=fmt, rows=rows, dtype=dtype)
             write = Case(op="write_rows", name=tag, scale=scale, make_inputs=inputs, atol=0, rtol=0)
             cases.append(dataclasses.replace(write, make_strided=_strided_values, writes=(0,)))
+            inputs = functools.partial(_gather_inputs, fmt=fmt, rows=rows, dtype=dtype)
+            gather = f"{name}-{rows}-gather-{str(dtype).removeprefix('torch.')}"
+            cases.append(Case(op="write_rows", name=gather, scale=scale,
+                              make_inputs=inputs, atol=0, rtol=0, writes=(0,)))  # fmt: skip
     return cases
 
 
