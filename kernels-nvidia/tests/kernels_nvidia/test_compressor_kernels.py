@@ -61,10 +61,11 @@ def test_narrow_results_round_as_a_separate_cast():
 
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_gathered_windows_pool_bitwise_as_the_plain_kernel(overlap, out_dtype):
+@pytest.mark.parametrize("step_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gathered_windows_pool_bitwise_as_the_plain_kernel(overlap, out_dtype, step_dtype):
     """``compress_gather_pool`` equals ``compress_pool`` of the windows gathered by torch (the
     model's path before the fused op) bit for bit: same tile and arithmetic, rows from the state
-    pool, from the step and missing (-1) alike."""
+    pool, from the step and missing (-1) alike; bf16 step rows as their widened fp32 values."""
     gen = torch.Generator().manual_seed(11)
     entries, window, width, pool, step = 9, 8 if overlap else 16, 96, 21, 17
     sources = [torch.randn(n, width, generator=gen) * s
@@ -73,11 +74,12 @@ def test_gathered_windows_pool_bitwise_as_the_plain_kernel(overlap, out_dtype):
     rows[torch.rand(entries, window, generator=gen) < 0.3] = -1
     rows[:, 0] = torch.randint(0, pool + step, (entries,), generator=gen)
     fk, fs, sk, ss = (t.to(DEVICE) for t in sources)
+    sk, ss = sk.to(step_dtype), ss.to(step_dtype)
     rows = rows.to(DEVICE)
     got = backend.ops["compress_gather_pool"](fk, fs, sk, ss, rows, overlap=overlap,
                                               out_dtype=out_dtype)  # fmt: skip
     src = rows.clamp(min=0)
-    kv, score = torch.cat([fk, sk])[src], torch.cat([fs, ss])[src]
+    kv, score = torch.cat([fk, sk.float()])[src], torch.cat([fs, ss.float()])[src]
     score.masked_fill_((rows < 0).unsqueeze(-1), float("-inf"))
     if overlap:
         r, d = window // 2, width // 2

@@ -77,10 +77,10 @@ def _compress_gather_pool_kernel(
     m2 = in_second[:, None] & cmask
     k1 = tl.load(first_kv_ptr + first_rows * stride_fk + col, mask=m1, other=0.0)
     k2 = tl.load(second_kv_ptr + second_rows * stride_sk + col, mask=m2, other=0.0)
-    kv = tl.where(m1, k1, k2).to(tl.float32)
+    kv = tl.where(m1, k1.to(tl.float32), k2.to(tl.float32))  # each source widened exactly
     s1 = tl.load(first_score_ptr + first_rows * stride_fs + col, mask=m1, other=0.0)
     s2 = tl.load(second_score_ptr + second_rows * stride_ss + col, mask=m2, other=0.0)
-    score = tl.where(m1, s1, tl.where(m2, s2, float("-inf"))).to(tl.float32)
+    score = tl.where(m1, s1.to(tl.float32), tl.where(m2, s2.to(tl.float32), float("-inf")))
     _pool_store(kv, score, out_ptr + e * stride_oe, cols, dim, TO_BF16)
 
 
@@ -118,7 +118,9 @@ def compress_gather_pool(
     """The windows' rows loaded in the kernel through ``rows``; the same tile shape and
     arithmetic as :func:`compress_pool`, so the two agree bit for bit."""
     check_gather_pool(first_kv, first_score, second_kv, second_score, rows, overlap)
-    if out_dtype not in (torch.float32, torch.bfloat16) or second_kv.dtype != first_kv.dtype:
+    floats = (torch.float32, torch.bfloat16, torch.float16)
+    kv_dtypes = {first_kv.dtype, second_kv.dtype, first_score.dtype, second_score.dtype}
+    if out_dtype not in (torch.float32, torch.bfloat16) or not kv_dtypes <= set(floats):
         return ref.compress_gather_pool(
             first_kv, first_score, second_kv, second_score, rows, overlap=overlap,
             out_dtype=out_dtype,

@@ -51,8 +51,10 @@ class Compressor(nn.Module):
             split, src = ctx.cache[f"{state}_kv"].shape[0], plan.emit_src
             rows = ctx.shared("emit_step_rows", src, lambda: src[:, 0] - split, split)
             return self.norm(self.wkv(x))[rows]
-        kv = self.wkv(x, out_dtype=torch.float32)
-        score = self.wgate(x, out_dtype=torch.float32)
+        # in x.dtype: the ops below widen them exactly (and the fp32 bias add does), as the
+        # casts to fp32 here did
+        kv = self.wkv(x)
+        score = self.wgate(x)
         if self.ape is not None:
             keys = ctx.positions_of_keys()
             phase = ctx.shared("phase", keys, lambda: keys % self.ratio, self.ratio)

@@ -42,8 +42,9 @@ def compress_gather_pool(
     The rows of ``[first | second]`` (a compressor's state pool of ``S = first_kv.shape[0]``
     rows, then the step's projected rows) make each window: ``rows [E, L]`` integer, row ``r <
     S`` is ``first[r]``, ``r >= S`` is ``second[r - S]``, ``-1`` a slot that does not exist
-    (weight 0). ``*_kv`` and ``*_score`` are ``[S or T, C]``: kv any float dtype (the same for
-    both sources), scores fp32 with the position bias already added. Without ``overlap`` the
+    (weight 0). ``*_kv`` and ``*_score`` are ``[S or T, C]`` of any float dtypes (a bf16
+    step beside an fp32 pool, say), the scores with the position bias already added; the two
+    sources are read in their promoted dtype (widening is exact). Without ``overlap`` the
     window's slot ``l`` is the whole ``C``-wide row; with ``overlap`` (V4's ratio-4 compressor,
     ``L = 2 ratio``, ``C = 2 d``) slots ``l < ratio`` take the row's first ``d`` columns and the
     others its last ``d``. Returns ``[E, d]`` (``d = C`` without overlap) of ``out_dtype``:
@@ -64,7 +65,8 @@ def write_state_rows(
     """A compressor's partial windows kept for the next step, in one call: ``state_kv[dst[i]] =
     kv[src[i]]`` and ``state_score[dst[i]] = score[src[i]]`` for every ``i``, in place.
 
-    ``state_*`` ``[S, C]``, ``kv`` / ``score`` ``[T, C]`` of the state's dtypes; ``dst``, ``src``
+    ``state_*`` ``[S, C]``, ``kv`` / ``score`` ``[T, C]`` of any float dtypes, cast to the
+    state's; ``dst``, ``src``
     integer ``[n]``, ``dst`` distinct in ``[0, S)``, ``src`` in ``[0, T)``. The other state rows
     are untouched. Returns ``(state_kv, state_score)``.
     """

@@ -34,14 +34,16 @@ def compress_gather_pool(
 
 
 def _take(first: torch.Tensor, second: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``torch.cat([first, second])[rows.clamp(min=0)]`` without concatenating."""
+    """``torch.cat([first, second])[rows.clamp(min=0)]`` without concatenating (in the two
+    sources' promoted dtype)."""
     split, src = first.shape[0], rows.long().clamp(min=0)
+    dtype = torch.promote_types(first.dtype, second.dtype)
     if second.shape[0] == 0:
-        return first[src.clamp(max=max(split - 1, 0))]
-    from_second = second[(src - split).clamp(min=0, max=second.shape[0] - 1)]
+        return first[src.clamp(max=max(split - 1, 0))].to(dtype)
+    from_second = second[(src - split).clamp(min=0, max=second.shape[0] - 1)].to(dtype)
     if split == 0:
         return from_second
-    from_first = first[src.clamp(max=split - 1)].to(from_second.dtype)
+    from_first = first[src.clamp(max=split - 1)].to(dtype)
     return torch.where((src < split).unsqueeze(-1), from_first, from_second)
 
 

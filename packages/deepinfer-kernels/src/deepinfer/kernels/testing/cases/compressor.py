@@ -65,13 +65,16 @@ register(
 )
 
 
-def _gather_inputs(gen, device, *, entries, window, width, pool, step, overlap, dtype):
+def _gather_inputs(
+    gen, device, *, entries, window, width, pool, step, overlap, dtype, step_dtype=None
+):
     """A state pool of ``pool`` rows and ``step`` step rows; each window's slots index both at
-    random, ~30% of them missing (-1), slot 0 always present."""
+    random, ~30% of them missing (-1), slot 0 always present. ``step_dtype``: the step rows'
+    kv and scores in it (a model's projections, beside the fp32 state pool)."""
     first_kv = torch.randn(pool, width, generator=gen).to(dtype)
-    second_kv = torch.randn(step, width, generator=gen).to(dtype)
+    second_kv = torch.randn(step, width, generator=gen).to(step_dtype or dtype)
     first_score = torch.randn(pool, width, generator=gen) * 3
-    second_score = torch.randn(step, width, generator=gen) * 3
+    second_score = (torch.randn(step, width, generator=gen) * 3).to(step_dtype or torch.float32)
     rows = torch.randint(0, pool + step, (entries, window), generator=gen)
     rows[torch.rand(entries, window, generator=gen) < 0.3] = -1
     rows[:, 0] = torch.randint(0, pool + step, (entries,), generator=gen)
@@ -100,6 +103,10 @@ def _gather_cases(scale, shapes):
                   functools.partial(_gather_inputs, entries=entries, window=window, width=width,
                                     pool=pool, step=step, overlap=overlap, dtype=dtype))
                  for dtype in dtypes]  # fmt: skip
+        named.append((f"{shape}-float32-stepbf16",
+                      functools.partial(_gather_inputs, entries=entries, window=window,
+                                        width=width, pool=pool, step=step, overlap=overlap,
+                                        dtype=torch.float32, step_dtype=torch.bfloat16)))  # fmt: skip
         cases += _op_cases("compress_gather_pool", scale, named, _gather_strided)
     return cases
 
@@ -127,14 +134,15 @@ register(
 )
 
 
-def _state_inputs(gen, device, *, pool, step, kept, width):
-    """A state pool and a step's rows; ``kept`` distinct state rows get step rows (any)."""
+def _state_inputs(gen, device, *, pool, step, kept, width, step_dtype=torch.float32):
+    """A state pool and a step's rows (in ``step_dtype``); ``kept`` distinct state rows get
+    step rows (any)."""
     args = (
         torch.randn(pool, width, generator=gen),
         torch.randn(pool, width, generator=gen),
         torch.randperm(pool, generator=gen)[:kept],
-        torch.randn(step, width, generator=gen),
-        torch.randn(step, width, generator=gen) * 3,
+        torch.randn(step, width, generator=gen).to(step_dtype),
+        (torch.randn(step, width, generator=gen) * 3).to(step_dtype),
         torch.randint(0, step, (kept,), generator=gen),
     )
     return tuple(t.to(device) for t in args), {}
@@ -142,12 +150,14 @@ def _state_inputs(gen, device, *, pool, step, kept, width):
 
 register(
     *(
-        Case("write_state_rows", f"pool{pool}-step{step}-kept{kept}-w{width}", scale,
-             functools.partial(_state_inputs, pool=pool, step=step, kept=kept, width=width),
+        Case("write_state_rows", f"pool{pool}-step{step}-kept{kept}-w{width}-{tag}", scale,
+             functools.partial(_state_inputs, pool=pool, step=step, kept=kept, width=width,
+                               step_dtype=dtype),
              writes=(0, 1), atol=0.0, rtol=0.0)
         for scale, pool, step, kept, width in (
             ("small", 12, 5, 4, 64), ("small", 9, 30, 9, 96), ("small", 4, 3, 0, 32),
             ("real", 64 * 136, 8192, 64 * 8, 1024), ("real", 256 * 8, 256, 256, 256),
         )
+        for tag, dtype in (("float32", torch.float32), ("stepbf16", torch.bfloat16))
     ),
 )  # fmt: skip
