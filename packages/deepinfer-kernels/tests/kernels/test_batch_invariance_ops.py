@@ -38,6 +38,7 @@ ROW_ARGS: dict[str, RowArgs] = {
     "grouped_linear": RowArgs(("x",)),
     "gumbel_sample": RowArgs(("logits", "temperature", "cutoff", "seeds", "positions")),
     "hadamard_rotate": RowArgs(("x",)),
+    "join_index_lists": RowArgs(("first", "second")),
     "hc_collapse": RowArgs(("h", "pre")),
     "hc_expand": RowArgs(("f", "h", "post", "comb")),
     "hc_head_coefficients": RowArgs(("x",)),

@@ -129,8 +129,7 @@ class Attention(nn.Module):
         offset = window.shape[0] + kv.shape[0]
 
         def join() -> Tensor:
-            compressed = torch.where(rows >= 0, rows + offset, rows).to(window_indices.dtype)
-            return torch.cat([window_indices, compressed], dim=1)
+            return K.join_index_lists(window_indices, rows, offset)
 
         if not self.selection.same_rows_every_layer:
             return (*sources, arena), join()

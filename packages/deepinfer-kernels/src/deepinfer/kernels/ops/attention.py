@@ -10,7 +10,7 @@ from deepinfer.kernels.formats import PackedRows
 from deepinfer.kernels.reference import attention as ref
 from deepinfer.kernels.registry import op
 
-__all__ = ["sparse_mqa_sink"]
+__all__ = ["join_index_lists", "sparse_mqa_sink"]
 
 
 @op(reference=ref.sparse_mqa_sink)
@@ -37,3 +37,11 @@ def sparse_mqa_sink(
     ``out = sum_i exp(l_i - M) kv[idx_i] / (sum_i exp(l_i - M) + exp(sink_h - M))``.
     A query with no valid index returns zeros. Returns ``[T, H, D]`` of ``q.dtype``.
     """
+
+
+@op(reference=ref.join_index_lists)
+def join_index_lists(first: torch.Tensor, second: torch.Tensor, offset: int) -> torch.Tensor:
+    """One ``[T, A + B]`` index list for :func:`sparse_mqa_sink` from two: ``first`` ``[T, A]``
+    as it is, then ``second`` ``[T, B]`` with ``offset`` added to its entries ``>= 0`` (``-1``
+    stays a hole), in ``first``'s integer dtype (attention's window lists, then its compressed
+    entries' rows moved past the window and step sources)."""

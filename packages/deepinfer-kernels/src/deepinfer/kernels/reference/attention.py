@@ -67,3 +67,18 @@ def sparse_mqa_sink(
     denom = probs.sum(-1, keepdim=True) + torch.exp(sink_logit - peak)
     out = torch.einsum("thk,tkd->thd", probs / denom, gathered)
     return out.to(q.dtype)
+
+
+def join_index_lists(first: torch.Tensor, second: torch.Tensor, offset: int) -> torch.Tensor:
+    check_index_lists(first, second)
+    moved = torch.where(second >= 0, second + offset, second).to(first.dtype)
+    return torch.cat([first, moved], dim=1)
+
+
+def check_index_lists(first: torch.Tensor, second: torch.Tensor) -> None:
+    """ValueError naming the argument of :func:`join_index_lists` that breaks its contract."""
+    for name, t in (("first", first), ("second", second)):
+        if t.dim() != 2 or t.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name}: expected int32/int64 [T, n], got {t.dtype} {tuple(t.shape)}")
+    if second.shape[0] != first.shape[0]:
+        raise ValueError(f"second: expected {first.shape[0]} rows, got {second.shape[0]}")

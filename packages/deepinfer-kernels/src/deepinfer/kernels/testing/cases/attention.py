@@ -160,3 +160,27 @@ register(
     _case("real", 64, 64, 512, 128, 512, 65536, torch.bfloat16, sources=(V41_KV, None, V41_ENTRY)),
     _case("real", 1024, 64, 512, 128, 512, 65536, torch.bfloat16),
 )
+
+
+def _join_inputs(gen, device, *, rows, first, second, dtypes):
+    """Two index lists with ~30% ``-1`` holes and an offset past both."""
+    lists = []
+    for n, dtype in zip((first, second), dtypes, strict=True):
+        t = torch.randint(0, 5000, (rows, n), generator=gen)
+        t[torch.rand(rows, n, generator=gen) < 0.3] = -1
+        lists.append(t.to(device, dtype))
+    return (*lists, int(torch.randint(1, 10**6, (1,), generator=gen))), {}
+
+
+register(
+    *(
+        Case("join_index_lists", f"{rows}x{first}+{second}-{a}-{b}".replace("torch.", ""), scale,
+             functools.partial(_join_inputs, rows=rows, first=first, second=second,
+                               dtypes=(a, b)), atol=0, rtol=0)
+        for scale, rows, first, second in (
+            ("small", 3, 8, 5), ("small", 1, 0, 7), ("small", 4, 6, 0), ("small", 9, 130, 70),
+            ("real", 64, 128, 512), ("real", 8192, 128, 512),
+        )
+        for a, b in ((torch.int32, torch.int64), (torch.int64, torch.int32))
+    ),
+)  # fmt: skip
