@@ -62,7 +62,11 @@ def test_stream_kernel_quantising_its_rows_at_model_shapes(n, k, block, m):
         pytest.skip(f"M={m} takes the {plan.kind} plan here")
     want = gemm.fp8_gemm_nt_plan(*quantize_rows(x, block[1]), w, s, block,
                                  out_dtype=torch.bfloat16, plan=plan)  # fmt: skip
+    fused = gemm_stream.fp8_gemm_stream(x, None, w, s.view(torch.uint8), block, block[1],
+                                        block[1], torch.bfloat16, plan.tiles)  # fmt: skip
+    assert torch.equal(fused, want)  # the kernel itself: a compile failure fails here
     assert torch.equal(gemm.linear(x, w, s, block_size=block, act_quant_group=block[1]), want)
+    assert gemm._QUANTISING_STREAM["ok"]
 
 
 def test_linear_takes_the_quantising_stream_kernel_for_decode_plans(monkeypatch):
@@ -90,3 +94,32 @@ def test_linear_takes_the_quantising_stream_kernel_for_decode_plans(monkeypatch)
     assert torch.equal(gemm.linear(x, w1, s1, **kw), want[0])
     got = gemm.linears(x, (w1, w2), (s1, s2), **kw)
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_a_kernel_the_gpu_will_not_compile_falls_back_to_quantising_first(monkeypatch, caplog):
+    """If the GPU's compiler refuses the quantising kernel, ``linear`` warns once and runs
+    the two-launch path for the rest of the process, with the same output."""
+    block = (128, 128)
+    gen = torch.Generator().manual_seed(12)
+    w, s = random_fp8_weight(gen, 64, 256, block, torch.device(DEVICE))
+    x = torch.randn(3, 256, generator=gen).to(DEVICE, torch.bfloat16)
+    tiles = gemm.StreamTiles(block_n=64, target_programs=4)
+    monkeypatch.setattr(gemm, "default_plan", lambda *a, **k: gemm.GemmPlan("stream", tiles))
+    want = gemm.linear(x, w, s, block_size=block, act_quant_group=128)
+    calls, real = [], gemm.fp8_gemm_stream
+
+    def refused(a, a_scale, *args, **kwargs):  # the quantising variant only
+        if a_scale is not None:
+            return real(a, a_scale, *args, **kwargs)
+        calls.append(1)
+        raise RuntimeError("PassManager::run failed")
+
+    monkeypatch.setattr(gemm, "fp8_gemm_stream", refused)
+    monkeypatch.setattr(gemm, "_on_gpu", lambda t: True)
+    monkeypatch.setitem(gemm._QUANTISING_STREAM, "ok", True)
+    with caplog.at_level("WARNING"):
+        got = gemm.linear(x, w, s, block_size=block, act_quant_group=128)
+        again = gemm.linear(x, w, s, block_size=block, act_quant_group=128)
+    assert len(calls) == 1 and not gemm._QUANTISING_STREAM["ok"]
+    assert "did not compile" in caplog.text
+    assert torch.equal(got, want) and torch.equal(again, want)

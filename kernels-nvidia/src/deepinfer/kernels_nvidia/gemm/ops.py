@@ -20,6 +20,7 @@ does not depend on the batch.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,10 @@ PREFILL_MIN_M = 1024
 # 32-column scales; with 128-column scales at M = 64 the 64 x 128 tiles win at most shapes (the
 # stream kernel re-reads a 64-row activation tile per 64 weight rows).
 STREAM_MAX_M_COARSE = 32
+logger = logging.getLogger(__name__)
+# Whether the stream kernel's in-kernel activation quantisation compiled (it is switched off for
+# the process, with a warning, if the GPU's compiler refuses it; the two-launch path then runs)
+_QUANTISING_STREAM = {"ok": True}
 BF16_MIN_M = 1024
 CPU_TILES = GemmTiles(32, 64, 8, 4, 1)  # the interpreter: few big programs
 
@@ -213,7 +218,8 @@ def linear(
     if _quantises_in_kernel(plan, m, act_quant_group, bk):
         y = _stream_quantising(x2, weight, scale, tuple(block_size), act_quant_group, out_dtype,
                                plan)  # fmt: skip
-        return y.view(*x.shape[:-1], n)
+        if y is not None:
+            return y.view(*x.shape[:-1], n)
     xq, xs = quantize_rows(x2, act_quant_group, m_major=plan.kind == "cublas")
     y = fp8_gemm_nt_plan(xq, xs, weight, scale, tuple(block_size), out_dtype=out_dtype, plan=plan)
     return y.view(*x.shape[:-1], n)
@@ -261,20 +267,36 @@ def _quantises_in_kernel(plan: GemmPlan, m: int, act_quant_group: int, bk: int) 
     """Whether the product runs the stream kernel quantising its activation itself (one
     launch less than :func:`.quant.quantize_rows` then the product): decode-sized M, one
     activation scale per scale sub-block of K."""
-    return plan.kind == "stream" and m > 0 and act_quant_group <= bk
+    return _QUANTISING_STREAM["ok"] and plan.kind == "stream" and m > 0 and act_quant_group <= bk
 
 
 def _stream_quantising(x2, weight, scale, block_size, act_quant_group, out_dtype, plan):
-    """``linear``'s FP8 product through the stream kernel on the unquantised rows ``x2``."""
+    """``linear``'s FP8 product through the stream kernel on the unquantised rows ``x2``;
+    ``None`` if the kernel does not compile here (then never tried again)."""
     m, k = x2.shape
     a = torch.empty((m, k), dtype=torch.float8_e4m3fn, device="meta")  # shapes checked as the
     a_scale = torch.empty((m, k // act_quant_group), device="meta")  # quantised operands'
     _check_operands(a, a_scale, weight, scale, block_size)
     weight = weight if weight.stride(1) == 1 else weight.contiguous()
-    return fp8_gemm_stream(
-        x2, None, weight, scale.view(torch.uint8), block_size, act_quant_group, act_quant_group,
-        out_dtype, plan.tiles,
-    )  # fmt: skip
+    try:
+        return fp8_gemm_stream(
+            x2, None, weight, scale.view(torch.uint8), block_size, act_quant_group,
+            act_quant_group, out_dtype, plan.tiles,
+        )  # fmt: skip
+    except Exception as error:  # a compiler's refusal (Triton raises several types)
+        if not _on_gpu(x2):  # the interpreter compiles nothing: an error there is a bug
+            raise
+        _QUANTISING_STREAM["ok"] = False
+        logger.warning(
+            "the stream GEMM quantising its own rows did not compile on this GPU (%s: %s); "
+            "decode products quantise first, one launch more each",
+            type(error).__name__, error,
+        )  # fmt: skip
+        return None
+
+
+def _on_gpu(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda"
 
 
 def _is_fp8_path(x, weight, scale, act_quant_group) -> bool:
