@@ -60,6 +60,7 @@ def test_stream_kernel_quantising_its_rows_at_model_shapes(n, k, block, m):
     plan = gemm.default_plan(m, n, k, block[1], block[1], block, torch.bfloat16, x.device)
     if plan.kind != "stream":
         pytest.skip(f"M={m} takes the {plan.kind} plan here")
+    assert gemm._quantises_in_kernel(plan, m, block[1], block[1]) == (m <= 16)
     want = gemm.fp8_gemm_nt_plan(*quantize_rows(x, block[1]), w, s, block,
                                  out_dtype=torch.bfloat16, plan=plan)  # fmt: skip
     fused = gemm_stream.fp8_gemm_stream(x, None, w, s.view(torch.uint8), block, block[1],
@@ -80,6 +81,9 @@ def test_linear_takes_the_quantising_stream_kernel_for_decode_plans(monkeypatch)
     x = torch.randn(2, 3, 256, generator=gen).to(DEVICE, torch.bfloat16)
     kw = {"block_size": block, "act_quant_group": 128}
     tiles = gemm.StreamTiles(block_n=64, target_programs=4)
+    stream = gemm.GemmPlan("stream", tiles)
+    assert gemm._quantises_in_kernel(stream, 16, 128, 128)
+    assert not gemm._quantises_in_kernel(stream, 17, 128, 128)  # past the bound
     want = [
         gemm.fp8_gemm_nt_tiles(*quantize_rows(x.view(6, 256), 128), w, s, block,
                                out_dtype=torch.bfloat16, tiles=tiles).view(2, 3, -1)

@@ -62,6 +62,10 @@ PREFILL_MIN_M = 1024
 # 32-column scales; with 128-column scales at M = 64 the 64 x 128 tiles win at most shapes (the
 # stream kernel re-reads a 64-row activation tile per 64 weight rows).
 STREAM_MAX_M_COARSE = 32
+# The stream kernel quantises its own activation rows up to this M: each of its programs then
+# re-quantises every row, work that grows with M while the launch it saves does not (batch 1-16
+# decode is where launches dominate; wider once measured on a GPU)
+QUANTISING_STREAM_MAX_M = 16
 logger = logging.getLogger(__name__)
 # Whether the stream kernel's in-kernel activation quantisation compiled (it is switched off for
 # the process, with a warning, if the GPU's compiler refuses it; the two-launch path then runs)
@@ -265,9 +269,14 @@ def linears(
 
 def _quantises_in_kernel(plan: GemmPlan, m: int, act_quant_group: int, bk: int) -> bool:
     """Whether the product runs the stream kernel quantising its activation itself (one
-    launch less than :func:`.quant.quantize_rows` then the product): decode-sized M, one
-    activation scale per scale sub-block of K."""
-    return _QUANTISING_STREAM["ok"] and plan.kind == "stream" and m > 0 and act_quant_group <= bk
+    launch less than :func:`.quant.quantize_rows` then the product): up to
+    :data:`QUANTISING_STREAM_MAX_M` rows, one activation scale per scale sub-block of K."""
+    return (
+        _QUANTISING_STREAM["ok"]
+        and plan.kind == "stream"
+        and 0 < m <= QUANTISING_STREAM_MAX_M
+        and act_quant_group <= bk
+    )
 
 
 def _stream_quantising(x2, weight, scale, block_size, act_quant_group, out_dtype, plan):
