@@ -146,6 +146,23 @@ def test_scores_are_batch_invariant():
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
+def test_weights_scaled_in_the_op_equal_weights_scaled_first():
+    """bf16 per-head weights with ``weight_scale`` score bit for bit as the fp32 weights
+    ``weights.float() * weight_scale`` (the model's former cast and multiply), the reference
+    too."""
+    g = torch.Generator().manual_seed(4)
+    heads, dim, width = (64, 128, 4096) if HAS_CUDA else (16, 32, 100)
+    q = torch.randn(9, heads, dim, generator=g).bfloat16().to(DEVICE)
+    w = torch.randn(9, heads, generator=g).bfloat16().to(DEVICE)
+    keys = torch.randn(width, dim, generator=g).bfloat16().to(DEVICE)
+    lists = [x.to(DEVICE) for x in make_sequences(g, rows=9, width=width, num_keys=width,
+                                                  sequences=2)]  # fmt: skip
+    scale = (dim * heads) ** -0.5
+    for fn in (backend.ops["indexer_scores"], kernels.OPS["indexer_scores"].reference):
+        got = fn(q, w, keys, *lists, weight_scale=scale)
+        assert torch.equal(got, fn(q, w.float() * scale, keys, *lists))
+
+
 def test_rejects_bad_shapes():
     q = torch.randn(2, 16, 32, device=DEVICE)
     with pytest.raises(ValueError, match="weights: expected shape"):

@@ -34,7 +34,7 @@ SCORE_WARPS = 4
 @triton.jit
 def _indexer_scores_kernel(
     q_ptr, w_ptr, keys_ptr, rows_ptr, seq_ptr, count_ptr, out_ptr,
-    num_heads, head_dim, num_cand,
+    num_heads, head_dim, num_cand, weight_scale,
     stride_qt, stride_qh, stride_wt, stride_k, stride_rs, stride_ot,
     HB: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, BLOCKS: tl.constexpr,
     IEEE: tl.constexpr, KEYS_AS_M: tl.constexpr, D: tl.constexpr, Q: tl.constexpr,
@@ -58,6 +58,7 @@ def _indexer_scores_kernel(
             other=0.0,
         )
         w = tl.load(w_ptr + row * stride_wt + heads, mask=hmask, other=0.0).to(tl.float32)
+        w = w * weight_scale  # fp32, as the scaling before the op was
         cand_row = rows_ptr + tl.load(seq_ptr + row).to(tl.int64) * stride_rs
         for b in range(live):  # a dynamic trip count, not a branch per block
             offs = first + b * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -113,6 +114,7 @@ def indexer_scores(
     q_seq,
     counts,
     *,
+    weight_scale=1.0,
     block_c=None,
     blocks_per_program=None,
     num_warps=None,
@@ -145,7 +147,7 @@ def indexer_scores(
     blocks = max(1, min(blocks_per_program or BLOCKS_PER_PROGRAM, triton.cdiv(num_cand, block_c)))
     grid = (t, triton.cdiv(num_cand, block_c * blocks))
     _indexer_scores_kernel[grid](
-        q, weights, keys, seq_rows, q_seq, counts, out, h, d, num_cand,
+        q, weights, keys, seq_rows, q_seq, counts, out, h, d, num_cand, float(weight_scale),
         q.stride(0), q.stride(1), weights.stride(0), keys.stride(0), seq_rows.stride(0),
         out.stride(0),
         HB=max(16, triton.next_power_of_2(h)), BLOCK_D=max(16, triton.next_power_of_2(d)),

@@ -18,13 +18,17 @@ def indexer_scores(
     seq_rows: torch.Tensor,
     q_seq: torch.Tensor,
     counts: torch.Tensor,
+    *,
+    weight_scale: float = 1.0,
 ) -> torch.Tensor:
     """``I[t, c] = sum_h weights[t, h] * relu(q[t, h] . keys[seq_rows[q_seq[t], c]])`` in fp32,
     for the first ``counts[t]`` columns: each query's candidates are a prefix of its
     sequence's list (no ``[T, C]`` index list is needed).
 
     q:        ``[T, Hi, d]`` indexer queries (RoPE'd; any float dtype).
-    weights:  ``[T, Hi]`` per-head weights, already scaled (``d^-1/2 Hi^-1/2``).
+    weights:  ``[T, Hi]`` per-head weights (any float dtype), each scaled as
+              ``fp32(weights) * weight_scale`` in fp32 (``d^-1/2 Hi^-1/2``, or 1.0 when the
+              caller scaled them).
     keys:     ``[M, d]`` the indexer key rows (a flattened paged arena), a float tensor or
               :class:`~deepinfer.kernels.PackedRows` (the cache's FP4 rows, dequantised).
     seq_rows: ``[B, C]`` int rows of ``keys`` of each sequence, in entry order; ``-1`` = none.

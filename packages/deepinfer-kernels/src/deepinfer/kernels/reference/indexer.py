@@ -14,6 +14,8 @@ def indexer_scores(
     seq_rows: torch.Tensor,
     q_seq: torch.Tensor,
     counts: torch.Tensor,
+    *,
+    weight_scale: float = 1.0,
 ) -> torch.Tensor:
     q_seq = q_seq.long()
     cols = torch.arange(seq_rows.shape[1], device=seq_rows.device)
@@ -22,7 +24,7 @@ def indexer_scores(
     # column's score never depends on the other columns)
     k = rows_of(keys, seq_rows.long())[q_seq]  # [T, C, d] fp32 (packed keys dequantised)
     dots = torch.einsum("thd,tcd->thc", q.float(), k).relu()
-    scores = torch.einsum("th,thc->tc", weights.float(), dots)
+    scores = torch.einsum("th,thc->tc", weights.float() * weight_scale, dots)
     return scores.masked_fill(~valid, float("-inf"))
 
 
