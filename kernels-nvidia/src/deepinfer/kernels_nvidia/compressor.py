@@ -127,9 +127,9 @@ def compress_gather_pool(
     arithmetic as :func:`compress_pool`, so the two agree bit for bit."""
     check_gather_pool(first_kv, first_score, second_kv, second_score, rows, overlap)
     ref.check_score_bias(second_score, score_bias, score_phase)
-    floats = (torch.float32, torch.bfloat16, torch.float16)
-    kv_dtypes = {first_kv.dtype, second_kv.dtype, first_score.dtype, second_score.dtype}
-    if out_dtype not in (torch.float32, torch.bfloat16) or not kv_dtypes <= set(floats):
+    # mixed kv dtypes (a bf16 step beside the fp32 pool) run the reference: on the H100 the
+    # kernel's result for them was not bit for bit compress_pool's (benchmarks/RESULTS.md)
+    if out_dtype not in (torch.float32, torch.bfloat16) or second_kv.dtype != first_kv.dtype:
         return ref.compress_gather_pool(
             first_kv, first_score, second_kv, second_score, rows, overlap=overlap,
             out_dtype=out_dtype, score_bias=score_bias, score_phase=score_phase,

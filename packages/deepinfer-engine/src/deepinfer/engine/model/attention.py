@@ -99,7 +99,7 @@ class Attention(nn.Module):
         ctx.release_keys()
         o = K.sparse_mqa_sink(q, sources, indices, self.attn_sink, self.head_dim**-0.5)
         md = ctx.metadata
-        ctx.cache.write(f"{self.layer_id}.window", md.window_write_dst, kv, md.window_write_src)
+        ctx.cache.write(f"{self.layer_id}.window", md.window_write_dst, kv[md.window_write_src])
         o = o.to(x.dtype)
         o = K.apply_rope(o, cos, sin, inverse=True, out=o)
         grouped = o.reshape(o.shape[0], self.groups, -1)
@@ -129,7 +129,8 @@ class Attention(nn.Module):
         offset = window.shape[0] + kv.shape[0]
 
         def join() -> Tensor:
-            return K.join_index_lists(window_indices, rows, offset)
+            compressed = torch.where(rows >= 0, rows + offset, rows).to(window_indices.dtype)
+            return torch.cat([window_indices, compressed], dim=1)
 
         if not self.selection.same_rows_every_layer:
             return (*sources, arena), join()

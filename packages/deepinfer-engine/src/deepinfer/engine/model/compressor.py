@@ -51,19 +51,17 @@ class Compressor(nn.Module):
             split, src = ctx.cache[f"{state}_kv"].shape[0], plan.emit_src
             rows = ctx.shared("emit_step_rows", src, lambda: src[:, 0] - split, split)
             return self.norm(self.wkv(x))[rows]
-        # in x.dtype: the ops below widen them exactly, as the casts to fp32 here did
-        kv = self.wkv(x)
-        score = self.wgate(x)
-        bias = {}
-        if self.ape is not None:  # the position bias, added to the step's scores in the ops
+        kv = self.wkv(x, out_dtype=torch.float32)
+        score = self.wgate(x, out_dtype=torch.float32)
+        if self.ape is not None:
             keys = ctx.positions_of_keys()
             phase = ctx.shared("phase", keys, lambda: keys % self.ratio, self.ratio)
-            bias = {"score_bias": self.ape, "score_phase": phase}
+            score = score + self.ape[phase]
         state_kv, state_score = ctx.cache[f"{state}_kv"], ctx.cache[f"{state}_score"]
         # the windows' rows read from the state pool and this step's rows in the op (no copy of
         # the pool, no gathered windows); rounded to x.dtype in the op
         pooled = K.compress_gather_pool(state_kv, state_score, kv, score, plan.emit_src,
-                                        overlap=self.overlap, out_dtype=x.dtype, **bias)  # fmt: skip
+                                        overlap=self.overlap, out_dtype=x.dtype)  # fmt: skip
         K.write_state_rows(state_kv, state_score, plan.state_write_dst, kv, score,
-                           plan.state_write_src, **bias)  # fmt: skip
+                           plan.state_write_src)  # fmt: skip
         return self.norm(pooled)

@@ -53,7 +53,6 @@ class Indexer(nn.Module):
         q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
         q = K.apply_rope(q, cos, sin, out=q)
         q = self.rounding.index(q)
-        # scaled in fp32 in the op (widened from x.dtype exactly, as a cast here would)
-        scores = K.indexer_scores(q, self.weights_proj(x), *ctx.arena_reads(key, plan),
-                                  weight_scale=self.weight_scale)  # fmt: skip
+        weights = self.weights_proj(x, out_dtype=torch.float32) * self.weight_scale
+        scores = K.indexer_scores(q, weights, *ctx.arena_reads(key, plan))
         return K.select_topk(scores, plan.seq_rows, plan.q_seq, self.topk)

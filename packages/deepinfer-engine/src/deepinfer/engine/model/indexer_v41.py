@@ -73,9 +73,8 @@ class IndexerV41(nn.Module):
         q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
         q = K.apply_rope(q, cos, sin, out=q)
         q = self.rounding.index(q)
-        # scaled in fp32 in the op (widened from x.dtype exactly, as a cast here would)
-        scores = K.indexer_scores(q, self.weights_proj(x), *ctx.arena_reads(keys, plan),
-                                  weight_scale=self.weight_scale)  # fmt: skip
+        weights = self.weights_proj(x, out_dtype=torch.float32) * self.weight_scale
+        scores = K.indexer_scores(q, weights, *ctx.arena_reads(keys, plan))
         if self.is_candidate_source:
             ctx.candidate_mask = K.candidate_block_mask(
                 scores, plan.visible_count, self.candidate_topk_blocks, self.candidate_block_size

@@ -145,12 +145,11 @@ class MoE(nn.Module):
         if self.ep is not None and x.shape[0] == 0:
             return expert_parallel_idle(self, x)  # no tokens here: serve the other ranks'
         weights, ids = self.gate(x, input_ids, image_mask)
-        if self.ep is None and self.uses_grouped_experts(x.device):
-            # the op adds the shared expert's rows to its fp32 sum and rounds once to x.dtype
-            return self._grouped(x, weights, ids, shared=self.shared_experts(x))
         if self.ep is not None:
             keys = token_keys(input_ids, positions)
             routed = expert_parallel_routed(self, x, weights, ids, keys)
+        elif self.uses_grouped_experts(x.device):
+            routed = self._grouped(x, weights, ids)
         else:
             routed = self._looped(x, weights, ids)
         # routed: a fresh fp32 sum; adding the shared expert's bf16 rows in place widens them
@@ -189,10 +188,7 @@ class MoE(nn.Module):
             out.index_add_(0, tokens, routed.float())
         return out
 
-    def _grouped(
-        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, shared: torch.Tensor
-    ) -> torch.Tensor:
-        """The routed experts as one op, ``shared`` added: ``[T, D]`` in ``x.dtype``."""
+    def _grouped(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         w13, w13_scale, w2, w2_scale = self.stacked_experts()
         return K.fp4_moe_experts(
             x,
@@ -204,8 +200,6 @@ class MoE(nn.Module):
             w2_scale,
             swiglu_limit=self.swiglu_limit,
             act_quant_group=self.experts[0].w1.act_quant_group,
-            shared=shared,
-            out_dtype=x.dtype,
         )
 
     @torch.no_grad()
