@@ -67,14 +67,10 @@ class DraftWindows:
         """The rows attention reads: float, as training needs (:meth:`ModelCache.rows`)."""
         return self.tensors[key]
 
-    def write(
-        self, key: str, dst: torch.Tensor, values: torch.Tensor, src: torch.Tensor | None = None
-    ) -> None:
-        """Store ``values`` (or ``values[src]``) at rows ``dst`` (:meth:`ModelCache.write`
-        without packing)."""
+    def write(self, key: str, dst: torch.Tensor, values: torch.Tensor) -> None:
+        """Store ``values`` at rows ``dst`` (:meth:`ModelCache.write` without packing)."""
         tensor = self.tensors[key]
-        rows = values if src is None else values[src]
-        tensor.index_copy_(0, dst, rows.to(tensor.dtype))
+        tensor.index_copy_(0, dst, values.to(tensor.dtype))
 
 
 @dataclass(frozen=True)

@@ -167,18 +167,15 @@ class ModelCache:
         fmt, picked = self.formats.get(key), self.tensors[key].index_select(0, rows)
         return picked if fmt is None else K.unpack_rows(picked, fmt, self.dtype)
 
-    def write(
-        self, key: str, dst: torch.Tensor, values: torch.Tensor, src: torch.Tensor | None = None
-    ) -> None:
-        """Store float rows ``values`` ``[n, width]`` (or ``values[src]``) at rows ``dst`` of
-        tensor ``key`` (gathered and packed in its format by one ``write_rows``, else cast to
-        its dtype). Rows ``dst`` are distinct but for the scratch rows padding writes to, which
-        nothing reads."""
+    def write(self, key: str, dst: torch.Tensor, values: torch.Tensor) -> None:
+        """Store float rows ``values`` ``[n, width]`` at rows ``dst`` of tensor ``key`` (packed
+        in its format by one ``write_rows``, else cast to its dtype). Rows ``dst`` are distinct
+        but for the scratch rows padding writes to, which nothing reads."""
         t, fmt = self.tensors[key], self.formats.get(key)
         if fmt is None:
-            t.index_copy_(0, dst, (values if src is None else values[src]).to(t.dtype))
+            t.index_copy_(0, dst, values.to(t.dtype))
         else:
-            K.write_rows(t, dst, values, fmt, src)
+            K.write_rows(t, dst, values, fmt)
 
     def _state(self, name: str, rows: int, width: int, device: torch.device) -> None:
         self.tensors[f"{name}_kv"] = torch.zeros(rows, width, dtype=torch.float32, device=device)

@@ -130,11 +130,9 @@ class SharedArena:
     def __getitem__(self, key: str) -> torch.Tensor:
         return self._cache[key]
 
-    def write(
-        self, key: str, dst: torch.Tensor, values: torch.Tensor, src: torch.Tensor | None = None
-    ) -> None:
+    def write(self, key: str, dst: torch.Tensor, values: torch.Tensor) -> None:
         cache, comm, width = self._cache, self._comm, self._width
-        cache.write(key, dst, values, src)
+        cache.write(key, dst, values)
         if not cache.is_arena(key):
             return
         if dst.shape[0] > width:
