@@ -10,7 +10,8 @@ tokens (or ``--prefill-shapes 8x1024,1x8192,1x32768``) with ``max_tokens=1``, ti
 :func:`benchmarks.timing.time_call` exactly as the sweep (``run_sweep.sh``) times its prefill
 points: one untimed call, median of ``--repeats``. Decode: batches of prompts of 128 tokens
 generating ``--decode-tokens`` tokens; decode throughput = batch x (decode tokens - 1) / (time -
-time of the same batch with ``max_tokens=1``).
+time of the same batch with ``max_tokens=1``), each time the median of ``--decode-repeats`` calls
+after an untimed one (the JSON keeps every call's seconds).
 
 Each decode row carries its roofline: the bytes one step must read at least (every non-expert
 weight except the embedding, plus the routed experts a batch of that size touches in
@@ -63,24 +64,24 @@ from benchmarks.common import copy_bandwidth_tbs, environment, print_table, writ
 from benchmarks.engine import step_timeline
 from benchmarks.engine.prefill_breakdown import parse_shapes
 from benchmarks.sweep.models import resolve_model
-from benchmarks.timing import INCLUDED, time_call
+from benchmarks.timing import INCLUDED, CallTiming, time_call
 from deepinfer.engine.frontend.llm import LLM
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
 from deepinfer.sampling import SamplingParams
 
 
-def _run(llm: LLM, prompts: list[list[int]], max_tokens: int, repeats: int = 1) -> float:
-    """Median seconds to generate ``max_tokens`` for every prompt, timed by
-    :func:`benchmarks.timing.time_call` as the sweep times its prefill points (one untimed
-    call first, so Triton's compilations for this batch shape are not timed); fails unless
-    every request produced all its tokens."""
+def _timed(llm: LLM, prompts: list[list[int]], max_tokens: int, repeats: int = 1) -> CallTiming:
+    """Time generating ``max_tokens`` for every prompt with :func:`benchmarks.timing.time_call`
+    as the sweep times its prefill points (one untimed call first, so Triton's compilations for
+    this batch shape are not timed; then ``repeats`` timed calls); fails unless every request
+    produced all its tokens."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     outputs = []
 
     def call() -> None:
         outputs[:] = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
 
-    seconds = time_call(call, warmup=1, repeats=repeats).median_s
+    timing = time_call(call, warmup=1, repeats=repeats)
     short = [o for o in outputs if len(o.outputs[0].token_ids) != max_tokens]
     if short:
         first = short[0].outputs[0]
@@ -89,7 +90,12 @@ def _run(llm: LLM, prompts: list[list[int]], max_tokens: int, repeats: int = 1) 
             f"(first: {len(first.token_ids)} tokens, finish_reason {first.finish_reason!r}, "
             f"error {first.error!r})"
         )
-    return seconds
+    return timing
+
+
+def _run(llm: LLM, prompts: list[list[int]], max_tokens: int, repeats: int = 1) -> float:
+    """Median seconds of :func:`_timed`."""
+    return _timed(llm, prompts, max_tokens, repeats).median_s
 
 
 def step_floor_bytes(model, batch: int) -> int:
@@ -113,17 +119,21 @@ def step_floor_bytes(model, batch: int) -> int:
     return int(others + layers * touched * mean_expert)
 
 
-def _decode_row(llm, model, gen, vocab, batch, tokens, copy_tbs, ops) -> dict:
+def _decode_row(llm, model, gen, vocab, batch, tokens, copy_tbs, ops, repeats=1) -> dict:
+    """One decode row: the median of ``repeats`` timed calls generating ``tokens`` tokens less
+    the median of ``repeats`` calls generating one, over ``tokens - 1`` steps; each call's
+    seconds are kept (``full_s`` / ``base_s``), so a one-off stall in a call shows."""
     prompts = torch.randint(3, vocab, (batch, 128), generator=gen).tolist()
-    base = _run(llm, prompts, 1)
-    full = _run(llm, prompts, tokens)
+    base = _timed(llm, prompts, 1, repeats)
+    full = _timed(llm, prompts, tokens, repeats)
     steps = tokens - 1
-    step_s = (full - base) / steps
+    step_s = (full.median_s - base.median_s) / steps
     floor_ms = step_floor_bytes(model, batch) / (copy_tbs * 1e12) * 1e3
     return {"phase": "decode", "ops": ops, "batch": batch, "tokens": batch * steps,
-            "seconds": full - base, "tok/s": batch / step_s, "tok/s/user": 1 / step_s,
-            "step_ms": step_s * 1e3, "floor_ms": floor_ms,
-            "of_floor": floor_ms / (step_s * 1e3)}  # fmt: skip
+            "seconds": full.median_s - base.median_s, "tok/s": batch / step_s,
+            "tok/s/user": 1 / step_s, "step_ms": step_s * 1e3, "floor_ms": floor_ms,
+            "of_floor": floor_ms / (step_s * 1e3), "full_s": list(full.samples_s),
+            "base_s": list(base.samples_s)}  # fmt: skip
 
 
 def _profiles(llm: LLM, vocab: int, batches: list[int], modes: list[str]) -> list[dict]:
@@ -258,6 +268,8 @@ def main() -> None:
                         help="PROMPTSxTOKENS list (8x1024,1x8192,1x32768): replaces the two above")  # fmt: skip
     parser.add_argument("--decode-batches", default="1,8,32")
     parser.add_argument("--decode-tokens", type=int, default=17)
+    parser.add_argument("--decode-repeats", type=int, default=3,
+                        help="timed calls per decode row (each of the two calls it differences)")  # fmt: skip
     parser.add_argument("--reference-ops-batches", default="",
                         help="decode batches to repeat with DEEPINFER_REFERENCE_OPS=1")  # fmt: skip
     parser.add_argument("--reference-ops-tokens", type=int, default=5)
@@ -310,7 +322,8 @@ def main() -> None:
             with _mode(llm, mode):
                 for b in _batches(args.decode_batches):
                     rows.append(_decode_row(llm, model, gen, vocab, b, args.decode_tokens,
-                                            copy_tbs, f"kernels, {mode}, async {a}"))  # fmt: skip
+                                            copy_tbs, f"kernels, {mode}, async {a}",
+                                            args.decode_repeats))  # fmt: skip
         if args.job:
             paddings = tuple(args.job_graphs.split(","))
             job = _job_rows(llm, vocab, args.job, args.job_max_tokens, modes, job_graphs,
@@ -333,7 +346,8 @@ def main() -> None:
         with _mode(llm, "eager"):
             for b in _batches(args.decode_batches):
                 rows.append(_decode_row(llm, model, gen, vocab, b, args.decode_tokens, copy_tbs,
-                                        "kernels, batch-invariant, eager"))  # fmt: skip
+                                        "kernels, batch-invariant, eager",
+                                        args.decode_repeats))  # fmt: skip
         os.environ.pop("DEEPINFER_BATCH_INVARIANT")
     budget = llm.scheduler_config.max_num_batched_tokens
     print(f"{source.label}, load {load_s:.1f} s, {budget} batched tokens per step, "

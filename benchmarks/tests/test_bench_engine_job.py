@@ -5,12 +5,14 @@ a new shape still adds a graph, only no replay is counted."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks.engine import step_timeline
-from benchmarks.engine.bench_engine import _job_rows
+from benchmarks.engine.bench_engine import _decode_row, _job_rows
 from deepinfer.engine.frontend.llm import LLM
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
 
@@ -41,3 +43,16 @@ def test_the_job_times_a_run_after_its_warm_up_with_graphs_built_once() -> None:
         else:  # the second setting reuses the first one's graphs: nothing new to capture
             assert [r["graphs"] for r in rows] == counts
             assert all(built[p] is objects[p] for p in built)
+
+
+@pytest.mark.slow
+def test_a_decode_row_is_the_difference_of_the_medians_of_its_calls() -> None:
+    llm = LLM(str(EMBEDDED), dtype="float32", max_model_len=256, max_num_seqs=2,
+              speculative_tokens=0)  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    row = _decode_row(llm, llm._core.executor.model, gen, 8192, 2, 5, 1.0, "eager", repeats=3)
+    assert len(row["full_s"]) == len(row["base_s"]) == 3
+    seconds = statistics.median(row["full_s"]) - statistics.median(row["base_s"])
+    assert row["seconds"] == pytest.approx(seconds)
+    assert row["step_ms"] == pytest.approx(seconds / 4 * 1e3)
+    assert row["tokens"] == 2 * 4 and row["tok/s"] == pytest.approx(2 / (seconds / 4))
