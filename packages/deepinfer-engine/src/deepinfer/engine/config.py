@@ -112,7 +112,9 @@ class EngineConfig:
     )
     gpu_memory_utilization: float = param(
         0.9,
-        "fraction of device memory for weights, activations and cache.",
+        "fraction of device memory for this engine's weights, activations and cache (other "
+        "processes on the device do not count against it; the cache never takes more than is "
+        "free).",
         checks.fraction,
         cli_type=float,
     )

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from deepinfer.engine.runner.capacity import plan_cache_capacity
+from deepinfer.engine.runner.capacity import HEADROOM_BYTES, device_peak_bytes, plan_cache_capacity
 
 
 def test_capacity_fills_the_budget_and_no_more():
@@ -39,3 +39,56 @@ def test_no_room_names_the_numbers():
             max_num_seqs=4,
             block_size=128,
         )
+
+
+GIB = 1 << 30
+
+
+def _budget(total, free, free_before, activation, reserve, util, held=0):
+    peak = device_peak_bytes(
+        total_bytes=total,
+        free_bytes=free,
+        free_before_load_bytes=free_before,
+        held_before_load_bytes=held,
+        activation_bytes=activation,
+        reserve_bytes=reserve,
+        gpu_memory_utilization=util,
+    )
+    return int(total * util) - peak
+
+
+def test_other_processes_memory_does_not_count_against_the_share():
+    total, weights, activation, reserve = 140 * GIB, 3 * GIB, 2 * GIB, GIB
+    for others in (0, 20 * GIB, 60 * GIB):  # another worker's engine on the same GPU
+        free_before = total - GIB // 2 - others  # this process's CUDA context and the others
+        free = free_before - weights
+        budget = _budget(total, free, free_before, activation, reserve, 0.3)
+        assert budget == int(total * 0.3) - weights - activation - reserve, others
+
+
+def test_memory_this_process_held_before_loading_counts_against_the_share():
+    # a benchmark's buffers in torch's cache before the engine loads: the engine's weights
+    # reuse 2 GiB of those cached blocks (free memory falls by 1 GiB only)
+    total, held, activation, reserve = 80 * GIB, 3 * GIB, GIB, GIB
+    free_before = total - GIB // 2 - held
+    free = free_before - GIB
+    budget = _budget(total, free, free_before, activation, reserve, 0.85, held)
+    assert budget == int(total * 0.85) - held - GIB - activation - reserve
+    # what the device then holds, cache included, stays within the share
+    assert (total - free) + activation + reserve + budget <= int(total * 0.85) + GIB // 2
+
+
+def test_the_budget_never_exceeds_the_free_memory():
+    rng = random.Random(1)
+    for _ in range(500):
+        total = rng.randint(8, 141) * GIB
+        free_before = rng.randint(total // 20, total)
+        held = rng.randint(0, total - free_before)
+        free = free_before - rng.randint(0, free_before // 2)
+        activation, reserve = rng.randint(0, GIB), rng.randint(0, GIB)
+        util = rng.uniform(0.05, 0.95)
+        budget = _budget(total, free, free_before, activation, reserve, util, held)
+        room = free - activation - reserve - HEADROOM_BYTES
+        own = held + free_before - free + activation + reserve
+        assert budget <= room and budget <= int(total * util) - own
+        assert budget in (room, int(total * util) - own)  # one of the two bounds

@@ -7,6 +7,12 @@ and the bytes one arena block and one state slot take across all layers. Then::
     budget     = total_memory * gpu_memory_utilization - peak_memory
     slots      = max_num_seqs + 1                       (slot 0 reserved)
     num_blocks = (budget - slots * bytes_per_state_slot) // bytes_per_block   (block 0 reserved)
+
+On a GPU, ``peak_memory`` is this engine's own use (:func:`device_peak_bytes`): the memory this
+process's allocator held before the engine loaded, what the device's free memory fell by while
+it loaded, the profiled activations and the graphs' pools. As in vLLM, memory other processes
+hold does not count against the engine's share, but the cache never takes more than the device
+has free (less a 1 GiB headroom).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 _GIB = float(1 << 30)
+HEADROOM_BYTES = 1 << 30  # left free on the device when its free memory bounds the cache
 
 
 @dataclass(frozen=True)
@@ -71,3 +78,24 @@ def plan_cache_capacity(
             f"{bytes_per_block / _GIB:.4f} GiB. Raise gpu_memory_utilization or lower max_num_seqs"
         )
     return CacheCapacity(num_blocks, num_state_slots, block_size)
+
+
+def device_peak_bytes(
+    *,
+    total_bytes: int,
+    free_bytes: int,
+    free_before_load_bytes: int,
+    held_before_load_bytes: int,
+    activation_bytes: int,
+    reserve_bytes: int,
+    gpu_memory_utilization: float,
+) -> int:
+    """``peak_memory_bytes`` for :func:`plan_cache_capacity` on a device other processes may
+    share: this engine's own use (``held_before_load_bytes``, what this process's allocator
+    held before loading, plus the drop in free memory since then, the profiled activations and
+    ``reserve_bytes`` for the graphs), raised where needed so that the budget never exceeds the
+    device's free memory less the activations, the reserve and :data:`HEADROOM_BYTES`."""
+    dropped = max(free_before_load_bytes - free_bytes, 0)
+    own = held_before_load_bytes + dropped + activation_bytes + reserve_bytes
+    room = free_bytes - activation_bytes - reserve_bytes - HEADROOM_BYTES
+    return max(own, int(total_bytes * gpu_memory_utilization) - room)

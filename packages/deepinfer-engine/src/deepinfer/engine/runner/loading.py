@@ -39,7 +39,11 @@ from deepinfer.engine.model.model import build_model
 from deepinfer.engine.model.moe import stack_grouped_experts
 from deepinfer.engine.model.yoco import prefill_truncation
 from deepinfer.engine.runner.cache_report import cache_lines
-from deepinfer.engine.runner.capacity import CacheCapacity, plan_cache_capacity
+from deepinfer.engine.runner.capacity import (
+    CacheCapacity,
+    device_peak_bytes,
+    plan_cache_capacity,
+)
 from deepinfer.engine.runner.cost_profile import step_cost_curve
 from deepinfer.engine.runner.cuda_graphs import DecodeGraphs
 from deepinfer.engine.runner.draft_graphs import DraftGraphs
@@ -82,6 +86,7 @@ def load_executor(config: EngineConfig) -> LoadedModel:
         max_draft,
     )
     expert_parallel = expert_parallel_context(config)
+    before = _memory_before_load(device)
     model = _build_and_fill(
         path, model_config, config, spec is not None, device, dtype, expert_parallel
     )
@@ -100,7 +105,7 @@ def load_executor(config: EngineConfig) -> LoadedModel:
         if max_draft:
             reserve += DraftGraphs.reserve_bytes(model_config, graph_requests, max_draft)
     num_blocks, num_slots = _size_cache(
-        model, model_config, config, device, dtype, max_draft, reserve
+        model, model_config, config, device, dtype, max_draft, reserve, before
     )
     layout = CacheLayout(num_blocks, num_slots, block_size=config.block_size, max_draft=max_draft)
     cache = ModelCache(model_config, layout, dtype=dtype, device=device)
@@ -286,8 +291,23 @@ def graph_reserve_bytes(
     return max_batch_size * model_config.vocab_size * 4 + inputs * 8 + pool
 
 
+def _memory_before_load(device) -> tuple[int, int]:
+    """(free device bytes, bytes this process's allocator holds) before the weights load; zeros
+    off CUDA."""
+    if device.type != "cuda":
+        return 0, 0
+    return torch.cuda.mem_get_info(device)[0], torch.cuda.memory_reserved(device)
+
+
 def _size_cache(
-    model, model_config, config: EngineConfig, device, dtype, max_draft: int = 0, reserve: int = 0
+    model,
+    model_config,
+    config: EngineConfig,
+    device,
+    dtype,
+    max_draft: int = 0,
+    reserve: int = 0,
+    before: tuple[int, int] = (0, 0),
 ) -> tuple[int, int]:
     """(num_blocks, num_state_slots), each including the reserved id 0 (see
     :func:`plan_cache_capacity`); never more blocks than ``max_num_seqs`` full-length
@@ -305,7 +325,16 @@ def _size_cache(
     if device.type == "cuda":
         activation = _profile_activation_bytes(model, model_config, config, device, dtype)
         free, total = torch.cuda.mem_get_info(device)
-        peak, utilization = (total - free) + activation + reserve, config.gpu_memory_utilization
+        utilization = config.gpu_memory_utilization
+        peak = device_peak_bytes(
+            total_bytes=total,
+            free_bytes=free,
+            free_before_load_bytes=before[0],
+            held_before_load_bytes=before[1],
+            activation_bytes=activation,
+            reserve_bytes=reserve,
+            gpu_memory_utilization=utilization,
+        )
     else:  # a CPU has no device memory to fill: a fixed share of RAM
         total, peak, utilization = min(CPU_CACHE_BUDGET, int(_available_ram() * 0.25)), 0, 1.0
     capacity = plan_cache_capacity(
