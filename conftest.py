@@ -5,11 +5,33 @@ unless its tests carry ``xdist_group`` marks: then each group is a unit, so a fi
 parametrized fixture builds several costly cases can spread them over both workers. Named
 groups and units holding a ``slow`` test are handed out first, so the longest ones do not start
 last and leave one worker idle at the end.
+
+On the GPU (``tools/gpu_check.sh`` runs the engine's tests over a few workers) a worker gives its
+cached device memory back after each GPU test: the engine sizes its KV cache from the device's
+free memory, which the blocks another worker's allocator keeps would take.
 """
 
 from __future__ import annotations
 
+import gc
+import sys
+
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _give_back_cached_device_memory(request):
+    yield
+    torch = sys.modules.get("torch")
+    if (
+        torch is None
+        or not hasattr(request.config, "workerinput")
+        or request.node.get_closest_marker("gpu") is None
+        or not torch.cuda.is_initialized()
+    ):
+        return
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def _group(item: pytest.Item) -> str | None:
