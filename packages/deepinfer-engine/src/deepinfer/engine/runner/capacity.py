@@ -75,7 +75,9 @@ def plan_cache_capacity(
             f"{total_memory_bytes / _GIB:.2f} GiB minus {peak_memory_bytes / _GIB:.2f} GiB in use "
             f"leaves {budget / _GIB:.2f} GiB, and {num_state_slots} state slots take "
             f"{num_state_slots * bytes_per_state_slot / _GIB:.2f} GiB; a block needs "
-            f"{bytes_per_block / _GIB:.4f} GiB. Raise gpu_memory_utilization or lower max_num_seqs"
+            f"{bytes_per_block / _GIB:.4f} GiB. Raise gpu_memory_utilization, lower max_num_seqs, "
+            "or free the device memory other processes hold (the cache never takes more than is "
+            "free)"
         )
     return CacheCapacity(num_blocks, num_state_slots, block_size)
 
