@@ -88,34 +88,6 @@ def test_gathered_windows_pool_bitwise_as_the_plain_kernel(overlap, out_dtype, s
     assert torch.equal(got, backend.ops["compress_pool"](kv, score, out_dtype=out_dtype))
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_a_position_bias_in_the_ops_equals_adding_it_first(overlap):
-    """``score_bias[score_phase]`` added to bf16 step scores inside ``compress_gather_pool`` and
-    ``write_state_rows`` equals adding it in fp32 before (the model's former ``index`` +
-    ``add``) bit for bit; a phase of the wrong length is named."""
-    gen = torch.Generator().manual_seed(21)
-    entries, window, width, pool, step = 7, 8, 64, 11, 13
-    fk, fs = (torch.randn(pool, width, generator=gen).to(DEVICE) for _ in range(2))
-    sk, ss = (torch.randn(step, width, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(2))
-    bias = torch.randn(4, width, generator=gen).to(DEVICE) * 2
-    phase = torch.randint(0, 4, (step,), generator=gen).to(DEVICE)
-    rows = torch.randint(0, pool + step, (entries, window), generator=gen).to(DEVICE)
-    pool_op, write = backend.ops["compress_gather_pool"], backend.ops["write_state_rows"]
-    biased = ss.float() + bias[phase]
-    got = pool_op(fk, fs, sk, ss, rows, overlap=overlap, score_bias=bias, score_phase=phase)
-    assert torch.equal(got, pool_op(fk, fs, sk, biased, rows, overlap=overlap))
-    dst = torch.randperm(pool, generator=gen)[:5].to(DEVICE)
-    src = torch.randint(0, step, (5,), generator=gen).to(DEVICE)
-    state = [(fk.clone(), fs.clone()) for _ in range(2)]
-    write(*state[0], dst, sk, ss, src, score_bias=bias, score_phase=phase)
-    write(*state[1], dst, sk, biased, src)
-    assert all(torch.equal(a, b) for a, b in zip(state[0], state[1], strict=True))
-    with pytest.raises(ValueError, match="score_phase: expected integer"):
-        pool_op(fk, fs, sk, ss, rows, score_bias=bias, score_phase=phase[:-1])
-    with pytest.raises(ValueError, match="both or neither"):
-        write(fk, fs, dst, sk, ss, src, score_bias=bias)
-
-
 def test_gather_rejects_bad_rows():
     kv = torch.randn(4, 16, device=DEVICE)
     with pytest.raises(ValueError, match="rows: expected"):

@@ -54,16 +54,12 @@ def _pool_store(kv, score, out_row, cols, dim, TO_BF16: tl.constexpr):
 @triton.jit
 def _compress_gather_pool_kernel(
     first_kv_ptr, first_score_ptr, second_kv_ptr, second_score_ptr, rows_ptr, out_ptr,
-    bias_ptr, phase_ptr,
     window, dim, split, stride_fk, stride_fs, stride_sk, stride_ss, stride_re, stride_oe,
-    stride_b,
     HALF: tl.constexpr, BL: tl.constexpr, BD: tl.constexpr, TO_BF16: tl.constexpr,
-    BIAS: tl.constexpr,
 ):  # fmt: skip
     """One (window, channel block): the window's rows loaded through ``rows`` (< ``split``: the
     first source; -1: no slot); with ``HALF`` (overlap) slots from ``HALF`` on read the row's
-    columns ``dim + c`` instead of ``c``; with ``BIAS`` a step row's score gets
-    ``bias[phase[row]]`` added."""
+    columns ``dim + c`` instead of ``c``."""
     e = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     slots = tl.arange(0, BL)
@@ -84,11 +80,7 @@ def _compress_gather_pool_kernel(
     kv = tl.where(m1, k1.to(tl.float32), k2.to(tl.float32))  # each source widened exactly
     s1 = tl.load(first_score_ptr + first_rows * stride_fs + col, mask=m1, other=0.0)
     s2 = tl.load(second_score_ptr + second_rows * stride_ss + col, mask=m2, other=0.0)
-    s2 = s2.to(tl.float32)
-    if BIAS:
-        phase = tl.load(phase_ptr + second_rows, mask=in_second[:, None], other=0).to(tl.int64)
-        s2 = s2 + tl.load(bias_ptr + phase * stride_b + col, mask=m2, other=0.0)
-    score = tl.where(m1, s1.to(tl.float32), tl.where(m2, s2, float("-inf")))
+    score = tl.where(m1, s1.to(tl.float32), tl.where(m2, s2.to(tl.float32), float("-inf")))
     _pool_store(kv, score, out_ptr + e * stride_oe, cols, dim, TO_BF16)
 
 
@@ -121,18 +113,19 @@ def compress_pool(kv, score, *, out_dtype=torch.float32):
 @implements("compress_gather_pool")
 def compress_gather_pool(
     first_kv, first_score, second_kv, second_score, rows, *, overlap=False,
-    out_dtype=torch.float32, score_bias=None, score_phase=None,
+    out_dtype=torch.float32,
 ):  # fmt: skip
     """The windows' rows loaded in the kernel through ``rows``; the same tile shape and
     arithmetic as :func:`compress_pool`, so the two agree bit for bit."""
     check_gather_pool(first_kv, first_score, second_kv, second_score, rows, overlap)
-    ref.check_score_bias(second_score, score_bias, score_phase)
-    # mixed kv dtypes (a bf16 step beside the fp32 pool) run the reference: on the H100 the
-    # kernel's result for them was not bit for bit compress_pool's (benchmarks/RESULTS.md)
-    if out_dtype not in (torch.float32, torch.bfloat16) or second_kv.dtype != first_kv.dtype:
+    # one float dtype for all four sources, else the reference: on the H100 the kernel's result
+    # for a bf16 step beside the fp32 pool was not bit for bit compress_pool's (RESULTS.md)
+    dtypes = {first_kv.dtype, second_kv.dtype, first_score.dtype, second_score.dtype}
+    floats = {torch.float32, torch.bfloat16, torch.float16}
+    if out_dtype not in (torch.float32, torch.bfloat16) or len(dtypes) > 1 or not dtypes <= floats:
         return ref.compress_gather_pool(
             first_kv, first_score, second_kv, second_score, rows, overlap=overlap,
-            out_dtype=out_dtype, score_bias=score_bias, score_phase=score_phase,
+            out_dtype=out_dtype,
         )  # fmt: skip
     sources = [t if t.stride(1) == 1 else t.contiguous()
                for t in (first_kv, first_score, second_kv, second_score)]  # fmt: skip
@@ -146,30 +139,19 @@ def compress_gather_pool(
     bl = triton.next_power_of_2(max(window, 1))
     bd = max(16, min(triton.next_power_of_2(dim), 8192 // bl))
     fk, fs, sk, ss = sources
-    bias, phase = _bias_args(score_bias, score_phase, out)
     _compress_gather_pool_kernel[(num_entries, triton.cdiv(dim, bd))](
-        fk, fs, sk, ss, rows, out, bias, phase, window, dim, first_kv.shape[0],
+        fk, fs, sk, ss, rows, out, window, dim, first_kv.shape[0],
         fk.stride(0), fs.stride(0), sk.stride(0), ss.stride(0), rows.stride(0), out.stride(0),
-        bias.stride(0) if score_bias is not None else 0,
         HALF=window // 2 if overlap else 0, BL=bl, BD=bd, TO_BF16=out_dtype == torch.bfloat16,
-        BIAS=score_bias is not None, num_warps=4,
+        num_warps=4,
     )  # fmt: skip
     return out
 
 
-def _bias_args(score_bias, score_phase, like):
-    """The kernels' bias and phase pointers (``like`` stands in for both when there is none)."""
-    if score_bias is None:
-        return like, like
-    bias = score_bias if score_bias.stride(1) == 1 else score_bias.contiguous()
-    return bias, score_phase.contiguous()
-
-
 @triton.jit
 def _write_state_rows_kernel(
-    state_kv_ptr, state_score_ptr, dst_ptr, kv_ptr, score_ptr, src_ptr, bias_ptr, phase_ptr,
-    width, stride_sk, stride_ss, stride_k, stride_s, stride_b,
-    BLOCK: tl.constexpr, BIAS: tl.constexpr,
+    state_kv_ptr, state_score_ptr, dst_ptr, kv_ptr, score_ptr, src_ptr, width,
+    stride_sk, stride_ss, stride_k, stride_s, BLOCK: tl.constexpr,
 ):  # fmt: skip
     i = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -179,33 +161,25 @@ def _write_state_rows_kernel(
     kv = tl.load(kv_ptr + s * stride_k + cols, mask=mask)
     tl.store(state_kv_ptr + d * stride_sk + cols, kv.to(state_kv_ptr.dtype.element_ty), mask=mask)
     score = tl.load(score_ptr + s * stride_s + cols, mask=mask)
-    if BIAS:
-        phase = tl.load(phase_ptr + s).to(tl.int64)
-        score = score.to(tl.float32) + tl.load(bias_ptr + phase * stride_b + cols, mask=mask)
     tl.store(state_score_ptr + d * stride_ss + cols, score.to(state_score_ptr.dtype.element_ty),
              mask=mask)  # fmt: skip
 
 
 @implements("write_state_rows")
-def write_state_rows(state_kv, state_score, dst, kv, score, src, *, score_bias=None,
-                     score_phase=None):  # fmt: skip
+def write_state_rows(state_kv, state_score, dst, kv, score, src):
     """One program per kept row and column block, both tensors in the same program."""
     check_state_rows(state_kv, state_score, dst, kv, score, src)
-    ref.check_score_bias(score, score_bias, score_phase)
     if state_kv.stride(1) != 1 or state_score.stride(1) != 1:  # a view we cannot write through
-        return ref.write_state_rows(state_kv, state_score, dst, kv, score, src,
-                                    score_bias=score_bias, score_phase=score_phase)  # fmt: skip
+        return ref.write_state_rows(state_kv, state_score, dst, kv, score, src)
     kv = kv if kv.stride(1) == 1 else kv.contiguous()
     score = score if score.stride(1) == 1 else score.contiguous()
     n, width = dst.shape[0], state_kv.shape[1]
     if n == 0 or width == 0:
         return state_kv, state_score
     block = min(1024, triton.next_power_of_2(width))
-    bias, phase = _bias_args(score_bias, score_phase, kv)
     _write_state_rows_kernel[(n, triton.cdiv(width, block))](
-        state_kv, state_score, dst.contiguous(), kv, score, src.contiguous(), bias, phase, width,
-        state_kv.stride(0), state_score.stride(0), kv.stride(0), score.stride(0),
-        bias.stride(0) if score_bias is not None else 0, BLOCK=block,
-        BIAS=score_bias is not None, num_warps=4,
+        state_kv, state_score, dst.contiguous(), kv, score, src.contiguous(), width,
+        state_kv.stride(0), state_score.stride(0), kv.stride(0), score.stride(0), BLOCK=block,
+        num_warps=4,
     )  # fmt: skip
     return state_kv, state_score

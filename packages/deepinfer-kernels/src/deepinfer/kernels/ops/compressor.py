@@ -36,8 +36,6 @@ def compress_gather_pool(
     *,
     overlap: bool = False,
     out_dtype: torch.dtype = torch.float32,
-    score_bias: torch.Tensor | None = None,
-    score_phase: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`compress_pool` of windows gathered from two row sources, in one call.
 
@@ -51,9 +49,7 @@ def compress_gather_pool(
     ``L = 2 ratio``, ``C = 2 d``) slots ``l < ratio`` take the row's first ``d`` columns and the
     others its last ``d``. Returns ``[E, d]`` (``d = C`` without overlap) of ``out_dtype``:
     exactly :func:`compress_pool` of the gathered ``[E, L, d]`` windows, ``-inf`` scores in the
-    missing slots. Each (e, d) needs one existing slot. ``score_bias`` ``[P, C]`` fp32 and
-    ``score_phase`` ``[T]`` integer in ``[0, P)`` (both or neither): the step's scores are
-    ``second_score + score_bias[score_phase]`` in fp32 (the position bias added here).
+    missing slots. Each (e, d) needs one existing slot.
     """
 
 
@@ -65,16 +61,12 @@ def write_state_rows(
     kv: torch.Tensor,
     score: torch.Tensor,
     src: torch.Tensor,
-    *,
-    score_bias: torch.Tensor | None = None,
-    score_phase: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A compressor's partial windows kept for the next step, in one call: ``state_kv[dst[i]] =
     kv[src[i]]`` and ``state_score[dst[i]] = score[src[i]]`` for every ``i``, in place.
 
     ``state_*`` ``[S, C]``, ``kv`` / ``score`` ``[T, C]`` of any float dtypes, cast to the
-    state's; ``dst``, ``src`` integer ``[n]``, ``dst`` distinct in ``[0, S)``, ``src`` in
-    ``[0, T)``. The other state rows are untouched. ``score_bias`` / ``score_phase`` as in
-    :func:`compress_gather_pool`: ``score[src[i]] + score_bias[score_phase[src[i]]]`` in fp32 is
-    what is stored. Returns ``(state_kv, state_score)``.
+    state's; ``dst``, ``src``
+    integer ``[n]``, ``dst`` distinct in ``[0, S)``, ``src`` in ``[0, T)``. The other state rows
+    are untouched. Returns ``(state_kv, state_score)``.
     """

@@ -21,11 +21,8 @@ def compress_gather_pool(
     *,
     overlap: bool = False,
     out_dtype: torch.dtype = torch.float32,
-    score_bias: torch.Tensor | None = None,
-    score_phase: torch.Tensor | None = None,
 ) -> torch.Tensor:
     check_gather_pool(first_kv, first_score, second_kv, second_score, rows, overlap)
-    second_score = biased_scores(second_score, score_bias, score_phase)
     kv = _take(first_kv, second_kv, rows)  # no copy of the pool: each row from its source
     score = _take(first_score, second_score, rows).float()
     score.masked_fill_((rows < 0).unsqueeze(-1), float("-inf"))
@@ -48,31 +45,6 @@ def _take(first: torch.Tensor, second: torch.Tensor, rows: torch.Tensor) -> torc
         return from_second
     from_first = first[src.clamp(max=split - 1)].to(dtype)
     return torch.where((src < split).unsqueeze(-1), from_first, from_second)
-
-
-def biased_scores(score, bias, phase) -> torch.Tensor:
-    """``score + bias[phase]`` in fp32 (``score`` itself without a bias)."""
-    if not check_score_bias(score, bias, phase):
-        return score
-    return score.float() + bias[phase.long()]
-
-
-def check_score_bias(score, bias, phase) -> bool:
-    """Whether a position bias is given; ValueError naming the argument that does not fit."""
-    if bias is None and phase is None:
-        return False
-    if bias is None or phase is None:
-        raise ValueError("score_bias, score_phase: expected both or neither")
-    if bias.dim() != 2 or bias.shape[1] != score.shape[1] or bias.dtype != torch.float32:
-        raise ValueError(
-            f"score_bias: expected fp32 [P, {score.shape[1]}], got {bias.dtype} {tuple(bias.shape)}"
-        )
-    if phase.shape != (score.shape[0],) or phase.dtype.is_floating_point:
-        raise ValueError(
-            f"score_phase: expected integer [{score.shape[0]}], got {phase.dtype} "
-            f"{tuple(phase.shape)}"
-        )
-    return True
 
 
 def check_gather_pool(first_kv, first_score, second_kv, second_score, rows, overlap) -> None:
@@ -98,12 +70,8 @@ def write_state_rows(
     kv: torch.Tensor,
     score: torch.Tensor,
     src: torch.Tensor,
-    *,
-    score_bias: torch.Tensor | None = None,
-    score_phase: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     check_state_rows(state_kv, state_score, dst, kv, score, src)
-    score = biased_scores(score, score_bias, score_phase)
     dst, src = dst.long(), src.long()
     state_kv.index_copy_(0, dst, kv[src].to(state_kv.dtype))
     state_score.index_copy_(0, dst, score[src].to(state_score.dtype))

@@ -82,16 +82,6 @@ def _gather_inputs(
     return tuple(t.to(device) for t in args), {"overlap": overlap}
 
 
-def _with_position_bias(gen, device, *, make, score_at):
-    """``make``'s inputs with a position bias ``[4, C]`` and a phase per step row: the step's
-    scores are argument ``score_at``, their rows the phases' count."""
-    args, kwargs = make(gen, device)
-    steps, width = args[score_at].shape
-    bias = (torch.randn(4, width, generator=gen) * 2).to(device)
-    phase = torch.randint(0, 4, (steps,), generator=gen).to(device)
-    return args, {**kwargs, "score_bias": bias, "score_phase": phase}
-
-
 def _gather_strided(args):
     """Every row source a column slice of a wider tensor (row stride > width)."""
 
@@ -117,8 +107,6 @@ def _gather_cases(scale, shapes):
                       functools.partial(_gather_inputs, entries=entries, window=window,
                                         width=width, pool=pool, step=step, overlap=overlap,
                                         dtype=torch.float32, step_dtype=torch.bfloat16)))  # fmt: skip
-        biased = functools.partial(_with_position_bias, make=named[-1][1], score_at=3)
-        named.insert(0, (f"{shape}-float32-stepbf16-bias", biased))
         cases += _op_cases("compress_gather_pool", scale, named, _gather_strided)
     return cases
 
@@ -171,16 +159,5 @@ register(
             ("real", 64 * 136, 8192, 64 * 8, 1024), ("real", 256 * 8, 256, 256, 256),
         )
         for tag, dtype in (("float32", torch.float32), ("stepbf16", torch.bfloat16))
-    ),
-    *(
-        Case("write_state_rows", f"pool{pool}-step{step}-kept{kept}-w{width}-stepbf16-bias",
-             scale, functools.partial(
-                 _with_position_bias, score_at=4, make=functools.partial(
-                     _state_inputs, pool=pool, step=step, kept=kept, width=width,
-                     step_dtype=torch.bfloat16)),
-             writes=(0, 1), atol=0.0, rtol=0.0)
-        for scale, pool, step, kept, width in (
-            ("small", 12, 5, 4, 64), ("small", 9, 30, 9, 96), ("real", 256 * 8, 256, 256, 256),
-        )
     ),
 )  # fmt: skip
